@@ -1,0 +1,398 @@
+"""The `unitvisor` command: parse, call one function, print. No SQL and no D-Bus here.
+
+Conventions (as systemctl and git): tables for people, --json for scripts; exit 0 on success, 1 on
+failure, 2 on bad usage; errors on stderr in one line, no traceback unless --debug.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import uuid
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from supervisor import __version__, config, store
+from supervisor.model import RUN_STATES, Attempt, Run
+from supervisor.quantities import QuantityError, format_duration, format_size, parse_duration, parse_percent, parse_size
+
+_RUN_ID_PREFIX_RE = re.compile(r"^[0-9a-f][0-9a-f-]{5,35}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MIN_MEMORY = 1 << 20
+
+
+class Failure(click.ClickException):
+    """A command that ran and failed: exit 1, one line on stderr."""
+
+    exit_code = 1
+
+
+class Context:
+    def __init__(self, config_path: Path | None, dsn: str | None, debug: bool) -> None:
+        self.config_path = config_path
+        self.dsn_override = dsn
+        self.debug = debug
+        self._settings: config.Settings | None = None
+
+    @property
+    def settings(self) -> config.Settings:
+        if self._settings is None:
+            try:
+                self._settings = config.load(self.config_path)
+            except config.ConfigError as exc:
+                raise Failure(str(exc)) from None
+        return self._settings
+
+    def dsn(self) -> str:
+        try:
+            return config.resolve_dsn(self.settings, self.dsn_override)
+        except config.ConfigError as exc:
+            raise Failure(str(exc)) from None
+
+    def connect(self) -> store.Connection:
+        try:
+            return store.connect(self.dsn())
+        except store.DatabaseError as exc:
+            raise Failure(str(exc)) from None
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+              help=f"Configuration file [default: {config.DEFAULT_PATH}].")
+@click.option("--dsn", envvar="UNITVISOR_DSN", default=None,
+              help="PostgreSQL connection string (also $UNITVISOR_DSN).")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(__version__, prog_name="unitvisor")
+@click.pass_context
+def cli(ctx: click.Context, config_path: Path | None, dsn: str | None, debug: bool) -> None:
+    """unitvisor: run commands as limited, supervised systemd units, queued in PostgreSQL.
+
+    \b
+    Example:
+      unitvisor submit --memory 256M --cpu 50% -- /usr/bin/env echo hello
+      unitvisor show 3f2a9c
+    """
+    ctx.obj = Context(config_path, dsn, debug)
+
+
+# -- argument types -------------------------------------------------------------------------------
+
+
+def _quantity(parse: Any, low: int, high: int, what: str) -> Any:
+    def convert(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            number = parse(value)
+        except QuantityError as exc:
+            raise click.BadParameter(str(exc)) from None
+        if not low <= number <= high:
+            raise click.BadParameter(f"{value!r} is out of range for {what}")
+        return number
+    return convert
+
+
+def _env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} has no '=': use NAME=VALUE")
+        if not _ENV_NAME_RE.match(name):
+            raise click.BadParameter(f"{name!r} is not a valid environment variable name")
+        if "\n" in value or "\0" in value:
+            raise click.BadParameter(f"the value of {name} contains a newline or NUL")
+        env[name] = value
+    return env
+
+
+def resolve_run_id(conn: store.Connection, text: str) -> uuid.UUID:
+    """A full UUID, or a unique prefix of at least 6 characters."""
+    candidate = text.strip().lower()
+    try:
+        return uuid.UUID(candidate) if len(candidate) >= 32 else _by_prefix(conn, text, candidate)
+    except ValueError:
+        return _by_prefix(conn, text, candidate)
+
+
+def _by_prefix(conn: store.Connection, text: str, prefix: str) -> uuid.UUID:
+    if not _RUN_ID_PREFIX_RE.match(prefix):
+        raise click.UsageError(f"invalid run id {text!r}: expected a UUID or at least 6 of its first characters")
+    found = store.find_run_ids(conn, prefix)
+    if not found:
+        raise Failure(f"no run with id {text}")
+    if len(found) > 1:
+        raise Failure(f"run id {text} is ambiguous: {', '.join(str(r) for r in found)}")
+    return found[0]
+
+
+def _load_run(conn: store.Connection, text: str) -> Run:
+    run = store.get_run(conn, resolve_run_id(conn, text))
+    if run is None:
+        raise Failure(f"no run with id {text}")
+    return run
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--memory", callback=_quantity(parse_size, MIN_MEMORY, 1 << 62, "--memory"),
+              help="Memory limit (MemoryMax), like 512M or 2G.")
+@click.option("--cpu", callback=_quantity(parse_percent, 1, 100000, "--cpu"),
+              help="CPU quota, like 50% or 200% (two CPUs).")
+@click.option("--tasks", type=click.IntRange(1, 4194304), help="Maximum number of tasks (TasksMax).")
+@click.option("--io-weight", type=click.IntRange(1, 10000), help="IO weight, 1 to 10000 (IOWeight).")
+@click.option("--runtime", callback=_quantity(lambda v: int(parse_duration(v)), 1, 315360000, "--runtime"),
+              help="Runtime limit, like 90s, 10m or 2h; the run is stopped after it.")
+@click.option("--max-attempts", type=click.IntRange(1, 1000), default=1, show_default=True,
+              help="Attempts in all, the first included.")
+@click.option("--env", "environment", multiple=True, callback=_env_pairs, metavar="NAME=VALUE",
+              help="Environment variable (repeatable). Not for secrets: unit environments are readable by all users.")
+@click.option("--workdir", help="Working directory (absolute).")
+@click.option("--user", "run_user", help="Run as this user (the host must allow it).")
+@click.option("--host", "host_pin", help="Only this host id may run it.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
+@pass_ctx
+def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
+    """Queue a run; print its id.
+
+    \b
+    Example:
+      unitvisor submit --memory 256M --cpu 50% --tasks 32 -- /bin/sh -c 'echo hi; exit 3'
+    """
+    if not command[0].startswith("/"):
+        raise click.UsageError(f"the command must be an absolute path, not {command[0]!r}")
+    if options["workdir"] is not None and not options["workdir"].startswith("/"):
+        raise click.UsageError(f"--workdir must be an absolute path, not {options['workdir']!r}")
+    fields = {
+        "argv": list(command), "environment": options["environment"] or None,
+        "working_directory": options["workdir"], "run_user": options["run_user"],
+        "memory_max": options["memory"], "cpu_quota_percent": options["cpu"], "tasks_max": options["tasks"],
+        "io_weight": options["io_weight"], "runtime_max_sec": options["runtime"],
+        "max_attempts": options["max_attempts"], "host_pin": options["host_pin"], "priority": options["priority"],
+    }
+    with ctx.connect() as conn:
+        try:
+            run_id = store.submit_run(conn, **fields)
+        except store.DatabaseError as exc:
+            raise Failure(str(exc)) from None
+    click.echo(str(run_id))
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).isoformat() if value else None
+
+
+def _attempt_json(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "attempt": attempt.attempt, "host": attempt.host_id, "unit": attempt.unit_name,
+        "invocation_id": attempt.invocation_id, "claimed_at": _iso(attempt.claimed_at),
+        "started_at": _iso(attempt.started_at), "ended_at": _iso(attempt.ended_at),
+        "outcome": attempt.outcome, "exit_status": attempt.exit_status, "reason": attempt.reason,
+    }
+
+
+def logs_command(run_id: uuid.UUID) -> str:
+    return f"journalctl UNITVISOR_RUN={run_id}"
+
+
+def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]]) -> dict[str, Any]:
+    data = asdict(run)
+    return {
+        "id": str(run.id), "state": run.state, "argv": run.argv, "environment": run.environment,
+        "working_directory": run.working_directory, "user": run.run_user, "host_pin": run.host_pin,
+        "priority": run.priority,
+        "limits": {key: data[key] for key in
+                   ("memory_max", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
+        "max_attempts": run.max_attempts, "cancel_requested_at": _iso(run.cancel_requested_at),
+        "created_at": _iso(run.created_at), "finished_at": _iso(run.finished_at),
+        "attempts": [_attempt_json(a) for a in attempts],
+        "events": [{"at": _iso(e["at"]), "attempt": e["attempt"], "host": e["host_id"], "state": e["state"],
+                    "reason": e["reason"]} for e in events],
+        "logs_command": logs_command(run.id),
+    }
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def show(ctx: Context, run_id: str, as_json: bool) -> None:
+    """Show a run, its limits, attempts and recent events.
+
+    \b
+    Example:
+      unitvisor show 3f2a9c --json
+    """
+    with ctx.connect() as conn:
+        run = _load_run(conn, run_id)
+        data = run_json(run, store.get_attempts(conn, run.id), store.get_events(conn, run.id))
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    limits = data["limits"]
+    lines = [
+        f"run {data['id']}",
+        f"  state:     {run.state}",
+        f"  command:   {_command_text(run.argv)}",
+        f"  limits:    memory={format_size(limits['memory_max'])} cpu="
+        f"{str(limits['cpu_quota_percent']) + '%' if limits['cpu_quota_percent'] else '-'} "
+        f"tasks={limits['tasks_max'] or '-'} io-weight={limits['io_weight'] or '-'} "
+        f"runtime={format_duration(limits['runtime_max_sec'])}",
+        f"  attempts:  {len(data['attempts'])} of {run.max_attempts}",
+    ]
+    for a in data["attempts"]:
+        lines.append(f"  attempt {a['attempt']}: host={a['host']} unit={a['unit']} outcome={a['outcome'] or '-'} "
+                     f"exit={a['exit_status'] or '-'} started={a['started_at'] or '-'} ended={a['ended_at'] or '-'}")
+        if a["reason"]:
+            lines.append(f"    reason: {a['reason']}")
+    lines.append("  events:")
+    lines += [f"    {e['at']} {e['state']}: {e['reason']}" for e in data["events"]]
+    lines.append(f"  logs:      {data['logs_command']}")
+    click.echo("\n".join(lines))
+
+
+def _command_text(argv: list[str]) -> str:
+    import shlex
+
+    return shlex.join(argv)
+
+
+@cli.command()
+@click.option("--state", "states", multiple=True, type=click.Choice(RUN_STATES),
+              help="Only runs in this state (repeatable).")
+@click.option("--host", help="Only runs whose latest attempt is on this host.")
+@click.option("--since", callback=_quantity(parse_duration, 1, 10**10, "--since"),
+              help="Only runs created this recently, like 1h.")
+@click.option("--limit", type=click.IntRange(1, 100000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float | None, limit: int,
+         as_json: bool) -> None:
+    """List runs, newest first.
+
+    \b
+    Example:
+      unitvisor runs --state running --since 1h
+    """
+    from datetime import timedelta
+
+    with ctx.connect() as conn:
+        rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit)
+        now = store.now(conn)
+    if as_json:
+        click.echo(json.dumps([{
+            "id": str(r["id"]), "state": r["state"], "host": r["host_id"], "attempt": r["attempt"],
+            "created_at": _iso(r["created_at"]), "started_at": _iso(r["started_at"]), "ended_at": _iso(r["ended_at"]),
+            "outcome": r["outcome"], "exit_status": r["exit_status"], "argv": r["argv"],
+        } for r in rows], indent=2))
+        return
+    table = [("ID", "STATE", "HOST", "ATTEMPT", "AGE", "DURATION", "OUTCOME", "COMMAND")]
+    for r in rows:
+        duration = None
+        if r["started_at"]:
+            duration = ((r["ended_at"] or now) - r["started_at"]).total_seconds()
+        table.append((str(r["id"])[:8], r["state"], r["host_id"] or "-", str(r["attempt"] or "-"),
+                      format_duration((now - r["created_at"]).total_seconds()), format_duration(duration),
+                      r["outcome"] or "-", _command_text(r["argv"])[:60]))
+    _print_table(table)
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@pass_ctx
+def cancel(ctx: Context, run_id: str) -> None:
+    """Cancel a run: a queued one at once, a running one is stopped by its host (SIGTERM, then SIGKILL).
+
+    \b
+    Example:
+      unitvisor cancel 3f2a9c
+    """
+    with ctx.connect() as conn:
+        rid = resolve_run_id(conn, run_id)
+        result = store.cancel_run(conn, rid)
+    if result.state is None:
+        raise Failure(f"no run with id {run_id}")
+    if not result.changed:
+        raise Failure(f"run {rid} already {result.state}; nothing to cancel")
+    click.echo(f"run {rid} cancelled" if result.state == "cancelled" else
+               f"run {rid}: cancel requested; its host stops it")
+
+
+@cli.command()
+@pass_ctx
+def migrate(ctx: Context) -> None:
+    """Apply missing database migrations (safe to run from several hosts at once)."""
+    with ctx.connect() as conn:
+        try:
+            applied = store.migrate(conn)
+        except store.DatabaseError as exc:
+            raise Failure(str(exc)) from None
+    if applied:
+        click.echo(f"applied: {', '.join(applied)}")
+    else:
+        click.echo("schema is current; nothing to apply")
+
+
+@cli.command()
+@pass_ctx
+def daemon(ctx: Context) -> None:
+    """Run the host daemon (as systemd's unitvisor.service does)."""
+    from supervisor import log
+    from supervisor.daemon import Daemon
+
+    log.setup(ctx.debug)
+    sys.exit(Daemon(ctx.settings, ctx.dsn()).run())
+
+
+@cli.command()
+def version() -> None:
+    """Print the version."""
+    click.echo(f"unitvisor {__version__}")
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"unitvisor: {' '.join(message.split())}", err=True)
+    sys.exit(code)
+
+
+def main() -> None:
+    debug = "--debug" in sys.argv[1:]
+    try:
+        cli.main(prog_name="unitvisor", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        _fail("aborted", 1)
+    except click.UsageError as exc:
+        if debug:
+            raise
+        _fail(f"{exc.format_message()} (see '{exc.ctx.command_path if exc.ctx else 'unitvisor'} --help')", 2)
+    except click.ClickException as exc:
+        if debug:
+            raise
+        _fail(exc.format_message(), exc.exit_code)
+    except store.DatabaseError as exc:
+        if debug:
+            raise
+        _fail(str(exc), 1)
+    except Exception as exc:  # the last line of defence: one line, not a traceback
+        if debug:
+            raise
+        _fail(f"internal error: {type(exc).__name__}: {exc} (run with --debug for details)", 1)

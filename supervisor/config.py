@@ -1,0 +1,215 @@
+"""Settings: /etc/unitvisor/unitvisor.toml -> typed, validated dataclasses. Every default is here.
+
+An unknown key or a bad value stops start-up with one message naming the key, because a typo in a
+limit that silently falls back to a default is worse than a daemon that refuses to start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from supervisor.quantities import QuantityError, parse_duration, parse_size
+
+DEFAULT_PATH = Path("/etc/unitvisor/unitvisor.toml")
+# The DSN may carry a password, so it has a file of its own that only root reads; the main config
+# stays world-readable like any conffile.
+DEFAULT_DSN_FILE = Path("/etc/unitvisor/dsn")
+UNIT_PREFIX = "unitvisor-run-"
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says which file and key."""
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    dsn: str = ""
+    dsn_file: str = str(DEFAULT_DSN_FILE)
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    id: str = ""  # empty: this machine's /etc/machine-id
+    name: str = ""  # empty: the hostname
+    max_runs: int = 64
+    memory_budget: int | None = None  # bytes; the sum of running runs' MemoryMax may not exceed it
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    poll_interval: float = 5.0
+    heartbeat_interval: float = 10.0
+    reconcile_interval: float = 60.0
+    claim_batch: int = 32
+    # A unit with our prefix that no attempt on this host owns is stopped: it can only be a run that
+    # this host must not be running (its row was deleted, or it belongs to another host id).
+    stop_orphans: bool = True
+
+
+@dataclass(frozen=True)
+class SystemdSettings:
+    slice: str = "unitvisor.slice"
+    stop_grace: float = 10.0  # SIGTERM, then SIGKILL after this long, when a run is cancelled
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    allowed_executables: tuple[str, ...] = ()
+    # Empty: each run gets a DynamicUser of its own, the least privilege that still runs a command.
+    user: str = ""
+    allowed_users: tuple[str, ...] = ()
+    no_new_privileges: bool = True
+    private_tmp: bool = True
+    protect_system: str = "strict"
+    protect_home: str = "yes"
+
+
+@dataclass(frozen=True)
+class Settings:
+    database: DatabaseSettings = field(default_factory=DatabaseSettings)
+    host: HostSettings = field(default_factory=HostSettings)
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
+    systemd: SystemdSettings = field(default_factory=SystemdSettings)
+    runs: RunSettings = field(default_factory=RunSettings)
+    source: str = "defaults"
+
+    @property
+    def host_id(self) -> str:
+        return self.host.id or machine_id()
+
+    @property
+    def host_name(self) -> str:
+        return self.host.name or socket.gethostname()
+
+
+_SIZE_KEYS = {"memory_budget"}
+_DURATION_KEYS = {"poll_interval", "heartbeat_interval", "reconcile_interval", "stop_grace"}
+_CHOICES = {
+    "protect_system": {"strict", "full", "yes", "no"},
+    "protect_home": {"yes", "read-only", "tmpfs", "no"},
+}
+_SLICE_RE = re.compile(r"^[A-Za-z0-9_.\-]+\.slice$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+def machine_id() -> str:
+    try:
+        return Path("/etc/machine-id").read_text().strip() or socket.gethostname()
+    except OSError:
+        return socket.gethostname()
+
+
+def _convert(section: str, key: str, value: Any, default: Any) -> Any:
+    where = f"[{section}] {key}"
+    try:
+        if key in _SIZE_KEYS:
+            return None if value in ("", 0) else parse_size(value)
+        if key in _DURATION_KEYS:
+            return parse_duration(value)
+    except QuantityError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of strings")
+        return tuple(value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false")
+        return value
+    if isinstance(default, int):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{where}: expected a whole number of at least 1")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string")
+    if key in _CHOICES and value not in _CHOICES[key]:
+        raise ConfigError(f"{where}: expected one of {', '.join(sorted(_CHOICES[key]))}")
+    return value
+
+
+def _section(cls: type, name: str, table: Any) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}]: expected a table")
+    defaults = cls()
+    known = {f.name for f in fields(cls)}
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"[{name}] {key}: unknown key (known: {', '.join(sorted(known))})")
+    values = {key: _convert(name, key, table[key], getattr(defaults, key)) for key in table}
+    return cls(**values)
+
+
+def _validate(settings: Settings) -> None:
+    if not _SLICE_RE.match(settings.systemd.slice):
+        raise ConfigError("[systemd] slice: expected a unit name ending in .slice")
+    for user in (settings.runs.user, *settings.runs.allowed_users):
+        if user and not _USER_RE.match(user):
+            raise ConfigError(f"[runs] user {user!r}: not a valid user name")
+    for pattern in settings.runs.allowed_executables:
+        if not pattern.startswith("/"):
+            raise ConfigError(f"[runs] allowed_executables: {pattern!r} is not an absolute path")
+
+
+_SECTIONS = {
+    "database": DatabaseSettings,
+    "host": HostSettings,
+    "daemon": DaemonSettings,
+    "systemd": SystemdSettings,
+    "runs": RunSettings,
+}
+
+
+def parse(text: str, source: str = "<string>") -> Settings:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    unknown = set(data) - set(_SECTIONS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown section [{sorted(unknown)[0]}] (known: {', '.join(_SECTIONS)})")
+    try:
+        sections = {name: _section(cls, name, data.get(name, {})) for name, cls in _SECTIONS.items()}
+        settings = Settings(**sections, source=source)
+        _validate(settings)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return settings
+
+
+def load(path: Path | None) -> Settings:
+    """Read the config; with no path given and no file at the default place, the defaults apply."""
+    explicit = path is not None
+    path = path or DEFAULT_PATH
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"{path}: no such file") from None
+        return Settings()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse(text, str(path))
+
+
+def resolve_dsn(settings: Settings, override: str | None) -> str:
+    """The DSN from --dsn, then $UNITVISOR_DSN, then the config, then the root-only DSN file."""
+    for candidate in (override, os.environ.get("UNITVISOR_DSN"), settings.database.dsn):
+        if candidate:
+            return candidate
+    dsn_file = Path(settings.database.dsn_file)
+    try:
+        dsn = dsn_file.read_text().strip()
+    except FileNotFoundError:
+        dsn = ""
+    except OSError as exc:
+        raise ConfigError(f"{dsn_file}: cannot read the database DSN: {exc.strerror}") from None
+    if not dsn:
+        raise ConfigError(
+            f"no database configured: set --dsn, UNITVISOR_DSN, [database] dsn, or write it to {dsn_file}")
+    return dsn

@@ -1,0 +1,393 @@
+"""`unitvisor daemon`: one thread, one loop.
+
+The loop select()s on the LISTEN connection's socket and on the systemd signal connection, with the
+nearest timer as its timeout. Each wake-up drains what is ready, does the work that is due (claim,
+settle changed units, cancel, heartbeat, reconcile) and feeds the watchdog. Nothing is kept in
+memory that cannot be rebuilt from PostgreSQL and systemd after a kill -9.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import select
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import psycopg
+import sdnotify
+
+from supervisor import __version__, faults, store, unitspec
+from supervisor.config import Settings
+from supervisor.log import event
+from supervisor.model import Attempt, Run
+from supervisor.outcomes import Outcome, retry_delay, run_state_after
+from supervisor.reconciler import Action, Decision, decide, decide_orphan
+from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitRefused, Watcher
+
+log = logging.getLogger("unitvisor")
+
+_DB_ERRORS = (store.DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError)
+_BACKOFF_MAX = 30.0
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+@dataclass
+class Timers:
+    """Monotonic deadlines of the periodic work."""
+
+    claim: float = 0.0
+    heartbeat: float = 0.0
+    reconcile: float = 0.0
+    watchdog: float = 0.0
+    retry: float = 0.0
+
+    def nearest(self, now: float, cap: float) -> float:
+        return max(0.0, min(self.claim, self.heartbeat, self.reconcile, self.watchdog, now + cap) - now)
+
+
+@dataclass
+class Counters:
+    claimed: int = 0
+    settled: int = 0
+    in_flight: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Daemon:
+    def __init__(self, settings: Settings, dsn: str) -> None:
+        self.settings = settings
+        self.dsn = dsn
+        self.host_id = settings.host_id
+        self.systemd = Systemd()
+        self.watcher = Watcher(unitspec.UNIT_NAME_FORMAT.split("%")[0])
+        self.conn: store.Connection | None = None
+        self.listen_conn: store.Connection | None = None
+        self.notifier = sdnotify.SystemdNotifier()
+        self.stopping = False
+        self.host_state = "active"
+        self.timers = Timers()
+        self.counters = Counters()
+        self.problem = ""  # what is wrong right now, for STATUS=
+        self.backoff = 1.0
+        self.random = random.Random()
+        watchdog_usec = _watchdog_usec()
+        self.watchdog_interval = watchdog_usec / 2e6 if watchdog_usec else 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        if not self.settings.runs.allowed_executables:
+            event("allowlist-empty", level=logging.WARNING,
+                  detail="[runs] allowed_executables is empty: every run will be refused")
+        event("starting", host=self.host_id, version=__version__, config=self.settings.source)
+        ready = False
+        while not self.stopping:
+            if not self._connected():
+                if not self._connect():
+                    self._sleep(self.backoff)
+                    self.backoff = min(self.backoff * 2, _BACKOFF_MAX)
+                    continue
+                self.backoff = 1.0
+                # After every (re)connect, before anything else: repair what changed while we
+                # were not looking.
+                if not self._guard(self.reconcile_pass):
+                    continue
+                if not ready:
+                    self.notifier.notify("READY=1")
+                    event("ready", host=self.host_id)
+                    ready = True
+            self._guard(self._iteration)
+        self.notifier.notify("STOPPING=1")
+        event("stopping", host=self.host_id, detail="runs keep running; they are adopted on the next start")
+        self._guard(lambda: store.mark_host_stopped(self.conn, self.host_id) if self.conn else None)
+        self._disconnect()
+        return 0
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            self._feed_watchdog()
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def _connected(self) -> bool:
+        return self.conn is not None and self.listen_conn is not None and self.systemd.connected \
+            and self.watcher.connected
+
+    def _connect(self) -> bool:
+        try:
+            if self.conn is None or self.listen_conn is None:
+                self._close_db()
+                self.conn = store.connect(self.dsn)
+                self.listen_conn = store.connect(self.dsn)
+                store.listen(self.listen_conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
+                pending = store.pending_migrations(self.conn)
+                if pending:
+                    raise store.DatabaseError(
+                        f"the database schema is not current (missing {', '.join(pending)}): run `unitvisor migrate`")
+                self.host_state = store.register_host(
+                    self.conn, self.host_id, self.settings.host_name, self.settings.host.max_runs,
+                    self.settings.host.memory_budget, __version__, boot_id())
+                event("database-connected", host=self.host_id, db=store.dsn_location(self.dsn))
+            if not self.systemd.connected or not self.watcher.connected:
+                self.watcher.connect()
+                self.systemd.connect()
+                event("systemd-connected", host=self.host_id)
+        except (store.DatabaseError, psycopg.Error) as exc:
+            self._close_db()
+            self._trouble(f"database: {exc}" if not isinstance(exc, store.DatabaseError) else str(exc))
+            return False
+        except SystemdError as exc:
+            self.systemd.close()
+            self.watcher.close()
+            self._trouble(str(exc))
+            return False
+        self.problem = ""
+        return True
+
+    def _trouble(self, message: str) -> None:
+        message = " ".join(message.split())
+        if message != self.problem:
+            event("degraded", level=logging.ERROR, detail=message, retry_in=f"{self.backoff:.0f}s")
+        self.problem = message
+        self._status()
+
+    def _close_db(self) -> None:
+        for conn in (self.conn, self.listen_conn):
+            if conn is not None:
+                try:
+                    conn.close()
+                except psycopg.Error:
+                    pass
+        self.conn = self.listen_conn = None
+
+    def _disconnect(self) -> None:
+        self._close_db()
+        self.systemd.close()
+        self.watcher.close()
+
+    def _guard(self, work: Callable[[], object]) -> bool:
+        """Run one piece of work; a lost database or bus drops the connection for a retry."""
+        try:
+            work()
+            return True
+        except _DB_ERRORS as exc:
+            self._close_db()
+            self._trouble(f"database at {store.dsn_location(self.dsn)} unreachable: {_one_line(exc)}")
+        except SystemdUnavailable as exc:
+            self.systemd.close()
+            self.watcher.close()
+            self._trouble(str(exc))
+        return False
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _iteration(self) -> None:
+        assert self.conn is not None and self.listen_conn is not None
+        now = time.monotonic()
+        timeout = self.timers.nearest(now, cap=self.settings.daemon.poll_interval)
+        readable, _, _ = _select([self.listen_conn.fileno(), self.watcher.fileno()], timeout)
+        wake_claim, wake_cancel = self._drain_notifications() if readable else (False, False)
+        changed, reloaded = self.watcher.drain()
+        if reloaded:
+            event("systemd-reloaded", host=self.host_id)
+        now = time.monotonic()
+        if changed:
+            self._settle_units(sorted(changed))
+        if wake_cancel or now >= self.timers.claim:
+            self._handle_cancels()
+        if wake_claim or now >= self.timers.claim:
+            self._claim_and_spawn()
+            self.timers.claim = time.monotonic() + self.settings.daemon.poll_interval
+        if now >= self.timers.heartbeat:
+            self.host_state = store.heartbeat(self.conn, self.host_id) or self.host_state
+            self.timers.heartbeat = now + self.settings.daemon.heartbeat_interval
+        if now >= self.timers.reconcile or reloaded:
+            self.reconcile_pass()
+        self._feed_watchdog()
+        self._status()
+
+    def _drain_notifications(self) -> tuple[bool, bool]:
+        """Read queued NOTIFYs without blocking. They are hints: what they say is re-read from the
+        tables, and the fallback poll covers any that were lost."""
+        assert self.listen_conn is not None
+        pgconn = self.listen_conn.pgconn
+        pgconn.consume_input()
+        claim = cancel = False
+        while (note := pgconn.notifies()) is not None:
+            channel = note.relname.decode()
+            claim = claim or channel == store.SPAWN_CHANNEL
+            cancel = cancel or channel == store.CANCEL_CHANNEL
+        return claim, cancel
+
+    def _feed_watchdog(self) -> None:
+        now = time.monotonic()
+        if self.watchdog_interval and now >= self.timers.watchdog:
+            self.notifier.notify("WATCHDOG=1")
+            self.timers.watchdog = now + self.watchdog_interval
+        elif not self.watchdog_interval:
+            self.timers.watchdog = now + 3600
+
+    def _status(self) -> None:
+        c = self.counters
+        text = f"{c.in_flight} runs in flight, {c.claimed} claimed, {c.settled} settled"
+        if self.host_state == "draining":
+            text += "; draining"
+        if self.problem:
+            text = f"{self.problem}; retrying. {text}"
+        self.notifier.notify(f"STATUS={text}")
+
+    # -- work -------------------------------------------------------------------------------------
+
+    def _claim_and_spawn(self) -> None:
+        assert self.conn is not None
+        if self.host_state != "active" or self.stopping:
+            return
+        daemon = self.settings.daemon
+        while not self.stopping:
+            claimed = store.claim(self.conn, self.host_id, daemon.claim_batch, self.settings.host.max_runs,
+                                  self.settings.host.memory_budget, unitspec.UNIT_NAME_FORMAT)
+            if not claimed:
+                return
+            self.counters.claimed += len(claimed)
+            for run, attempt in claimed:
+                event("claimed", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
+            faults.point("after-claim")
+            for run, attempt in claimed:
+                self.start(run, attempt)
+            if len(claimed) < daemon.claim_batch:
+                return
+
+    def start(self, run: Run, attempt: Attempt) -> None:
+        """Start an attempt's unit; a name that already exists is adopted, never started twice."""
+        assert self.conn is not None
+        try:
+            props = unitspec.build(run, attempt, self.settings)
+        except unitspec.Refused as exc:
+            self.settle(run, attempt, Outcome("refused", None, str(exc)), unit_exists=False)
+            return
+        try:
+            created = self.systemd.start_transient(attempt.unit_name, props)
+        except UnitRefused as exc:
+            self.settle(run, attempt, Outcome("start-failed", None, f"systemd refused the unit: {exc}"),
+                        unit_exists=False)
+            return
+        faults.point("after-start")
+        event("started" if created else "adopted", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
+        unit = self.systemd.state(attempt.unit_name)
+        self.apply(run, attempt, decide(run, attempt, unit) if unit else
+                   Decision(Action.ADOPT, attempt.unit_name, "started"))
+
+    def _settle_units(self, names: list[str]) -> None:
+        assert self.conn is not None
+        for run, attempt in store.open_attempts(self.conn, self.host_id, unit_names=names):
+            unit = self.systemd.state(attempt.unit_name)
+            self.apply(run, attempt, decide(run, attempt, unit))
+
+    def _handle_cancels(self) -> None:
+        assert self.conn is not None
+        for run, attempt in store.open_attempts(self.conn, self.host_id, cancel_requested=True):
+            unit = self.systemd.state(attempt.unit_name)
+            self.apply(run, attempt, decide(run, attempt, unit))
+
+    def reconcile_pass(self) -> list[Decision]:
+        """Compare every open attempt of this host with systemd, and every unit of ours with the rows."""
+        assert self.conn is not None
+        decisions = []
+        pairs = store.open_attempts(self.conn, self.host_id)
+        owned = {attempt.unit_name for _, attempt in pairs}
+        for index, (run, attempt) in enumerate(pairs):
+            if index == 1:
+                faults.point("mid-reconcile")
+            decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
+            decisions.append(decision)
+            self.apply(run, attempt, decision)
+        loaded = [name for name in self.systemd.list_units(unitspec.UNIT_GLOB) if name not in owned]
+        settled = store.settled_unit_names(self.conn, loaded) if loaded else set()
+        for name in loaded:
+            decision = decide_orphan(name, name in settled, self.settings.daemon.stop_orphans)
+            decisions.append(decision)
+            self.apply_orphan(decision)
+        self.counters.in_flight = len(pairs)
+        self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
+        return decisions
+
+    def apply(self, run: Run, attempt: Attempt, decision: Decision) -> None:
+        assert self.conn is not None
+        action = decision.action
+        if action is Action.START:
+            self.start(run, attempt)
+        elif action is Action.ADOPT:
+            store.mark_started(self.conn, attempt, decision.invocation_id)
+        elif action is Action.STOP:
+            store.mark_started(self.conn, attempt, decision.invocation_id)
+            if self.systemd.stop(attempt.unit_name):
+                event("stopping-run", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
+                      detail=decision.reason)
+        elif action in (Action.SETTLE, Action.GONE):
+            assert decision.outcome is not None
+            if decision.invocation_id:
+                store.mark_started(self.conn, attempt, decision.invocation_id)
+            self.settle(run, attempt, decision.outcome)
+
+    def apply_orphan(self, decision: Decision) -> None:
+        if decision.action is Action.RELEASE:
+            self.systemd.release(decision.unit_name)
+        elif decision.action is Action.STOP_ORPHAN:
+            self.systemd.stop(decision.unit_name)
+            self.systemd.reset_failed(decision.unit_name)
+        event(decision.action.value, unit=decision.unit_name, detail=decision.reason,
+              level=logging.WARNING if decision.action is not Action.RELEASE else logging.INFO)
+
+    def settle(self, run: Run, attempt: Attempt, outcome: Outcome, unit_exists: bool = True) -> None:
+        """Record an attempt's outcome (and the run's next step), then release its unit."""
+        assert self.conn is not None
+        delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
+        next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
+        faults.point("before-outcome")
+        recorded = store.record_outcome(self.conn, attempt, outcome, next_state, delay)
+        if recorded:
+            self.counters.settled += 1
+            event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
+                  outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,
+                  detail=outcome.reason)
+        # Released only once the outcome is committed: until then the unit is the only record of it.
+        if unit_exists:
+            self.systemd.release(attempt.unit_name)
+
+
+def _select(fds: list[int], timeout: float) -> tuple[list, list, list]:
+    try:
+        return select.select(fds, [], [], timeout)
+    except InterruptedError:
+        return [], [], []
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _watchdog_usec() -> int:
+    try:
+        if int(os.environ.get("WATCHDOG_PID", os.getpid())) != os.getpid():
+            return 0
+        return int(os.environ.get("WATCHDOG_USEC", "0"))
+    except ValueError:
+        return 0

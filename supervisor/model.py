@@ -1,0 +1,50 @@
+"""Plain values that cross module boundaries: a run row and an attempt row, as the store reads them."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+RUN_STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Run:
+    id: uuid.UUID
+    argv: list[str]
+    environment: dict[str, str] = field(default_factory=dict)
+    working_directory: str | None = None
+    run_user: str | None = None
+    memory_max: int | None = None
+    cpu_quota_percent: int | None = None
+    tasks_max: int | None = None
+    io_weight: int | None = None
+    runtime_max_sec: int | None = None
+    max_attempts: int = 1
+    retry_backoff_sec: int = 10
+    retry_backoff_max_sec: int = 600
+    retry_on: list[str] | None = None
+    host_pin: str | None = None
+    priority: int = 0
+    state: str = "queued"
+    cancel_requested_at: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    run_id: uuid.UUID
+    attempt: int
+    host_id: str
+    unit_name: str
+    invocation_id: str | None = None
+    claimed_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    outcome: str | None = None
+    exit_status: str | None = None
+    reason: str | None = None

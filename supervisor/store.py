@@ -1,0 +1,414 @@
+"""The only module with SQL: connections, transactions, one function per query, and migrations.
+
+Every statement is parameterised; no value is ever formatted into SQL text. Connections are in
+autocommit mode, and whatever must happen together runs inside one explicit `conn.transaction()`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
+
+from supervisor.model import Attempt, Run
+from supervisor.outcomes import Outcome
+
+SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+_MIGRATION_RE = re.compile(r"^(\d{3,})_[a-z0-9_]+\.sql$")
+# pg_advisory_lock key for migrations: the bytes of "unitvisr" as a bigint, so that two hosts that
+# migrate at once run one after the other.
+MIGRATION_LOCK_KEY = int.from_bytes(b"unitvisr", "big") & 0x7FFF_FFFF_FFFF_FFFF
+SPAWN_CHANNEL = "unitvisor_spawn"
+CANCEL_CHANNEL = "unitvisor_cancel"
+
+Connection = psycopg.Connection
+
+
+class DatabaseError(Exception):
+    """A database problem, in one line fit for an operator."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached (names host and port, never the password)."""
+
+
+def dsn_location(dsn: str) -> str:
+    """host:port of a DSN, for messages. Never includes the user or the password."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable DSN>"
+    host = params.get("host") or os.environ.get("PGHOST") or "localhost"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    return f"{host}:{port}"
+
+
+def connect(dsn: str) -> Connection:
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise DatabaseError("the database DSN cannot be parsed") from None
+    extra = {} if "connect_timeout" in params else {"connect_timeout": 5}
+    try:
+        return psycopg.connect(dsn, autocommit=True, application_name="unitvisor", **extra)
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise DatabaseUnavailable(f"cannot connect to the database at {dsn_location(dsn)}: {reason}") from None
+
+
+# -- migrations ---------------------------------------------------------------------------------
+
+
+def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[str, Path]]:
+    files = []
+    for path in sorted(sql_dir.glob("*.sql")):
+        match = _MIGRATION_RE.match(path.name)
+        if not match:
+            raise DatabaseError(f"{path}: migration files are named NNN_name.sql")
+        files.append((path.stem, path))
+    return files
+
+
+def applied_migrations(conn: Connection) -> set[str]:
+    exists = conn.execute("SELECT to_regclass('unitvisor.schema_migrations') IS NOT NULL").fetchone()[0]
+    if not exists:
+        return set()
+    return {row[0] for row in conn.execute("SELECT version FROM unitvisor.schema_migrations")}
+
+
+def pending_migrations(conn: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
+    done = applied_migrations(conn)
+    return [version for version, _ in migration_files(sql_dir) if version not in done]
+
+
+def migrate(conn: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
+    """Apply the missing migrations in order, each in its own transaction. Returns what it applied."""
+    files = migration_files(sql_dir)
+    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+    try:
+        with conn.transaction():
+            conn.execute("CREATE SCHEMA IF NOT EXISTS unitvisor")
+            conn.execute("""CREATE TABLE IF NOT EXISTS unitvisor.schema_migrations (
+                                version text PRIMARY KEY,
+                                applied_at timestamptz NOT NULL DEFAULT now())""")
+        done = applied_migrations(conn)
+        applied = []
+        for version, path in files:
+            if version in done:
+                continue
+            with conn.transaction():
+                conn.execute(path.read_text())
+                conn.execute("INSERT INTO unitvisor.schema_migrations (version) VALUES (%s)", (version,))
+            applied.append(version)
+        return applied
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+_SUBMIT_ARGS = (
+    "argv", "environment", "working_directory", "run_user", "memory_max", "cpu_quota_percent",
+    "tasks_max", "io_weight", "runtime_max_sec", "max_attempts", "host_pin", "priority",
+)
+
+
+def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
+    """Create a run and its spawn job in one transaction, through the SQL function control planes use."""
+    unknown = set(values) - set(_SUBMIT_ARGS)
+    if unknown:
+        raise TypeError(f"unknown run fields: {sorted(unknown)}")
+    names = [name for name in _SUBMIT_ARGS if values.get(name) is not None]
+    params = [Jsonb(values[n]) if n == "environment" else values[n] for n in names]
+    # Named-argument notation; the names come from the fixed tuple above, never from input.
+    call = sql.SQL("SELECT unitvisor.submit_run({})").format(
+        sql.SQL(", ").join(sql.SQL("{} => %s").format(sql.Identifier(name)) for name in names))
+    try:
+        return conn.execute(call, params).fetchone()[0]
+    except psycopg.errors.CheckViolation as exc:
+        raise DatabaseError(f"the database refused the run: {exc.diag.constraint_name or exc}") from None
+
+
+def get_run(conn: Connection, run_id: uuid.UUID) -> Run | None:
+    with conn.cursor(row_factory=class_row(Run)) as cur:
+        return cur.execute("SELECT * FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
+
+
+def get_runs(conn: Connection, run_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Run]:
+    with conn.cursor(row_factory=class_row(Run)) as cur:
+        rows = cur.execute("SELECT * FROM unitvisor.runs WHERE id = ANY(%s)", (list(run_ids),)).fetchall()
+    return {run.id: run for run in rows}
+
+
+def find_run_ids(conn: Connection, prefix: str, limit: int = 10) -> list[uuid.UUID]:
+    """Run ids starting with a (validated, lowercase hex) prefix."""
+    rows = conn.execute(
+        "SELECT id FROM unitvisor.runs WHERE id::text LIKE %s ORDER BY id LIMIT %s",
+        (prefix.replace("%", "").replace("_", "") + "%", limit),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def get_attempts(conn: Connection, run_id: uuid.UUID) -> list[Attempt]:
+    with conn.cursor(row_factory=class_row(Attempt)) as cur:
+        return cur.execute(
+            "SELECT * FROM unitvisor.attempts WHERE run_id = %s ORDER BY attempt", (run_id,)).fetchall()
+
+
+def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            """SELECT at, attempt, host_id, state, reason FROM unitvisor.run_events
+               WHERE run_id = %s ORDER BY id DESC LIMIT %s""", (run_id, limit)).fetchall()
+    return list(reversed(rows))
+
+
+def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = None,
+              since: timedelta | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Runs, newest first, each with its latest attempt's host, number and outcome."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT r.id, r.state, r.argv, r.created_at, r.finished_at,
+                      a.host_id, a.attempt, a.started_at, a.ended_at, a.outcome, a.exit_status
+               FROM unitvisor.runs r
+               LEFT JOIN LATERAL (SELECT * FROM unitvisor.attempts x WHERE x.run_id = r.id
+                                  ORDER BY x.attempt DESC LIMIT 1) a ON true
+               WHERE (cardinality(%(states)s::text[]) = 0 OR r.state = ANY(%(states)s::text[]))
+                 AND (%(host)s::text IS NULL OR a.host_id = %(host)s::text)
+                 AND (%(since)s::interval IS NULL OR r.created_at >= now() - %(since)s::interval)
+               ORDER BY r.created_at DESC, r.id LIMIT %(limit)s""",
+            {"states": list(states), "host": host, "since": since, "limit": limit},
+        ).fetchall()
+
+
+def _event(conn: Connection, run_id: uuid.UUID, state: str, reason: str,
+           attempt: int | None = None, host_id: str | None = None) -> None:
+    conn.execute(
+        "INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason) VALUES (%s, %s, %s, %s, %s)",
+        (run_id, attempt, host_id, state, reason))
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    state: str | None  # the run's state after the request; None when there is no such run
+    changed: bool
+
+
+def cancel_run(conn: Connection, run_id: uuid.UUID) -> CancelResult:
+    """Ask for a run to be cancelled. A queued run is cancelled at once (its job removed); a
+    starting or running one is marked, and the owning daemon stops its unit."""
+    with conn.transaction():
+        # The job first, then the run: the claim query locks in the same order, so the two cannot
+        # deadlock, and a job being claimed right now makes this wait and then see the run starting.
+        conn.execute("DELETE FROM unitvisor.spawn_jobs WHERE run_id = %s AND state = 'available'", (run_id,))
+        row = conn.execute(
+            """UPDATE unitvisor.runs SET
+                   cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now(),
+                   state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
+                   finished_at = CASE WHEN state = 'queued' THEN now() ELSE finished_at END
+               WHERE id = %s AND state IN ('queued', 'starting', 'running')
+               RETURNING state""", (run_id,)).fetchone()
+        if row is None:
+            current = conn.execute("SELECT state FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
+            return CancelResult(current[0] if current else None, False)
+        state = row[0]
+        _event(conn, run_id, state, "cancelled while queued" if state == "cancelled" else "cancel requested")
+        conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, str(run_id)))
+    return CancelResult(state, True)
+
+
+# -- hosts --------------------------------------------------------------------------------------
+
+
+def register_host(conn: Connection, host_id: str, name: str, max_runs: int,
+                  memory_budget: int | None, version: str, boot_id: str) -> str:
+    """Insert or refresh this host's row; returns its state (a draining host stays draining)."""
+    return conn.execute(
+        """INSERT INTO unitvisor.hosts (id, name, max_runs, memory_budget, version, boot_id)
+           VALUES (%s, %s, %s, %s, %s, %s)
+           ON CONFLICT (id) DO UPDATE SET name = excluded.name, max_runs = excluded.max_runs,
+               memory_budget = excluded.memory_budget, version = excluded.version,
+               boot_id = excluded.boot_id, started_at = now(), heartbeat_at = now(),
+               state = CASE WHEN hosts.state = 'draining' THEN 'draining' ELSE 'active' END
+           RETURNING state""",
+        (host_id, name, max_runs, memory_budget, version, boot_id)).fetchone()[0]
+
+
+def heartbeat(conn: Connection, host_id: str) -> str | None:
+    row = conn.execute(
+        "UPDATE unitvisor.hosts SET heartbeat_at = now() WHERE id = %s RETURNING state", (host_id,)).fetchone()
+    return row[0] if row else None
+
+
+def mark_host_stopped(conn: Connection, host_id: str) -> None:
+    conn.execute("UPDATE unitvisor.hosts SET state = 'stopped', heartbeat_at = now() "
+                 "WHERE id = %s AND state = 'active'", (host_id,))
+
+
+# -- the daemon's queries -----------------------------------------------------------------------
+
+_CLAIM_SQL = """
+WITH usage AS (
+    SELECT count(*) AS in_flight, coalesce(sum(r.memory_max), 0) AS memory_used
+    FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
+    WHERE a.host_id = %(host)s AND a.outcome IS NULL
+),
+locked AS (
+    SELECT j.id, j.run_id, j.priority, j.scheduled_at
+    FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+    WHERE j.state = 'available' AND j.scheduled_at <= now()
+      AND (r.host_pin IS NULL OR r.host_pin = %(host)s)
+    ORDER BY j.priority DESC, j.scheduled_at, j.id
+    LIMIT (SELECT greatest(least(%(batch)s, %(max_runs)s - in_flight), 0) FROM usage)
+    FOR UPDATE OF j SKIP LOCKED
+),
+candidates AS (
+    SELECT l.id AS job_id, l.run_id, r.state AS run_state,
+           sum(coalesce(r.memory_max, 0)) OVER (
+               PARTITION BY r.state = 'queued'
+               ORDER BY l.priority DESC, l.scheduled_at, l.id) AS memory_cum
+    FROM locked l JOIN unitvisor.runs r ON r.id = l.run_id
+),
+chosen AS (
+    SELECT c.job_id, c.run_id FROM candidates c, usage u
+    WHERE c.run_state = 'queued'
+      AND (%(budget)s::bigint IS NULL OR u.memory_used + c.memory_cum <= %(budget)s::bigint)
+),
+discarded AS (
+    UPDATE unitvisor.spawn_jobs j
+    SET state = 'discarded', claimed_by = %(host)s, claimed_at = now(), error = 'run is already ' || c.run_state
+    FROM candidates c WHERE j.id = c.job_id AND c.run_state <> 'queued'
+),
+claimed AS (
+    UPDATE unitvisor.spawn_jobs j SET state = 'claimed', claimed_by = %(host)s, claimed_at = now()
+    FROM chosen c WHERE j.id = c.job_id
+    RETURNING j.run_id
+),
+numbered AS (
+    SELECT c.run_id,
+           coalesce((SELECT max(a.attempt) FROM unitvisor.attempts a WHERE a.run_id = c.run_id), 0) + 1 AS attempt
+    FROM claimed c
+),
+moved AS (
+    UPDATE unitvisor.runs r SET state = 'starting', updated_at = now()
+    FROM numbered n WHERE r.id = n.run_id
+),
+events AS (
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    SELECT n.run_id, n.attempt, %(host)s, 'starting', 'claimed by host ' || %(host)s FROM numbered n
+)
+INSERT INTO unitvisor.attempts (run_id, attempt, host_id, unit_name)
+SELECT n.run_id, n.attempt, %(host)s, format(%(unit_format)s, n.run_id, n.attempt) FROM numbered n
+RETURNING *
+"""
+
+
+def claim(conn: Connection, host_id: str, batch: int, max_runs: int, memory_budget: int | None,
+          unit_format: str) -> list[tuple[Run, Attempt]]:
+    """Claim up to `batch` spawn jobs within the host's free capacity, in one statement: the job,
+    the new attempt row and the run's move to `starting` commit together."""
+    with conn.transaction():
+        with conn.cursor(row_factory=class_row(Attempt)) as cur:
+            attempts = cur.execute(_CLAIM_SQL, {
+                "host": host_id, "batch": batch, "max_runs": max_runs, "budget": memory_budget,
+                "unit_format": unit_format}).fetchall()
+        runs = get_runs(conn, [a.run_id for a in attempts])
+    return [(runs[a.run_id], a) for a in attempts]
+
+
+def open_attempts(conn: Connection, host_id: str, unit_names: Sequence[str] | None = None,
+                  cancel_requested: bool = False) -> list[tuple[Run, Attempt]]:
+    """This host's attempts without an outcome, with their runs: all of them, those of the named
+    units, or those whose run an operator asked to cancel."""
+    with conn.cursor(row_factory=class_row(Attempt)) as cur:
+        attempts = cur.execute(
+            """SELECT a.* FROM unitvisor.attempts a
+               WHERE a.host_id = %(host)s AND a.outcome IS NULL
+                 AND (%(names)s::text[] IS NULL OR a.unit_name = ANY(%(names)s::text[]))
+                 AND (NOT %(cancel)s OR EXISTS (SELECT 1 FROM unitvisor.runs r
+                                                WHERE r.id = a.run_id AND r.cancel_requested_at IS NOT NULL))
+               ORDER BY a.claimed_at""",
+            {"host": host_id, "names": None if unit_names is None else list(unit_names),
+             "cancel": cancel_requested}).fetchall()
+    runs = get_runs(conn, [a.run_id for a in attempts])
+    return [(runs[a.run_id], a) for a in attempts]
+
+
+def settled_unit_names(conn: Connection, unit_names: Sequence[str]) -> set[str]:
+    """Which of these unit names belong to attempts that already have an outcome."""
+    rows = conn.execute(
+        "SELECT unit_name FROM unitvisor.attempts WHERE unit_name = ANY(%s) AND outcome IS NOT NULL",
+        (list(unit_names),)).fetchall()
+    return {row[0] for row in rows}
+
+
+def mark_started(conn: Connection, attempt: Attempt, invocation_id: str | None) -> None:
+    """The unit exists: the run is running. Idempotent (adoption calls it again)."""
+    with conn.transaction():
+        row = conn.execute(
+            """UPDATE unitvisor.attempts
+               SET started_at = coalesce(started_at, now()), invocation_id = coalesce(invocation_id, %s)
+               WHERE run_id = %s AND attempt = %s AND outcome IS NULL RETURNING 1""",
+            (invocation_id or None, attempt.run_id, attempt.attempt)).fetchone()
+        if row is None:
+            return
+        moved = conn.execute(
+            """UPDATE unitvisor.runs SET state = 'running', updated_at = now()
+               WHERE id = %s AND state = 'starting' RETURNING 1""", (attempt.run_id,)).fetchone()
+        if moved:
+            _event(conn, attempt.run_id, "running", f"unit {attempt.unit_name} started",
+                   attempt.attempt, attempt.host_id)
+
+
+def record_outcome(conn: Connection, attempt: Attempt, outcome: Outcome, next_state: str,
+                   retry_delay: timedelta | None = None) -> bool:
+    """Write an attempt's outcome and move its run to `next_state`, in one transaction.
+
+    With a retry_delay the run goes back to `queued` and a new spawn job, scheduled after the delay,
+    is created in this same transaction. Returns False, changing nothing, when the attempt already
+    had an outcome: a recorded outcome is never overwritten.
+    """
+    with conn.transaction():
+        row = conn.execute(
+            """UPDATE unitvisor.attempts SET outcome = %s, exit_status = %s, reason = %s, ended_at = now()
+               WHERE run_id = %s AND attempt = %s AND outcome IS NULL RETURNING 1""",
+            (outcome.outcome, outcome.exit_status, outcome.reason, attempt.run_id, attempt.attempt)).fetchone()
+        if row is None:
+            return False
+        latest = conn.execute("SELECT max(attempt) FROM unitvisor.attempts WHERE run_id = %s",
+                              (attempt.run_id,)).fetchone()[0]
+        if latest != attempt.attempt:
+            return True  # an older attempt settled late; the run follows its newest attempt
+        detail = f"attempt {attempt.attempt}: {outcome.outcome} ({outcome.reason})"
+        if retry_delay is not None:
+            conn.execute(
+                """INSERT INTO unitvisor.spawn_jobs (run_id, priority, scheduled_at)
+                   SELECT id, priority, now() + %s FROM unitvisor.runs WHERE id = %s""",
+                (retry_delay, attempt.run_id))
+            detail += f"; retry in {retry_delay.total_seconds():.0f}s"
+        conn.execute(
+            """UPDATE unitvisor.runs SET state = %(state)s, updated_at = now(),
+                   finished_at = CASE WHEN %(state)s IN ('succeeded', 'failed', 'cancelled') THEN now() END
+               WHERE id = %(id)s""", {"state": next_state, "id": attempt.run_id})
+        _event(conn, attempt.run_id, next_state, detail, attempt.attempt, attempt.host_id)
+    return True
+
+
+def listen(conn: Connection, *channels: str) -> None:
+    for channel in channels:
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+def now(conn: Connection) -> datetime:
+    return conn.execute("SELECT now()").fetchone()[0]

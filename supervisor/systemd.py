@@ -1,0 +1,312 @@
+"""The one module that talks to systemd (PID 1) over D-Bus, through pystemd.
+
+Every method is a thin, synchronous call on one long-lived connection; D-Bus errors are mapped to the
+few exceptions below so that no caller ever sees pystemd's types. State changes arrive on a second
+connection (`Watcher`) that only receives signals, so that the main loop can `select()` on its file
+descriptor: pystemd holds the GIL during calls, and a signal queued behind a method reply on a shared
+connection would be invisible to `select()`.
+
+Methods are called with `call_method` and explicit signatures rather than through pystemd's
+introspected objects: that costs no introspection round trip per object (pystemd 0.11 re-introspects
+on every load) and behaves the same on pystemd 0.11 (Debian bookworm) and the newest release.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from typing import Any
+
+from pystemd.dbusexc import DBusBaseError, DBusNoSuchUnitError
+from pystemd.dbuslib import DBus, apply_signature, path_decode
+from pystemd.systemd1 import unit_signatures
+
+DEST = b"org.freedesktop.systemd1"
+MANAGER_PATH = b"/org/freedesktop/systemd1"
+MANAGER_IFACE = b"org.freedesktop.systemd1.Manager"
+PROPS_IFACE = b"org.freedesktop.DBus.Properties"
+UNIT_PATH_PREFIX = b"/org/freedesktop/systemd1/unit"
+
+# Properties that pystemd (0.11 up to 0.15) cannot marshal because it does not know their D-Bus
+# signature; registered once so that the unit spec can be a plain dict. Signatures are systemd's own
+# (org.freedesktop.systemd1(5)).
+_EXTRA_SIGNATURES = {
+    b"ExecStartEx": b"a(sasas)",
+    b"LogExtraFields": b"aay",
+    b"IOWeight": b"t",
+    b"OOMPolicy": b"s",
+}
+unit_signatures.KNOWN_UNIT_SIGNATURES.update(_EXTRA_SIGNATURES)
+
+# errno values that mean "the connection is gone", as opposed to "PID 1 said no".
+_CONNECTION_ERRNOS = {
+    errno.ENOTCONN, errno.ECONNRESET, errno.ECONNREFUSED, errno.EPIPE, errno.ENOENT,
+    errno.ETIMEDOUT, errno.ESHUTDOWN,
+}
+
+
+class SystemdError(Exception):
+    """PID 1 refused or failed a request (the message says why, in systemd's words)."""
+
+
+class SystemdUnavailable(SystemdError):
+    """The bus is not reachable or the connection broke: reconnect and reconcile."""
+
+
+class UnitRefused(SystemdError):
+    """systemd refused to create the unit as specified (bad property, bad value)."""
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """What systemd says about one loaded service unit; only the fields the supervisor decides on."""
+
+    name: str
+    active_state: str
+    sub_state: str
+    result: str
+    exec_main_code: int
+    exec_main_status: int
+    invocation_id: str
+    job_pending: bool
+
+    @property
+    def has_ended(self) -> bool:
+        """True once the main process is gone for good and the result is final.
+
+        With RemainAfterExit=yes a clean exit leaves the unit `active/exited`, a failure leaves it
+        `failed`; `inactive` only shows briefly before the unit is unloaded. A queued job (start or
+        stop) means the state is still moving.
+        """
+        if self.job_pending:
+            return False
+        return self.active_state in ("failed", "inactive") or (
+            self.active_state == "active" and self.sub_state == "exited"
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _error_text(exc: DBusBaseError) -> str:
+    message = exc.err_message
+    return _text(message) if message else str(exc)
+
+
+def _map_error(exc: DBusBaseError, what: str) -> SystemdError:
+    code = abs(exc.errno) if isinstance(exc.errno, int) else 0
+    # PID 1's own answers (NoSuchUnit is ENOENT too) are refusals, not a broken connection.
+    answered = isinstance(exc, DBusNoSuchUnitError) or bool(exc.err_name)
+    if code in _CONNECTION_ERRNOS and not answered:
+        return SystemdUnavailable(f"{what}: systemd is not reachable over D-Bus ({_error_text(exc)})")
+    return SystemdError(f"{what}: {_error_text(exc)}")
+
+
+def _is_unit_exists(exc: DBusBaseError) -> bool:
+    return exc.errno == -errno.EEXIST or _text(exc.err_name or b"").endswith(".UnitExists")
+
+
+def _open_bus() -> DBus:
+    bus = DBus()
+    try:
+        bus.open()
+    except DBusBaseError as exc:
+        raise _map_error(exc, "connecting to the system bus") from exc
+    return bus
+
+
+class Systemd:
+    """Method calls to PID 1 on one connection. Not thread-safe; one per process."""
+
+    def __init__(self) -> None:
+        self._bus: DBus | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._bus is not None
+
+    def connect(self) -> None:
+        self.close()
+        self._bus = _open_bus()
+
+    def close(self) -> None:
+        if self._bus is not None:
+            try:
+                self._bus.close()
+            except DBusBaseError:
+                pass
+            self._bus = None
+
+    def _call(self, path: bytes, iface: bytes, method: bytes, args: list, what: str) -> Any:
+        if self._bus is None:
+            self.connect()
+        assert self._bus is not None
+        try:
+            return self._bus.call_method(DEST, path, iface, method, args).body
+        except DBusBaseError as exc:
+            mapped = _map_error(exc, what)
+            if isinstance(mapped, SystemdUnavailable):
+                self.close()
+            raise mapped from exc
+
+    def start_transient(self, name: str, properties: dict[bytes, Any]) -> bool:
+        """Start a transient service; return False when a unit of that name is already loaded.
+
+        An existing name is adoption, never an error and never a second run: the name is derived
+        from (run, attempt), so if it exists it is this attempt's unit.
+        """
+        args = apply_signature(b"ss", [name.encode(), b"fail"])
+        args += unit_signatures.signature_array(properties)
+        args += [(ord(b"a"), b"(sa(sv))"), (-1, None)]
+        try:
+            self._call(MANAGER_PATH, MANAGER_IFACE, b"StartTransientUnit", args, f"starting {name}")
+        except SystemdError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, DBusBaseError) and _is_unit_exists(cause):
+                return False
+            if isinstance(exc, SystemdUnavailable):
+                raise
+            raise UnitRefused(str(exc)) from cause
+        return True
+
+    def state(self, name: str) -> UnitState | None:
+        """The unit's state, or None when no unit of that name is loaded."""
+        try:
+            path = self._call(MANAGER_PATH, MANAGER_IFACE, b"GetUnit",
+                              apply_signature(b"s", [name.encode()]), f"looking up {name}")
+        except SystemdError as exc:
+            if isinstance(exc.__cause__, DBusNoSuchUnitError):
+                return None
+            raise
+        # An empty interface name asks sd-bus for the properties of every interface at once.
+        props = self._call(path, PROPS_IFACE, b"GetAll", apply_signature(b"s", [b""]),
+                           f"reading {name}")
+        job = props.get(b"Job") or (0, b"/")
+        invocation = props.get(b"InvocationID") or []
+        return UnitState(
+            name=name,
+            active_state=_text(props.get(b"ActiveState", b"")),
+            sub_state=_text(props.get(b"SubState", b"")),
+            result=_text(props.get(b"Result", b"")),
+            exec_main_code=int(props.get(b"ExecMainCode", 0)),
+            exec_main_status=int(props.get(b"ExecMainStatus", 0)),
+            invocation_id=bytes(invocation).hex(),
+            job_pending=int(job[0]) != 0,
+        )
+
+    def list_units(self, pattern: str) -> list[str]:
+        """Names of the loaded units matching a glob."""
+        args = apply_signature(b"asas", [[], [pattern.encode()]])
+        rows = self._call(MANAGER_PATH, MANAGER_IFACE, b"ListUnitsByPatterns", args,
+                          f"listing {pattern}")
+        return [_text(row[0]) for row in rows]
+
+    def _unit_call(self, method: bytes, signature: bytes, values: list, name: str) -> bool:
+        """A call on one unit by name; False when the unit is not loaded (nothing to do)."""
+        try:
+            self._call(MANAGER_PATH, MANAGER_IFACE, method, apply_signature(signature, values),
+                       f"{method.decode()} {name}")
+        except SystemdError as exc:
+            if isinstance(exc.__cause__, DBusNoSuchUnitError):
+                return False
+            raise
+        return True
+
+    def stop(self, name: str) -> bool:
+        return self._unit_call(b"StopUnit", b"ss", [name.encode(), b"replace"], name)
+
+    def reset_failed(self, name: str) -> bool:
+        return self._unit_call(b"ResetFailedUnit", b"s", [name.encode()], name)
+
+    def release(self, name: str) -> None:
+        """Unload a finished unit whose outcome is recorded: stop an `exited` one, reset a `failed`
+        one, so that neither piles up in systemd."""
+        self.stop(name)
+        self.reset_failed(name)
+
+
+class Watcher:
+    """A receive-only connection: systemd's signals about units, as a set of changed unit names.
+
+    Signals are hints; the caller re-reads the state of every unit named (systemd coalesces and a
+    broker can drop, so a signal's payload is never trusted as the truth).
+    """
+
+    _RULES = (
+        b"type='signal',sender='org.freedesktop.systemd1',interface='org.freedesktop.DBus.Properties',"
+        b"member='PropertiesChanged',path_namespace='/org/freedesktop/systemd1/unit'",
+        b"type='signal',sender='org.freedesktop.systemd1',interface='org.freedesktop.systemd1.Manager',"
+        b"member='UnitRemoved'",
+        b"type='signal',sender='org.freedesktop.systemd1',interface='org.freedesktop.systemd1.Manager',"
+        b"member='Reloading'",
+    )
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._bus: DBus | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._bus is not None
+
+    def connect(self) -> None:
+        self.close()
+        bus = _open_bus()
+        try:
+            for rule in self._RULES:
+                bus.call_method(b"org.freedesktop.DBus", b"/org/freedesktop/DBus",
+                                b"org.freedesktop.DBus", b"AddMatch", apply_signature(b"s", [rule]))
+            # Without Subscribe, PID 1 sends unit signals to the bus only while someone else happens
+            # to be subscribed.
+            bus.call_method(DEST, MANAGER_PATH, MANAGER_IFACE, b"Subscribe", [])
+        except DBusBaseError as exc:
+            bus.close()
+            raise _map_error(exc, "subscribing to systemd's signals") from exc
+        self._bus = bus
+
+    def close(self) -> None:
+        if self._bus is not None:
+            try:
+                self._bus.close()
+            except DBusBaseError:
+                pass
+            self._bus = None
+
+    def fileno(self) -> int:
+        assert self._bus is not None, "Watcher.fileno() before connect()"
+        return self._bus.get_fd()
+
+    def drain(self) -> tuple[set[str], bool]:
+        """Read every queued signal. Returns (changed unit names under our prefix, reloaded)."""
+        if self._bus is None:
+            raise SystemdUnavailable("not subscribed to systemd's signals")
+        changed: set[str] = set()
+        reloaded = False
+        empty_in_a_row = 0
+        # pystemd drops sd_bus_process()'s return code, and an internal step (a method reply, the
+        # bus driver's own messages) also comes back as an empty message: only two empties in a
+        # row mean the queue is drained.
+        while empty_in_a_row < 2:
+            try:
+                msg = self._bus.process()
+            except DBusBaseError as exc:
+                self.close()
+                raise _map_error(exc, "reading systemd's signals") from exc
+            if msg.is_empty():
+                empty_in_a_row += 1
+                continue
+            empty_in_a_row = 0
+            msg.process_reply(True)
+            member = _text(msg.headers.get("Member") or b"")
+            if member == "PropertiesChanged":
+                path = msg.headers.get("Path") or b""
+                name = _text(path_decode(path, UNIT_PATH_PREFIX))
+            elif member == "UnitRemoved":
+                name = _text(msg.body[0])
+            else:
+                reloaded = reloaded or member == "Reloading"
+                continue
+            if name.startswith(self._prefix):
+                changed.add(name)
+        return changed, reloaded

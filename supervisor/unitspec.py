@@ -1,0 +1,142 @@
+"""A run row -> the transient unit's name and properties. Pure: no I/O, no clock.
+
+The unit name is a function of (run id, attempt) only: it is the idempotency key that makes a
+second start of the same attempt an adoption rather than a second run. The run id is a UUID (the
+database type guarantees it, and `unit_name` takes a `uuid.UUID`), so no run id can smuggle a `/`,
+`@`, `.` or anything else that would change what the name means.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import uuid
+from typing import Any
+
+from supervisor.config import UNIT_PREFIX, RunSettings, Settings
+from supervisor.model import Attempt, Run
+
+# One format for Python and for the claim query (store.py passes it to SQL's format()), so that the
+# name an attempt row stores and the name the daemon computes cannot drift apart.
+UNIT_NAME_FORMAT = UNIT_PREFIX + "%s-%s.service"
+UNIT_GLOB = UNIT_PREFIX + "*.service"
+_UNIT_NAME_RE = re.compile(
+    "^" + re.escape(UNIT_PREFIX)
+    + r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-([1-9][0-9]{0,8})\.service$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+USEC = 1_000_000
+
+
+class Refused(Exception):
+    """The run may not start on this host, or cannot be expressed as a unit; the message says why."""
+
+
+def unit_name(run_id: uuid.UUID, attempt: int) -> str:
+    if not isinstance(run_id, uuid.UUID) or not isinstance(attempt, int) or attempt < 1:
+        raise ValueError(f"no unit name for run {run_id!r} attempt {attempt!r}")
+    return UNIT_NAME_FORMAT % (run_id, attempt)
+
+
+def parse_unit_name(name: str) -> tuple[uuid.UUID, int] | None:
+    """(run id, attempt) for one of our unit names, None for anything else."""
+    match = _UNIT_NAME_RE.match(name)
+    if not match:
+        return None
+    return uuid.UUID(match.group(1)), int(match.group(2))
+
+
+def _check_executable(argv: list[str], allowed: tuple[str, ...]) -> None:
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise Refused("argv is empty or not a list of strings")
+    if any("\0" in a for a in argv):
+        raise Refused("argv contains a NUL byte")
+    path = argv[0]
+    # A glob like /usr/bin/* must not admit /usr/bin/../../tmp/x: only a normalised absolute path
+    # is compared with the allowlist.
+    if not path.startswith("/") or os.path.normpath(path) != path or path.startswith("//"):
+        raise Refused(f"executable {path!r} is not a normalised absolute path")
+    if not allowed:
+        raise Refused("this host allows no executables ([runs] allowed_executables is empty)")
+    if not any(fnmatch.fnmatchcase(path, pattern) for pattern in allowed):
+        raise Refused(f"executable {path} is not in this host's allowed_executables")
+
+
+def _environment(env: Any) -> list[bytes]:
+    if not isinstance(env, dict):
+        raise Refused("environment is not an object of NAME: value")
+    out = []
+    for name, value in sorted(env.items()):
+        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+            raise Refused(f"environment name {name!r} is not valid")
+        if not isinstance(value, str) or "\0" in value or "\n" in value:
+            raise Refused(f"environment value of {name} must be a string without NUL or newline")
+        out.append(f"{name}={value}".encode())
+    return out
+
+
+def _user(run: Run, runs: RunSettings) -> dict[bytes, Any]:
+    wanted = run.run_user or runs.user
+    if run.run_user and run.run_user != runs.user and run.run_user not in runs.allowed_users:
+        raise Refused(f"user {run.run_user} is not in this host's allowed_users")
+    if not wanted:
+        return {b"DynamicUser": True}
+    return {b"User": wanted}
+
+
+def _limits(run: Run) -> dict[bytes, Any]:
+    props: dict[bytes, Any] = {}
+    if run.memory_max is not None:
+        props[b"MemoryMax"] = run.memory_max
+    if run.cpu_quota_percent is not None:
+        # CPUQuotaPerSecUSec: CPU time per second of wall time; 100% = one CPU = 1s per second.
+        props[b"CPUQuotaPerSecUSec"] = run.cpu_quota_percent * USEC // 100
+    if run.tasks_max is not None:
+        props[b"TasksMax"] = run.tasks_max
+    if run.io_weight is not None:
+        props[b"IOWeight"] = run.io_weight
+    if run.runtime_max_sec is not None:
+        props[b"RuntimeMaxUSec"] = run.runtime_max_sec * USEC
+    return props
+
+
+def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
+    """The unit's properties. Raises Refused when the run may not or cannot run here."""
+    if attempt.unit_name != unit_name(run.id, attempt.attempt):
+        raise Refused(f"attempt row names unit {attempt.unit_name!r}, expected {unit_name(run.id, attempt.attempt)}")
+    runs = settings.runs
+    argv = list(run.argv)
+    _check_executable(argv, runs.allowed_executables)
+    if run.working_directory is not None and (
+            not run.working_directory.startswith("/") or "\0" in run.working_directory):
+        raise Refused(f"working directory {run.working_directory!r} is not an absolute path")
+    props: dict[bytes, Any] = {
+        b"Description": f"unitvisor run {run.id} attempt {attempt.attempt}".encode(),
+        b"Slice": settings.systemd.slice.encode(),
+        # exec, not simple: the start job fails when the binary or the user is missing, instead of
+        # the unit looking started and failing a moment later with 203/EXEC.
+        b"Type": b"exec",
+        # The unit stays loaded after its process ends, with Result and ExecMain* readable, until the
+        # daemon has recorded the outcome and releases it: the outcome survives a daemon that is
+        # down when the run ends. (The default would unload a cleanly exited unit at once.)
+        b"RemainAfterExit": True,
+        # no-env-expand: systemd must not expand $VAR in the arguments; what the row says runs.
+        b"ExecStartEx": [(argv[0].encode(), [a.encode() for a in argv], [b"no-env-expand"])],
+        b"LogExtraFields": [f"UNITVISOR_RUN={run.id}".encode(), f"UNITVISOR_ATTEMPT={attempt.attempt}".encode()],
+        b"KillMode": b"control-group",
+        b"TimeoutStopUSec": int(settings.systemd.stop_grace * USEC),
+        b"SendSIGKILL": True,
+        b"NoNewPrivileges": runs.no_new_privileges,
+        b"PrivateTmp": runs.private_tmp,
+        b"ProtectSystem": runs.protect_system.encode(),
+        b"ProtectHome": runs.protect_home.encode(),
+    }
+    env = _environment(run.environment)
+    if env:
+        props[b"Environment"] = env
+    if run.working_directory:
+        props[b"WorkingDirectory"] = run.working_directory.encode()
+    props.update(_user(run, runs))
+    props.update(_limits(run))
+    return props

@@ -1,0 +1,211 @@
+"""A real systemd for tests: the host's own OS booted as a throwaway container (systemd-nspawn).
+
+The recipe and its traps are in shared/TESTBED.md. In short: a tmpfs holds the upper layer of an
+overlay whose lower layer is `/`, so every write of the container lands in memory and the machine's
+disk is never touched; the container gets a machine id of its own; the repository (with its
+virtualenv) is bound at the same path inside, so its scripts' absolute paths work there. The network
+namespace is shared, so a PostgreSQL on the machine's 127.0.0.1 is reachable from inside.
+
+Never boot systemd against the machine's real root: its boot services would run on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+PREFIX = "unitvisor-tb-"
+MASKED = (
+    "postgresql.service", "getty@tty1.service", "console-getty.service", "apt-daily.timer",
+    "apt-daily-upgrade.timer", "man-db.timer", "e2scrub_all.timer", "systemd-tmpfiles-clean.timer",
+)
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+def available() -> str | None:
+    """None when a test bed can be booted here, else the reason why not."""
+    if os.geteuid() != 0:
+        return "system tests need root (mounts and systemd-nspawn)"
+    for tool in ("systemd-nspawn", "nsenter", "systemd-id128"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (apt-get install systemd-container)"
+    return None
+
+
+def _run(*cmd: str, timeout: float = 60) -> None:
+    subprocess.run(cmd, check=True, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _mounted(path: Path) -> bool:
+    return subprocess.run(["mountpoint", "-q", str(path)], check=False).returncode == 0
+
+
+class Testbed:
+    """One booted container. Use as a context manager, or call boot() and destroy()."""
+
+    def __init__(self, name: str, binds: list[Path]) -> None:
+        if not re.fullmatch(r"[a-z0-9-]{1,40}", name):
+            raise ValueError(f"bad test bed name {name!r}")
+        self.name = name
+        self.binds = binds
+        self.dir = Path(tempfile.mkdtemp(prefix=PREFIX, dir="/tmp"))
+        self.root = self.dir / "root"
+        self.log_path = Path(str(self.dir) + ".log")
+        self.proc: subprocess.Popen | None = None
+        self.leader = 0
+        self._layers_ready = False
+
+    def __enter__(self) -> Testbed:
+        try:
+            self.boot()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def _prepare_layers(self) -> None:
+        _run("mount", "-t", "tmpfs", "-o", "size=4g,mode=0755", "tmpfs", str(self.dir))
+        for sub in ("upper", "work", "root"):
+            (self.dir / sub).mkdir()
+        _run("mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir=/,upperdir={self.dir}/upper,workdir={self.dir}/work", str(self.root))
+        machine_id = subprocess.run(["systemd-id128", "new"], check=True, capture_output=True,
+                                    text=True).stdout.strip()
+        (self.root / "etc/machine-id").write_text(machine_id + "\n")
+        self._layers_ready = True
+
+    def boot(self, timeout: float = 60) -> None:
+        if not self._layers_ready:
+            self._prepare_layers()
+        cmd = ["systemd-nspawn", "-q", "-D", str(self.root), "--register=no", "--keep-unit",
+               "-M", self.name]
+        cmd += [f"--bind={path}" for path in self.binds]
+        cmd += ["-b", "--"] + [f"systemd.mask={unit}" for unit in MASKED]
+        log = open(self.log_path, "ab")  # the child keeps its own copy of the fd
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        self.leader = 0
+        while not self.leader:
+            if self.proc.poll() is not None:
+                raise TestbedError(f"systemd-nspawn exited with {self.proc.returncode}: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TestbedError(f"the container did not start: {self.log_tail()}")
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                self.leader = int(children.read_text().split()[0])
+            time.sleep(0.05)
+        while True:
+            result = self.run("systemctl", "is-system-running", "--wait", check=False,
+                              timeout=max(1.0, deadline - time.monotonic()))
+            state = result.stdout.strip()
+            if state in ("running", "degraded"):
+                return
+            if time.monotonic() > deadline:
+                raise TestbedError(f"boot did not finish (state {state!r}): {self.log_tail()}")
+            time.sleep(0.2)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def reboot(self, timeout: float = 60) -> None:
+        """Reboot the host: transient units vanish, the disk (the tmpfs upper layer) stays."""
+        assert self.proc is not None
+        self.run("systemctl", "reboot", check=False)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TestbedError("the container did not power off for the reboot") from exc
+        self.boot(timeout)
+
+    def _stop_container(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # powers the container off cleanly
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def destroy(self) -> None:
+        """Power off and remove every trace: no process, no mount, no directory left."""
+        try:
+            self._stop_container()
+        finally:
+            cleanup_dir(self.dir)
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+
+    # -- inside -----------------------------------------------------------------------------------
+
+    def run(self, *cmd: str, check: bool = True, timeout: float = 60, input: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """Run a command inside the container (all its namespaces)."""
+        if not self.leader:
+            raise TestbedError("the container is not running")
+        prefix = ["nsenter", "-t", str(self.leader), "-a", "--", "env", "-i",
+                  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"]
+        prefix += [f"{key}={value}" for key, value in (env or {}).items()]
+        result = subprocess.run(prefix + list(cmd), capture_output=True, text=True, timeout=timeout,
+                                input=input, check=False)
+        if check and result.returncode != 0:
+            raise TestbedError(f"{' '.join(cmd)} exited {result.returncode}: {result.stderr.strip()}")
+        return result
+
+    def write(self, path: str, text: str) -> None:
+        """Write a file inside the container (through the overlay's merged view, which it shares)."""
+        target = self.root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+def cleanup_dir(path: Path) -> None:
+    """Unmount and remove one test bed directory; safe to call on a half-built or stale one."""
+    root = path / "root"
+    for mount in (root, path):
+        if _mounted(mount):
+            result = subprocess.run(["umount", str(mount)], check=False, capture_output=True)
+            if result.returncode != 0:
+                subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def cleanup_stale() -> None:
+    """Remove what an interrupted earlier session left behind (its nspawn processes and mounts)."""
+    for path in Path("/tmp").glob(PREFIX + "*"):
+        if not path.is_dir():
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        root = str(path / "root")
+        for pid_dir in Path("/proc").iterdir():
+            if not pid_dir.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                cmdline = (pid_dir / "cmdline").read_bytes().split(b"\0")
+                if cmdline and cmdline[0].endswith(b"systemd-nspawn") and root.encode() in cmdline:
+                    os.kill(int(pid_dir.name), signal.SIGKILL)
+        time.sleep(0.2)
+        cleanup_dir(path)
