@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import select
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -26,9 +25,8 @@ from supervisor import __version__, faults, store, unitspec
 from supervisor.config import Settings
 from supervisor.log import event
 from supervisor.model import Attempt, Run
-from supervisor.outcomes import Outcome, retry_delay, run_state_after
-from supervisor.reconciler import Action, Decision, decide, decide_orphan
-from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitRefused, Watcher
+from supervisor.reconciler import Reconciler
+from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, Watcher
 
 log = logging.getLogger("unitvisor")
 
@@ -51,18 +49,9 @@ class Timers:
     heartbeat: float = 0.0
     reconcile: float = 0.0
     watchdog: float = 0.0
-    retry: float = 0.0
 
     def nearest(self, now: float, cap: float) -> float:
         return max(0.0, min(self.claim, self.heartbeat, self.reconcile, self.watchdog, now + cap) - now)
-
-
-@dataclass
-class Counters:
-    claimed: int = 0
-    settled: int = 0
-    in_flight: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
 class Daemon:
@@ -78,10 +67,10 @@ class Daemon:
         self.stopping = False
         self.host_state = "active"
         self.timers = Timers()
-        self.counters = Counters()
+        self.claimed = 0
+        self.reconciler: Reconciler | None = None
         self.problem = ""  # what is wrong right now, for STATUS=
         self.backoff = 1.0
-        self.random = random.Random()
         watchdog_usec = _watchdog_usec()
         self.watchdog_interval = watchdog_usec / 2e6 if watchdog_usec else 0.0
 
@@ -104,7 +93,8 @@ class Daemon:
                 self.backoff = 1.0
                 # After every (re)connect, before anything else: repair what changed while we
                 # were not looking.
-                if not self._guard(self.reconcile_pass):
+                self.reconciler = Reconciler(self.settings, self.host_id, self.conn, self.systemd)
+                if not self._guard(self._reconcile):
                     continue
                 if not ready:
                     self.notifier.notify("READY=1")
@@ -209,9 +199,9 @@ class Daemon:
             event("systemd-reloaded", host=self.host_id)
         now = time.monotonic()
         if changed:
-            self._settle_units(sorted(changed))
+            self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, unit_names=sorted(changed)))
         if wake_cancel or now >= self.timers.claim:
-            self._handle_cancels()
+            self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, cancel_requested=True))
         if wake_claim or now >= self.timers.claim:
             self._claim_and_spawn()
             self.timers.claim = time.monotonic() + self.settings.daemon.poll_interval
@@ -219,9 +209,17 @@ class Daemon:
             self.host_state = store.heartbeat(self.conn, self.host_id) or self.host_state
             self.timers.heartbeat = now + self.settings.daemon.heartbeat_interval
         if now >= self.timers.reconcile or reloaded:
-            self.reconcile_pass()
+            self._reconcile()
         self._feed_watchdog()
         self._status()
+
+    def _reconcile(self) -> None:
+        self.reconciler.reconcile_pass()
+        self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
+
+    def _reconcile_attempts(self, pairs: list[tuple[Run, Attempt]]) -> None:
+        for run, attempt in pairs:
+            self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.reconcile_one(r, a))
 
     def _drain_notifications(self) -> tuple[bool, bool]:
         """Read queued NOTIFYs without blocking. They are hints: what they say is re-read from the
@@ -245,8 +243,8 @@ class Daemon:
             self.timers.watchdog = now + 3600
 
     def _status(self) -> None:
-        c = self.counters
-        text = f"{c.in_flight} runs in flight, {c.claimed} claimed, {c.settled} settled"
+        r = self.reconciler
+        text = f"{r.in_flight if r else 0} runs in flight, {self.claimed} claimed, {r.settled if r else 0} settled"
         if self.host_state == "draining":
             text += "; draining"
         if self.problem:
@@ -265,111 +263,14 @@ class Daemon:
                                   self.settings.host.memory_budget, unitspec.UNIT_NAME_FORMAT)
             if not claimed:
                 return
-            self.counters.claimed += len(claimed)
+            self.claimed += len(claimed)
             for run, attempt in claimed:
                 event("claimed", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
             faults.point("after-claim")
             for run, attempt in claimed:
-                self.start(run, attempt)
+                self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.start(r, a))
             if len(claimed) < daemon.claim_batch:
                 return
-
-    def start(self, run: Run, attempt: Attempt) -> None:
-        """Start an attempt's unit; a name that already exists is adopted, never started twice."""
-        assert self.conn is not None
-        try:
-            props = unitspec.build(run, attempt, self.settings)
-        except unitspec.Refused as exc:
-            self.settle(run, attempt, Outcome("refused", None, str(exc)), unit_exists=False)
-            return
-        try:
-            created = self.systemd.start_transient(attempt.unit_name, props)
-        except UnitRefused as exc:
-            self.settle(run, attempt, Outcome("start-failed", None, f"systemd refused the unit: {exc}"),
-                        unit_exists=False)
-            return
-        faults.point("after-start")
-        event("started" if created else "adopted", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
-        unit = self.systemd.state(attempt.unit_name)
-        self.apply(run, attempt, decide(run, attempt, unit) if unit else
-                   Decision(Action.ADOPT, attempt.unit_name, "started"))
-
-    def _settle_units(self, names: list[str]) -> None:
-        assert self.conn is not None
-        for run, attempt in store.open_attempts(self.conn, self.host_id, unit_names=names):
-            unit = self.systemd.state(attempt.unit_name)
-            self.apply(run, attempt, decide(run, attempt, unit))
-
-    def _handle_cancels(self) -> None:
-        assert self.conn is not None
-        for run, attempt in store.open_attempts(self.conn, self.host_id, cancel_requested=True):
-            unit = self.systemd.state(attempt.unit_name)
-            self.apply(run, attempt, decide(run, attempt, unit))
-
-    def reconcile_pass(self) -> list[Decision]:
-        """Compare every open attempt of this host with systemd, and every unit of ours with the rows."""
-        assert self.conn is not None
-        decisions = []
-        pairs = store.open_attempts(self.conn, self.host_id)
-        owned = {attempt.unit_name for _, attempt in pairs}
-        for index, (run, attempt) in enumerate(pairs):
-            if index == 1:
-                faults.point("mid-reconcile")
-            decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
-            decisions.append(decision)
-            self.apply(run, attempt, decision)
-        loaded = [name for name in self.systemd.list_units(unitspec.UNIT_GLOB) if name not in owned]
-        settled = store.settled_unit_names(self.conn, loaded) if loaded else set()
-        for name in loaded:
-            decision = decide_orphan(name, name in settled, self.settings.daemon.stop_orphans)
-            decisions.append(decision)
-            self.apply_orphan(decision)
-        self.counters.in_flight = len(pairs)
-        self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
-        return decisions
-
-    def apply(self, run: Run, attempt: Attempt, decision: Decision) -> None:
-        assert self.conn is not None
-        action = decision.action
-        if action is Action.START:
-            self.start(run, attempt)
-        elif action is Action.ADOPT:
-            store.mark_started(self.conn, attempt, decision.invocation_id)
-        elif action is Action.STOP:
-            store.mark_started(self.conn, attempt, decision.invocation_id)
-            if self.systemd.stop(attempt.unit_name):
-                event("stopping-run", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
-                      detail=decision.reason)
-        elif action in (Action.SETTLE, Action.GONE):
-            assert decision.outcome is not None
-            if decision.invocation_id:
-                store.mark_started(self.conn, attempt, decision.invocation_id)
-            self.settle(run, attempt, decision.outcome)
-
-    def apply_orphan(self, decision: Decision) -> None:
-        if decision.action is Action.RELEASE:
-            self.systemd.release(decision.unit_name)
-        elif decision.action is Action.STOP_ORPHAN:
-            self.systemd.stop(decision.unit_name)
-            self.systemd.reset_failed(decision.unit_name)
-        event(decision.action.value, unit=decision.unit_name, detail=decision.reason,
-              level=logging.WARNING if decision.action is not Action.RELEASE else logging.INFO)
-
-    def settle(self, run: Run, attempt: Attempt, outcome: Outcome, unit_exists: bool = True) -> None:
-        """Record an attempt's outcome (and the run's next step), then release its unit."""
-        assert self.conn is not None
-        delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
-        next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
-        faults.point("before-outcome")
-        recorded = store.record_outcome(self.conn, attempt, outcome, next_state, delay)
-        if recorded:
-            self.counters.settled += 1
-            event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
-                  outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,
-                  detail=outcome.reason)
-        # Released only once the outcome is committed: until then the unit is the only record of it.
-        if unit_exists:
-            self.systemd.release(attempt.unit_name)
 
 
 def _select(fds: list[int], timeout: float) -> tuple[list, list, list]:

@@ -10,7 +10,8 @@ Decision table (every row has a unit test in tests/unit/test_reconciler.py):
 | any                                | unit, process still running | ADOPT (record start and invocation id)   |
 | any, cancel requested              | unit, process still running | STOP it; it settles as cancelled         |
 | any                                | unit, ended                 | SETTLE with the unit's outcome, release  |
-| started                            | no unit (reboot, reset)     | GONE: cancelled if requested, else lost  |
+| started                            | no unit (reboot, reset)     | GONE: cancelled if requested, else the   |
+|                                    |                             | journal's outcome, else lost             |
 | outcome already recorded           | unit with our prefix        | RELEASE the unit (crash before release)  |
 | no row on this host                | unit with our prefix        | STOP_ORPHAN (or leave it, by config)     |
 
@@ -21,11 +22,20 @@ says about its unit.
 from __future__ import annotations
 
 import enum
+import logging
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import psycopg
+
+from supervisor import faults, store, unitspec
+from supervisor.config import Settings
+from supervisor.journal import Journal
+from supervisor.log import event
 from supervisor.model import Attempt, Run
-from supervisor.outcomes import Outcome, classify
-from supervisor.systemd import UnitState
+from supervisor.outcomes import Outcome, classify, retry_delay, run_state_after
+from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitRefused, UnitState
 
 
 class Action(enum.Enum):
@@ -83,3 +93,147 @@ def decide_orphan(unit_name: str, settled: bool, stop_orphans: bool) -> Decision
         return Decision(Action.STOP_ORPHAN, unit_name, "no open attempt on this host owns this unit")
     return Decision(Action.LEAVE_ORPHAN, unit_name,
                     "no open attempt on this host owns this unit; left running by config")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One decision of a pass, with the run it concerns (None for an orphan unit)."""
+
+    decision: Decision
+    run: Run | None = None
+    attempt: Attempt | None = None
+
+
+class Reconciler:
+    """Carries decisions out through the store and systemd. Every action is idempotent: a second
+    start of a name adopts it, a second outcome write changes nothing, so a pass that is cut short
+    by a crash is simply run again."""
+
+    def __init__(self, settings: Settings, host_id: str, conn: store.Connection, systemd: Systemd,
+                 journal: Journal | None = None) -> None:
+        self.settings = settings
+        self.host_id = host_id
+        self.conn = conn
+        self.systemd = systemd
+        self.journal = journal or Journal()
+        self.random = random.Random()
+        self.settled = 0
+        self.in_flight = 0
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    def plan(self) -> list[Planned]:
+        """A whole pass, decided but not carried out (what `unitvisor reconcile --dry-run` prints)."""
+        planned = []
+        pairs = store.open_attempts(self.conn, self.host_id)
+        for run, attempt in pairs:
+            planned.append(Planned(decide(run, attempt, self.systemd.state(attempt.unit_name)), run, attempt))
+        planned += [Planned(d) for d in self._orphans({a.unit_name for _, a in pairs})]
+        return planned
+
+    def _orphans(self, owned: set[str]) -> list[Decision]:
+        loaded = [name for name in self.systemd.list_units(unitspec.UNIT_GLOB) if name not in owned]
+        settled = store.settled_unit_names(self.conn, loaded) if loaded else set()
+        return [decide_orphan(name, name in settled, self.settings.daemon.stop_orphans) for name in loaded]
+
+    # -- acting -----------------------------------------------------------------------------------
+
+    def reconcile_pass(self) -> list[Planned]:
+        """Compare every open attempt of this host with systemd, and every unit of ours with the rows."""
+        done: list[Planned] = []
+        pairs = store.open_attempts(self.conn, self.host_id)
+        for index, (run, attempt) in enumerate(pairs):
+            if index == 1:
+                faults.point("mid-reconcile")
+            self.isolated(run, attempt, lambda r=run, a=attempt: done.append(Planned(self.reconcile_one(r, a), r, a)))
+        for decision in self._orphans({a.unit_name for _, a in pairs}):
+            self.apply_orphan(decision)
+            done.append(Planned(decision))
+        self.in_flight = len(pairs)
+        return done
+
+    def reconcile_one(self, run: Run, attempt: Attempt) -> Decision:
+        decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
+        self.apply(run, attempt, decision)
+        return decision
+
+    def isolated(self, run: Run, attempt: Attempt, work: Callable[[], object]) -> None:
+        """One attempt's trouble stays that attempt's: it is logged with the run id, and the next
+        pass tries again. A lost database or bus still aborts the whole pass (the caller reconnects)."""
+        try:
+            work()
+        except (SystemdUnavailable, store.DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError):
+            raise
+        except SystemdError as exc:
+            event("systemd-error", level=logging.ERROR, run=run.id, attempt=attempt.attempt,
+                  unit=attempt.unit_name, detail=str(exc))
+        except Exception as exc:  # a bug or a row nobody foresaw must not stop the other runs
+            event("internal-error", level=logging.ERROR, run=run.id, attempt=attempt.attempt,
+                  unit=attempt.unit_name, detail=f"{type(exc).__name__}: {exc}")
+            logging.getLogger("unitvisor").debug("traceback", exc_info=True)
+
+    def start(self, run: Run, attempt: Attempt) -> None:
+        """Start an attempt's unit; a name that already exists is adopted, never started twice."""
+        try:
+            props = unitspec.build(run, attempt, self.settings)
+        except unitspec.Refused as exc:
+            self.settle(run, attempt, Outcome("refused", None, str(exc)), unit_exists=False)
+            return
+        try:
+            created = self.systemd.start_transient(attempt.unit_name, props)
+        except UnitRefused as exc:
+            self.settle(run, attempt, Outcome("start-failed", None, f"systemd refused the unit: {exc}"),
+                        unit_exists=False)
+            return
+        faults.point("after-start")
+        event("started" if created else "adopted", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
+        unit = self.systemd.state(attempt.unit_name)
+        self.apply(run, attempt, decide(run, attempt, unit) if unit else
+                   Decision(Action.ADOPT, attempt.unit_name, "started"))
+
+    def apply(self, run: Run, attempt: Attempt, decision: Decision) -> None:
+        action = decision.action
+        if action is Action.START:
+            self.start(run, attempt)
+        elif action is Action.ADOPT:
+            store.mark_started(self.conn, attempt, decision.invocation_id)
+        elif action is Action.STOP:
+            store.mark_started(self.conn, attempt, decision.invocation_id)
+            if self.systemd.stop(attempt.unit_name):
+                event("stopping-run", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
+                      detail=decision.reason)
+        elif action is Action.GONE:
+            assert decision.outcome is not None
+            outcome = decision.outcome
+            if outcome.outcome == "lost":
+                outcome = self.journal.outcome(attempt.unit_name, attempt.invocation_id) or outcome
+            self.settle(run, attempt, outcome, unit_exists=False)
+        elif action is Action.SETTLE:
+            assert decision.outcome is not None
+            if decision.invocation_id:
+                store.mark_started(self.conn, attempt, decision.invocation_id)
+            self.settle(run, attempt, decision.outcome, unit_exists=attempt.started_at is not None
+                        or decision.invocation_id is not None)
+
+    def apply_orphan(self, decision: Decision) -> None:
+        if decision.action is Action.RELEASE:
+            self.systemd.release(decision.unit_name)
+        elif decision.action is Action.STOP_ORPHAN:
+            self.systemd.stop(decision.unit_name)
+            self.systemd.reset_failed(decision.unit_name)
+        event(decision.action.value, unit=decision.unit_name, detail=decision.reason,
+              level=logging.INFO if decision.action is Action.RELEASE else logging.WARNING)
+
+    def settle(self, run: Run, attempt: Attempt, outcome: Outcome, unit_exists: bool = True) -> None:
+        """Record an attempt's outcome (and the run's next step), then release its unit."""
+        delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
+        next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
+        faults.point("before-outcome")
+        if store.record_outcome(self.conn, attempt, outcome, next_state, delay):
+            self.settled += 1
+            event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
+                  outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,
+                  detail=outcome.reason)
+        # Released only once the outcome is committed: until then the unit is the only record of it.
+        if unit_exists:
+            self.systemd.release(attempt.unit_name)
