@@ -21,8 +21,8 @@ from supervisor import __version__, config, store
 from supervisor.model import RUN_STATES, Attempt, Run
 from supervisor.quantities import QuantityError, format_duration, format_size, parse_duration, parse_percent, parse_size
 
-_RUN_ID_PREFIX_RE = re.compile(r"^[0-9a-f][0-9a-f-]{5,35}$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_RUN_ID_PREFIX_RE = re.compile(r"^[0-9a-f][0-9a-f-]{5,35}\Z")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 MIN_MEMORY = 1 << 20
 
 
@@ -333,6 +333,63 @@ def cancel(ctx: Context, run_id: str) -> None:
         raise Failure(f"run {rid} already {result.state}; nothing to cancel")
     click.echo(f"run {rid} cancelled" if result.state == "cancelled" else
                f"run {rid}: cancel requested; its host stops it")
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@pass_ctx
+def resume(ctx: Context, run_id: str) -> None:
+    """Reopen a failed or cancelled run: a new attempt with the command and limits its row has now.
+
+    \b
+    Example:
+      unitvisor resume 3f2a9c
+    """
+    with ctx.connect() as conn:
+        rid = resolve_run_id(conn, run_id)
+        result = store.resume_run(conn, rid)
+    if result.state is None:
+        raise Failure(f"no run with id {run_id}")
+    if not result.changed:
+        raise Failure(f"run {rid} is {result.state}; only a failed or cancelled run can be resumed")
+    click.echo(f"run {rid} queued again")
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Print what a pass would do, and do nothing.")
+@pass_ctx
+def reconcile(ctx: Context, dry_run: bool) -> None:
+    """Compare this host's runs with systemd's units now, and repair what differs.
+
+    Safe while the daemon runs: every action is idempotent. Needs root (it talks to systemd).
+
+    \b
+    Example:
+      unitvisor reconcile --dry-run
+    """
+    from supervisor import log
+    from supervisor.reconciler import Reconciler
+    from supervisor.systemd import Systemd, SystemdError
+
+    log.setup(ctx.debug)
+    settings = ctx.settings
+    with ctx.connect() as conn:
+        systemd = Systemd()
+        try:
+            reconciler = Reconciler(settings, settings.host_id, conn, systemd)
+            done = reconciler.plan() if dry_run else reconciler.reconcile_pass()
+        except SystemdError as exc:
+            raise Failure(str(exc)) from None
+        finally:
+            systemd.close()
+    rows = [("UNIT", "RUN", "ACTION", "REASON")]
+    for item in done:
+        rows.append((item.decision.unit_name, str(item.run.id)[:8] if item.run else "-",
+                     item.decision.action.value, item.decision.reason))
+    if len(rows) == 1:
+        click.echo("nothing to reconcile: no open attempts and no units of ours on this host")
+        return
+    _print_table(rows)
 
 
 @cli.command()

@@ -94,8 +94,9 @@ _CHOICES = {
     "protect_system": {"strict", "full", "yes", "no"},
     "protect_home": {"yes", "read-only", "tmpfs", "no"},
 }
-_SLICE_RE = re.compile(r"^[A-Za-z0-9_.\-]+\.slice$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# \Z, not $: `$` also matches before a trailing newline.
+_SLICE_RE = re.compile(r"^[A-Za-z0-9_.\-]+\.slice\Z")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
 
 
 def machine_id() -> str:
@@ -109,7 +110,8 @@ def _convert(section: str, key: str, value: Any, default: Any) -> Any:
     where = f"[{section}] {key}"
     try:
         if key in _SIZE_KEYS:
-            return None if value in ("", 0) else parse_size(value)
+            # `false` == 0 in Python, but it is no size: only "" or 0 mean "no budget".
+            return None if value in ("", 0) and not isinstance(value, bool) else parse_size(value)
         if key in _DURATION_KEYS:
             return parse_duration(value)
     except QuantityError as exc:

@@ -22,7 +22,7 @@ class _Formatter(logging.Formatter):
         self.journald = journald
 
     def format(self, record: logging.LogRecord) -> str:
-        text = " ".join(super().format(record).split())  # one line, always
+        text = super().format(record).replace("\r", "\\r").replace("\n", "\\n")  # one line, always
         if self.journald:
             return f"<{_PRIORITY.get(record.levelno, 6)}>{text}"
         return f"{record.levelname.lower()}: {text}"

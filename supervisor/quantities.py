@@ -6,6 +6,7 @@ mean the same thing. Pure functions.
 
 from __future__ import annotations
 
+import math
 import re
 
 # Binary multiples, as systemd's MemoryMax= reads them: "256M" is 256 MiB, not 256 MB. Chosen so that
@@ -45,6 +46,8 @@ def parse_duration(text: str | int | float) -> float:
         if not match:
             raise QuantityError(f"invalid duration {text!r}: use a number with s, m, h or d, like 90s or 10m")
         value = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not math.isfinite(value):
+        raise QuantityError(f"invalid duration {text!r}: must be a finite number")
     if value <= 0:
         raise QuantityError(f"invalid duration {text!r}: must be more than zero")
     return value
@@ -64,6 +67,8 @@ def parse_percent(text: str | int) -> int:
 def format_size(value: int | None) -> str:
     if value is None:
         return "-"
+    if value == 0:
+        return "0"
     for unit in ("T", "G", "M", "K"):
         if value % _SIZE_UNITS[unit] == 0:
             return f"{value // _SIZE_UNITS[unit]}{unit}"
@@ -74,8 +79,11 @@ def format_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = max(0.0, seconds)
+    if seconds < 9.95:
+        return f"{seconds:.0f}s" if seconds == int(seconds) else f"{seconds:.1f}s"
+    seconds = round(seconds)
     if seconds < 60:
-        return f"{seconds:.0f}s" if seconds >= 10 or seconds == int(seconds) else f"{seconds:.1f}s"
+        return f"{seconds}s"
     if seconds < 3600:
         return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
     if seconds < 86400:

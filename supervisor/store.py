@@ -25,7 +25,7 @@ from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
-_MIGRATION_RE = re.compile(r"^(\d{3,})_[a-z0-9_]+\.sql$")
+_MIGRATION_RE = re.compile(r"^(\d{3,})_[a-z0-9_]+\.sql\Z")
 # pg_advisory_lock key for migrations: the bytes of "unitvisr" as a bigint, so that two hosts that
 # migrate at once run one after the other.
 MIGRATION_LOCK_KEY = int.from_bytes(b"unitvisr", "big") & 0x7FFF_FFFF_FFFF_FFFF
@@ -200,12 +200,15 @@ def _event(conn: Connection, run_id: uuid.UUID, state: str, reason: str,
 
 
 @dataclass(frozen=True)
-class CancelResult:
-    state: str | None  # the run's state after the request; None when there is no such run
+class Transition:
+    """What an operator's request did: the run's state after it (None: no such run), and whether
+    anything changed."""
+
+    state: str | None
     changed: bool
 
 
-def cancel_run(conn: Connection, run_id: uuid.UUID) -> CancelResult:
+def cancel_run(conn: Connection, run_id: uuid.UUID) -> Transition:
     """Ask for a run to be cancelled. A queued run is cancelled at once (its job removed); a
     starting or running one is marked, and the owning daemon stops its unit."""
     with conn.transaction():
@@ -221,11 +224,28 @@ def cancel_run(conn: Connection, run_id: uuid.UUID) -> CancelResult:
                RETURNING state""", (run_id,)).fetchone()
         if row is None:
             current = conn.execute("SELECT state FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
-            return CancelResult(current[0] if current else None, False)
+            return Transition(current[0] if current else None, False)
         state = row[0]
         _event(conn, run_id, state, "cancelled while queued" if state == "cancelled" else "cancel requested")
         conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, str(run_id)))
-    return CancelResult(state, True)
+    return Transition(state, True)
+
+
+def resume_run(conn: Connection, run_id: uuid.UUID) -> Transition:
+    """Reopen a failed or cancelled run: back to queued with a new spawn job, in one transaction.
+    The next attempt is numbered after the last, and runs with the command and limits the row has
+    now. Refused (changed=False) for a run that is queued, starting, running or succeeded."""
+    with conn.transaction():
+        row = conn.execute(
+            """UPDATE unitvisor.runs SET state = 'queued', cancel_requested_at = NULL, finished_at = NULL,
+                   updated_at = now()
+               WHERE id = %s AND state IN ('failed', 'cancelled') RETURNING priority""", (run_id,)).fetchone()
+        if row is None:
+            current = conn.execute("SELECT state FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
+            return Transition(current[0] if current else None, False)
+        conn.execute("INSERT INTO unitvisor.spawn_jobs (run_id, priority) VALUES (%s, %s)", (run_id, row[0]))
+        _event(conn, run_id, "queued", "resumed by an operator")
+    return Transition("queued", True)
 
 
 # -- hosts --------------------------------------------------------------------------------------

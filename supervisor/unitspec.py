@@ -23,8 +23,8 @@ UNIT_NAME_FORMAT = UNIT_PREFIX + "%s-%s.service"
 UNIT_GLOB = UNIT_PREFIX + "*.service"
 _UNIT_NAME_RE = re.compile(
     "^" + re.escape(UNIT_PREFIX)
-    + r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-([1-9][0-9]{0,8})\.service$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    + r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-([1-9][0-9]{0,8})\.service\Z")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 
 USEC = 1_000_000
 
@@ -34,7 +34,7 @@ class Refused(Exception):
 
 
 def unit_name(run_id: uuid.UUID, attempt: int) -> str:
-    if not isinstance(run_id, uuid.UUID) or not isinstance(attempt, int) or attempt < 1:
+    if not isinstance(run_id, uuid.UUID) or type(attempt) is not int or attempt < 1:
         raise ValueError(f"no unit name for run {run_id!r} attempt {attempt!r}")
     return UNIT_NAME_FORMAT % (run_id, attempt)
 
@@ -59,21 +59,29 @@ def _check_executable(argv: list[str], allowed: tuple[str, ...]) -> None:
         raise Refused(f"executable {path!r} is not a normalised absolute path")
     if not allowed:
         raise Refused("this host allows no executables ([runs] allowed_executables is empty)")
-    if not any(fnmatch.fnmatchcase(path, pattern) for pattern in allowed):
+    if not any(_path_matches(path, pattern) for pattern in allowed):
         raise Refused(f"executable {path} is not in this host's allowed_executables")
+
+
+def _path_matches(path: str, pattern: str) -> bool:
+    """Shell-style, one path component at a time: `/usr/bin/*` allows /usr/bin/env but not
+    /usr/bin/sub/x, as a shell glob would. (fnmatch alone lets `*` cross `/`.)"""
+    parts, wanted = path.split("/"), pattern.split("/")
+    return len(parts) == len(wanted) and all(
+        fnmatch.fnmatchcase(part, want) for part, want in zip(parts, wanted, strict=True))
 
 
 def _environment(env: Any) -> list[bytes]:
     if not isinstance(env, dict):
         raise Refused("environment is not an object of NAME: value")
     out = []
-    for name, value in sorted(env.items()):
+    for name, value in env.items():
         if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
             raise Refused(f"environment name {name!r} is not valid")
         if not isinstance(value, str) or "\0" in value or "\n" in value:
             raise Refused(f"environment value of {name} must be a string without NUL or newline")
         out.append(f"{name}={value}".encode())
-    return out
+    return sorted(out)
 
 
 def _user(run: Run, runs: RunSettings) -> dict[bytes, Any]:
@@ -82,7 +90,7 @@ def _user(run: Run, runs: RunSettings) -> dict[bytes, Any]:
         raise Refused(f"user {run.run_user} is not in this host's allowed_users")
     if not wanted:
         return {b"DynamicUser": True}
-    return {b"User": wanted}
+    return {b"User": wanted.encode()}
 
 
 def _limits(run: Run) -> dict[bytes, Any]:

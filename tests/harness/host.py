@@ -128,3 +128,18 @@ class Host:
         self.tb.run("systemctl", "stop", "unitvisor-run-*", check=False, timeout=60)
         self.tb.run("systemctl", "reset-failed", check=False)
         self.tb.run("rm", "-rf", "/etc/unitvisor", "/etc/systemd/system/unitvisor.service.d", check=False)
+
+
+def journal_invocations(host: Host, unit: str) -> set[str]:
+    """Distinct invocation ids PID 1 ever logged for a unit: how many times it was really started."""
+    out = host.tb.run("journalctl", "--no-pager", "-o", "json", "_PID=1", f"UNIT={unit}", check=False).stdout
+    ids = set()
+    for line in out.splitlines():
+        value = json.loads(line).get("INVOCATION_ID")
+        if isinstance(value, str) and value:
+            ids.add(value)
+    return ids
+
+
+def daemon_active(host: Host) -> str:
+    return host.tb.run("systemctl", "is-active", "unitvisor.service", check=False).stdout.strip()

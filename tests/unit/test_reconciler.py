@@ -1,0 +1,244 @@
+"""supervisor.reconciler: every row of the decision table in the module docstring, plus UnitState.has_ended."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from supervisor.model import Attempt, Run
+from supervisor.outcomes import CLD_DUMPED, CLD_EXITED, CLD_KILLED, Outcome
+from supervisor.reconciler import Action, Decision, decide, decide_orphan
+from supervisor.systemd import UnitState
+from supervisor.unitspec import unit_name
+
+RUN_ID = uuid.UUID("12345678-9abc-4def-8123-456789abcdef")
+NAME = unit_name(RUN_ID, 1)
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+INV = "0123456789abcdef0123456789abcdef"
+
+
+def make_run(cancelled=False):
+    return Run(id=RUN_ID, argv=["/bin/true"], cancel_requested_at=T0 if cancelled else None)
+
+
+def make_attempt(started=False, invocation_id=None):
+    return Attempt(run_id=RUN_ID, attempt=1, host_id="h1", unit_name=NAME, claimed_at=T0,
+                   started_at=T0 if started else None, invocation_id=invocation_id)
+
+
+def unit(active="active", sub="running", result="success", code=0, status=0, invocation_id=INV, job=False):
+    return UnitState(name=NAME, active_state=active, sub_state=sub, result=result, exec_main_code=code,
+                     exec_main_status=status, invocation_id=invocation_id, job_pending=job)
+
+
+RUNNING = dict(active="active", sub="running")
+EXITED_OK = dict(active="active", sub="exited", result="success", code=CLD_EXITED, status=0)
+FAILED_3 = dict(active="failed", sub="failed", result="exit-code", code=CLD_EXITED, status=3)
+
+
+# -- UnitState.has_ended ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("active", "sub", "job", "ended"), [
+    ("failed", "failed", False, True),
+    ("active", "exited", False, True),
+    ("inactive", "dead", False, True),
+    ("active", "running", False, False),
+    ("activating", "start", False, False),
+    ("deactivating", "stop-sigterm", False, False),
+    ("reloading", "reload", False, False),
+    ("active", "start", False, False),
+    ("failed", "failed", True, False),
+    ("active", "exited", True, False),
+    ("inactive", "dead", True, False),
+    ("active", "running", True, False),
+])
+def test_has_ended(active, sub, job, ended):
+    assert unit(active=active, sub=sub, job=job).has_ended is ended
+
+
+# -- no unit ----------------------------------------------------------------------------------------
+
+def test_not_started_not_cancelled_no_unit_starts():
+    assert decide(make_run(), make_attempt(), None) == Decision(Action.START, NAME, "claimed but no unit yet")
+
+
+def test_not_started_cancel_requested_no_unit_settles_cancelled():
+    d = decide(make_run(cancelled=True), make_attempt(), None)
+    assert d == Decision(Action.SETTLE, NAME, "cancelled before its unit started",
+                         Outcome("cancelled", None, "cancelled before its unit started"))
+    assert d.invocation_id is None
+
+
+def test_started_no_unit_is_gone_lost():
+    d = decide(make_run(), make_attempt(started=True, invocation_id=INV), None)
+    assert d == Decision(Action.GONE, NAME, "unit is gone and left no outcome in systemd",
+                         Outcome("lost", None,
+                                 "the unit disappeared (host reboot or reset) before its outcome was read"))
+
+
+def test_started_no_unit_cancel_requested_is_gone_cancelled():
+    d = decide(make_run(cancelled=True), make_attempt(started=True), None)
+    assert d == Decision(Action.GONE, NAME, "unit gone after a cancel request",
+                         Outcome("cancelled", None, "cancelled; the unit is gone"))
+
+
+# -- unit still running -----------------------------------------------------------------------------
+
+def test_running_unit_not_started_is_adopted():
+    d = decide(make_run(), make_attempt(), unit(**RUNNING))
+    assert d == Decision(Action.ADOPT, NAME, "unit is running", invocation_id=INV)
+    assert d.outcome is None
+
+
+def test_running_unit_not_started_without_invocation_id_is_adopted():
+    d = decide(make_run(), make_attempt(), unit(**RUNNING, invocation_id=""))
+    assert d == Decision(Action.ADOPT, NAME, "unit is running", invocation_id=None)
+
+
+def test_running_unit_started_but_invocation_unrecorded_is_adopted():
+    d = decide(make_run(), make_attempt(started=True, invocation_id=None), unit(**RUNNING))
+    assert d == Decision(Action.ADOPT, NAME, "unit is running", invocation_id=INV)
+
+
+def test_running_unit_fully_recorded_needs_nothing():
+    d = decide(make_run(), make_attempt(started=True, invocation_id=INV), unit(**RUNNING))
+    assert d == Decision(Action.NOTHING, NAME, "unit is running")
+
+
+def test_running_unit_started_and_neither_side_has_invocation_id_needs_nothing():
+    d = decide(make_run(), make_attempt(started=True), unit(**RUNNING, invocation_id=""))
+    assert d == Decision(Action.NOTHING, NAME, "unit is running")
+
+
+@pytest.mark.parametrize("attempt", [make_attempt(), make_attempt(started=True),
+                                     make_attempt(started=True, invocation_id=INV)])
+def test_running_unit_cancel_requested_is_stopped(attempt):
+    d = decide(make_run(cancelled=True), attempt, unit(**RUNNING))
+    assert d == Decision(Action.STOP, NAME, "cancel requested", invocation_id=INV)
+    assert d.outcome is None
+
+
+def test_stop_without_invocation_id():
+    d = decide(make_run(cancelled=True), make_attempt(), unit(**RUNNING, invocation_id=""))
+    assert d == Decision(Action.STOP, NAME, "cancel requested", invocation_id=None)
+
+
+@pytest.mark.parametrize("state", [dict(active="activating", sub="start"),
+                                   dict(active="deactivating", sub="stop-sigterm"),
+                                   dict(active="inactive", sub="dead", job=True),
+                                   dict(active="failed", sub="failed", result="exit-code", code=CLD_EXITED, status=1,
+                                        job=True),
+                                   dict(active="active", sub="exited", code=CLD_EXITED, job=True)])
+def test_unit_in_transition_is_treated_as_running(state):
+    assert decide(make_run(), make_attempt(), unit(**state)).action is Action.ADOPT
+    assert decide(make_run(), make_attempt(started=True, invocation_id=INV), unit(**state)).action is Action.NOTHING
+    assert decide(make_run(cancelled=True), make_attempt(started=True), unit(**state)).action is Action.STOP
+
+
+# -- unit ended -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("attempt", [make_attempt(), make_attempt(started=True),
+                                     make_attempt(started=True, invocation_id=INV)])
+def test_exited_cleanly_settles_success(attempt):
+    d = decide(make_run(), attempt, unit(**EXITED_OK))
+    assert d == Decision(Action.SETTLE, NAME, "unit ended: exited 0", Outcome("success", "exit:0", "exited 0"), INV)
+
+
+def test_failed_unit_settles_with_its_outcome():
+    d = decide(make_run(), make_attempt(started=True), unit(**FAILED_3))
+    assert d == Decision(Action.SETTLE, NAME, "unit ended: exited with status 3",
+                         Outcome("exit-code", "exit:3", "exited with status 3"), INV)
+
+
+def test_inactive_unit_settles():
+    d = decide(make_run(), make_attempt(started=True),
+               unit(active="inactive", sub="dead", result="signal", code=CLD_KILLED, status=9))
+    assert d.action is Action.SETTLE
+    assert d.outcome == Outcome("signal", "signal:KILL", "killed by signal KILL")
+
+
+@pytest.mark.parametrize(("state", "outcome"), [
+    (dict(active="failed", sub="failed", result="timeout", code=CLD_KILLED, status=15), "timeout"),
+    (dict(active="failed", sub="failed", result="oom-kill", code=CLD_KILLED, status=9), "oom-kill"),
+    (dict(active="failed", sub="failed", result="core-dump", code=CLD_DUMPED, status=11), "core-dump"),
+    (dict(active="failed", sub="failed", result="exit-code", code=CLD_EXITED, status=203), "start-failed"),
+    (dict(active="failed", sub="failed", result="start-limit-hit"), "start-failed"),
+    (dict(active="failed", sub="failed", result="resources"), "start-failed"),
+    (dict(active="active", sub="exited", result="success", code=CLD_KILLED, status=15), "signal"),
+    (dict(active="inactive", sub="dead", result="success"), "lost"),
+])
+def test_ended_unit_settles_with_classified_outcome(state, outcome):
+    d = decide(make_run(), make_attempt(started=True), unit(**state))
+    assert d.action is Action.SETTLE
+    assert d.outcome.outcome == outcome
+    assert d.reason == f"unit ended: {d.outcome.reason}"
+
+
+@pytest.mark.parametrize("state", [EXITED_OK, FAILED_3,
+                                   dict(active="failed", sub="failed", result="signal", code=CLD_KILLED, status=15)])
+def test_ended_unit_with_cancel_requested_settles_cancelled(state):
+    d = decide(make_run(cancelled=True), make_attempt(started=True), unit(**state))
+    exit_text = {CLD_EXITED: f"exit:{state['status']}", CLD_KILLED: "signal:TERM"}[state["code"]]
+    assert d == Decision(Action.SETTLE, NAME, "unit ended: cancelled by request",
+                         Outcome("cancelled", exit_text, "cancelled by request"), INV)
+
+
+def test_ended_unit_without_invocation_id():
+    d = decide(make_run(), make_attempt(started=True), unit(**FAILED_3, invocation_id=""))
+    assert d.action is Action.SETTLE
+    assert d.invocation_id is None
+
+
+def test_decision_uses_the_attempts_unit_name():
+    other = Attempt(run_id=RUN_ID, attempt=2, host_id="h1", unit_name=unit_name(RUN_ID, 2))
+    assert decide(make_run(), other, None).unit_name == unit_name(RUN_ID, 2)
+    assert decide(make_run(), other, unit(**RUNNING)).unit_name == unit_name(RUN_ID, 2)
+
+
+def test_every_decision_for_an_open_attempt_is_one_of_the_attempt_actions():
+    states = [None, unit(**RUNNING), unit(**EXITED_OK), unit(**FAILED_3), unit(active="inactive", sub="dead"),
+              unit(**RUNNING, job=True)]
+    attempts = [make_attempt(), make_attempt(started=True), make_attempt(started=True, invocation_id=INV)]
+    seen = set()
+    for cancelled in (False, True):
+        for att in attempts:
+            for state in states:
+                d = decide(make_run(cancelled), att, state)
+                seen.add(d.action)
+                assert (d.outcome is not None) == (d.action in (Action.SETTLE, Action.GONE))
+    assert seen == {Action.START, Action.ADOPT, Action.STOP, Action.SETTLE, Action.GONE, Action.NOTHING}
+
+
+# -- units that no open attempt owns ----------------------------------------------------------------
+
+@pytest.mark.parametrize("stop_orphans", [True, False])
+def test_settled_attempts_unit_is_released(stop_orphans):
+    assert decide_orphan(NAME, settled=True, stop_orphans=stop_orphans) == Decision(
+        Action.RELEASE, NAME, "outcome already recorded; releasing the unit")
+
+
+def test_orphan_is_stopped():
+    assert decide_orphan(NAME, settled=False, stop_orphans=True) == Decision(
+        Action.STOP_ORPHAN, NAME, "no open attempt on this host owns this unit")
+
+
+def test_orphan_is_left_by_config():
+    assert decide_orphan(NAME, settled=False, stop_orphans=False) == Decision(
+        Action.LEAVE_ORPHAN, NAME, "no open attempt on this host owns this unit; left running by config")
+
+
+def test_orphan_decisions_carry_no_outcome():
+    for settled in (True, False):
+        for stop in (True, False):
+            d = decide_orphan("unitvisor-run-x.service", settled, stop)
+            assert d.unit_name == "unitvisor-run-x.service"
+            assert d.outcome is None
+            assert d.invocation_id is None
+
+
+def test_action_values():
+    assert {a.name: a.value for a in Action} == {
+        "NOTHING": "nothing", "START": "start", "ADOPT": "adopt", "STOP": "stop", "SETTLE": "settle", "GONE": "gone",
+        "RELEASE": "release", "STOP_ORPHAN": "stop-orphan", "LEAVE_ORPHAN": "leave-orphan"}
