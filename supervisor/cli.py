@@ -415,7 +415,8 @@ def daemon(ctx: Context) -> None:
     from supervisor.daemon import Daemon
 
     log.setup(ctx.debug)
-    sys.exit(Daemon(ctx.settings, ctx.dsn()).run())
+    settings = ctx.settings
+    sys.exit(Daemon(settings, lambda: config.resolve_dsn(settings, ctx.dsn_override)).run())
 
 
 @cli.command()

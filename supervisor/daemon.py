@@ -22,7 +22,7 @@ import psycopg
 import sdnotify
 
 from supervisor import __version__, faults, store, unitspec
-from supervisor.config import Settings
+from supervisor.config import ConfigError, Settings
 from supervisor.log import event
 from supervisor.model import Attempt, Run
 from supervisor.reconciler import Reconciler
@@ -55,9 +55,12 @@ class Timers:
 
 
 class Daemon:
-    def __init__(self, settings: Settings, dsn: str) -> None:
+    def __init__(self, settings: Settings, dsn_source: Callable[[], str]) -> None:
+        """`dsn_source` is asked again before every connection attempt, so that a DSN written after
+        the daemon started (a fresh install) is picked up without a restart."""
         self.settings = settings
-        self.dsn = dsn
+        self.dsn_source = dsn_source
+        self.dsn = ""
         self.host_id = settings.host_id
         self.systemd = Systemd()
         self.watcher = Watcher(unitspec.UNIT_NAME_FORMAT.split("%")[0])
@@ -87,6 +90,13 @@ class Daemon:
         while not self.stopping:
             if not self._connected():
                 if not self._connect():
+                    if not ready:
+                        # Chosen, not inherited: readiness means "running and retrying", not "the
+                        # database is up". Otherwise a host whose database is down or not yet
+                        # configured would fail its start job and crash-loop, and `systemctl
+                        # status` would show a restart counter instead of STATUS= saying why.
+                        self.notifier.notify("READY=1")
+                        ready = True
                     self._sleep(self.backoff)
                     self.backoff = min(self.backoff * 2, _BACKOFF_MAX)
                     continue
@@ -124,6 +134,7 @@ class Daemon:
         try:
             if self.conn is None or self.listen_conn is None:
                 self._close_db()
+                self.dsn = self.dsn_source()
                 self.conn = store.connect(self.dsn)
                 self.listen_conn = store.connect(self.dsn)
                 store.listen(self.listen_conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
@@ -139,6 +150,9 @@ class Daemon:
                 self.watcher.connect()
                 self.systemd.connect()
                 event("systemd-connected", host=self.host_id)
+        except ConfigError as exc:
+            self._trouble(f"waiting for a database: {exc}")
+            return False
         except (store.DatabaseError, psycopg.Error) as exc:
             self._close_db()
             self._trouble(f"database: {exc}" if not isinstance(exc, store.DatabaseError) else str(exc))

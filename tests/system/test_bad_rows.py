@@ -1,0 +1,84 @@
+"""Rows a control plane should never write, written anyway (constraints dropped): each attempt gets a
+clear reason, the daemon keeps running, and the other runs are untouched."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+
+from tests.harness.host import Host, daemon_active
+
+
+def insert_raw(dsn: str, argv: list[str], environment: object) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_environment_valid")
+        conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_argv_valid")
+        run_id = conn.execute(
+            "INSERT INTO unitvisor.runs (argv, environment) VALUES (%s, %s::jsonb) RETURNING id",
+            (argv, json.dumps(environment))).fetchone()[0]
+        conn.execute("INSERT INTO unitvisor.spawn_jobs (run_id) VALUES (%s)", (run_id,))
+    return str(run_id)
+
+
+def test_malformed_rows_are_refused_and_the_daemon_goes_on(host: Host) -> None:
+    host.start()
+    good_before = host.submit("--", "/bin/true")
+    bad = {
+        "env name": insert_raw(host.dsn, ["/bin/true"], {"BAD NAME": "x"}),
+        "env newline": insert_raw(host.dsn, ["/bin/true"], {"OK": "a\nb"}),
+        "env not an object": insert_raw(host.dsn, ["/bin/true"], ["A=1"]),
+        "env value not a string": insert_raw(host.dsn, ["/bin/true"], {"N": 5}),
+        "relative argv0": insert_raw(host.dsn, ["true"], {}),
+        "dotted argv0": insert_raw(host.dsn, ["/usr/bin/../../bin/true"], {}),
+    }
+    good_after = host.submit("--", "/bin/true")
+    for what, run_id in bad.items():
+        data = host.wait_run(run_id)
+        [attempt] = data["attempts"]
+        assert attempt["outcome"] == "refused", what
+        assert attempt["reason"], what
+    assert host.wait_run(good_before)["state"] == "succeeded"
+    assert host.wait_run(good_after)["state"] == "succeeded"
+    assert daemon_active(host) == "active"
+    assert host.unit_props("unitvisor.service", "NRestarts")["NRestarts"] == "0"
+
+
+def test_status_reports_counts(host: Host) -> None:
+    host.start()
+    run_id = host.submit("--", "/bin/true")
+    host.wait_run(run_id)
+    status = host.unit_props("unitvisor.service", "StatusText")["StatusText"]
+    assert "runs in flight" in status and "claimed" in status
+
+
+def test_empty_allowlist_refuses_everything_and_says_so(host: Host) -> None:
+    host.configure(config='[host]\nid = "testhost-1"\n[daemon]\npoll_interval = "2s"\n')
+    host.start()
+    run_id = host.submit("--", "/bin/true")
+    [attempt] = host.wait_run(run_id)["attempts"]
+    assert attempt["outcome"] == "refused"
+    assert "allowed_executables is empty" in attempt["reason"]
+    assert "allowlist-empty" in host.daemon_log()
+
+
+def test_bad_config_stops_start_up_with_one_clear_message(host: Host) -> None:
+    host.configure(config='[runs]\nallowed_executables = ["/bin/true"]\nbogus_key = 1\n')
+    host.install_units()
+    result = host.tb.run("systemctl", "start", "unitvisor.service", check=False, timeout=60)
+    assert result.returncode != 0
+    log = host.daemon_log()
+    assert "[runs] bogus_key: unknown key" in log
+    assert "Traceback" not in log
+
+
+def test_no_database_configured_waits_and_says_so_then_picks_it_up(host: Host) -> None:
+    host.configure()
+    host.tb.run("rm", "-f", "/etc/unitvisor/dsn")
+    host.start()  # the start job succeeds: the daemon is up, waiting
+    status = host.unit_props("unitvisor.service", "StatusText")["StatusText"]
+    assert "waiting for a database" in status and "no database configured" in status
+    host.configure()  # writes the DSN file
+    run_id = host.submit("--", "/bin/true")
+    assert host.wait_run(run_id, timeout=60)["state"] == "succeeded"
+    assert host.unit_props("unitvisor.service", "NRestarts")["NRestarts"] == "0"
