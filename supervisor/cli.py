@@ -18,7 +18,8 @@ from typing import Any, NoReturn
 import click
 
 from supervisor import __version__, config, store
-from supervisor.model import RUN_STATES, Attempt, Run
+from supervisor.journal import log_command
+from supervisor.model import RUN_STATES, TERMINAL_STATES, Attempt, Run
 from supervisor.quantities import QuantityError, format_duration, format_size, parse_duration, parse_percent, parse_size
 
 _RUN_ID_PREFIX_RE = re.compile(r"^[0-9a-f][0-9a-f-]{5,35}\Z")
@@ -202,10 +203,6 @@ def _attempt_json(attempt: Attempt) -> dict[str, Any]:
     }
 
 
-def logs_command(run_id: uuid.UUID) -> str:
-    return f"journalctl UNITVISOR_RUN={run_id}"
-
-
 def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]]) -> dict[str, Any]:
     data = asdict(run)
     return {
@@ -219,7 +216,7 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]]) ->
         "attempts": [_attempt_json(a) for a in attempts],
         "events": [{"at": _iso(e["at"]), "attempt": e["attempt"], "host": e["host_id"], "state": e["state"],
                     "reason": e["reason"]} for e in events],
-        "logs_command": logs_command(run.id),
+        "logs_command": " ".join(log_command(str(run.id), None, False, None)),
     }
 
 
@@ -302,16 +299,48 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
         duration = None
         if r["started_at"]:
             duration = ((r["ended_at"] or now) - r["started_at"]).total_seconds()
-        table.append((str(r["id"])[:8], r["state"], r["host_id"] or "-", str(r["attempt"] or "-"),
+        table.append((str(r["id"])[:8], _state(r["state"]), r["host_id"] or "-", str(r["attempt"] or "-"),
                       format_duration((now - r["created_at"]).total_seconds()), format_duration(duration),
                       r["outcome"] or "-", _command_text(r["argv"])[:60]))
     _print_table(table)
 
 
+_COLOURS = {"succeeded": "green", "ok": "green", "active": "green", "running": "cyan", "starting": "cyan",
+            "queued": "blue", "failed": "red", "fail": "red", "cancelled": "yellow", "warn": "yellow",
+            "draining": "yellow", "stopped": "bright_black"}
+
+
+def _colour_wanted() -> bool:
+    import os
+
+    return "NO_COLOR" not in os.environ and sys.stdout.isatty()
+
+
+class _Styled(str):
+    """A table cell whose width is its text's, not its escape codes'."""
+
+    plain: str
+
+    def __new__(cls, text: str, styled: str) -> _Styled:
+        obj = super().__new__(cls, styled)
+        obj.plain = text
+        return obj
+
+
+def _state(state: str, text: str | None = None) -> str:
+    text = text if text is not None else state
+    if not _colour_wanted() or state not in _COLOURS:
+        return text
+    return _Styled(text, click.style(text, fg=_COLOURS[state]))
+
+
 def _print_table(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    def width(cell: str) -> int:
+        return len(cell.plain) if isinstance(cell, _Styled) else len(cell)
+
+    widths = [max(width(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        click.echo("  ".join(cell + " " * (w - width(cell)) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 @cli.command()
@@ -390,6 +419,164 @@ def reconcile(ctx: Context, dry_run: bool) -> None:
         click.echo("nothing to reconcile: no open attempts and no units of ours on this host")
         return
     _print_table(rows)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--attempt", type=click.IntRange(1), help="Only this attempt [default: all].")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output.")
+@click.option("--lines", "-n", type=click.IntRange(0), help="Only the last N lines.")
+@pass_ctx
+def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: int | None) -> None:
+    """Show a run's output from journald, also long after its unit is gone.
+
+    Logs live in the journal of the host that ran the attempt; run this there.
+
+    \b
+    Example:
+      unitvisor logs 3f2a9c --follow
+    """
+    import os
+
+    with ctx.connect() as conn:
+        run = _load_run(conn, run_id)
+        attempts = store.get_attempts(conn, run.id)
+    if attempt is not None:
+        attempts = [a for a in attempts if a.attempt == attempt]
+        if not attempts:
+            raise Failure(f"run {run.id} has no attempt {attempt}")
+    if not attempts:
+        raise Failure(f"run {run.id} has not started yet ({run.state}); no output")
+    here = ctx.settings.host_id
+    elsewhere = sorted({a.host_id for a in attempts if a.host_id != here})
+    if elsewhere and all(a.host_id != here for a in attempts):
+        raise Failure(f"run {run.id} ran on host {', '.join(elsewhere)}, not on this host ({here}): "
+                      f"run `{' '.join(log_command(str(run.id), attempt, False, None))}` there")
+    if elsewhere:
+        click.echo(f"note: attempts of this run also ran on {', '.join(elsewhere)}; their output is there", err=True)
+    cmd = log_command(str(run.id), attempt, follow, lines)
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as exc:
+        raise Failure(f"cannot run journalctl: {exc.strerror}") from None
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--timeout", callback=_quantity(parse_duration, 1, 10**10, "--timeout"),
+              help="Give up after this long, like 30s or 1h (exit 124).")
+@pass_ctx
+def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
+    """Wait until a run ends: exit 0 if it succeeded, 1 if it failed or was cancelled, 124 on timeout.
+
+    \b
+    Example:
+      unitvisor wait 3f2a9c --timeout 10m && echo done
+    """
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with ctx.connect() as conn:
+        rid = resolve_run_id(conn, run_id)
+        while True:
+            run = store.get_run(conn, rid)
+            if run is None:
+                raise Failure(f"run {rid} was deleted")
+            if run.state in TERMINAL_STATES:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                click.echo(f"run {rid} is still {run.state}", err=True)
+                sys.exit(124)
+            time.sleep(0.5)
+    click.echo(f"run {rid} {run.state}")
+    sys.exit(0 if run.state == "succeeded" else 1)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def hosts(ctx: Context, as_json: bool) -> None:
+    """List hosts: state, heartbeat age, capacity and runs in flight.
+
+    \b
+    Example:
+      unitvisor hosts
+    """
+    with ctx.connect() as conn:
+        rows = store.list_hosts(conn)
+    if as_json:
+        click.echo(json.dumps([{
+            "id": r["id"], "name": r["name"], "state": r["state"], "max_runs": r["max_runs"],
+            "memory_budget": r["memory_budget"], "version": r["version"], "started_at": _iso(r["started_at"]),
+            "heartbeat_at": _iso(r["heartbeat_at"]), "heartbeat_age_seconds": round(r["heartbeat_age"], 3),
+            "in_flight": r["in_flight"],
+        } for r in rows], indent=2))
+        return
+    table = [("HOST", "NAME", "STATE", "HEARTBEAT", "RUNS", "MAX", "MEMORY BUDGET", "VERSION")]
+    for r in rows:
+        table.append((r["id"], r["name"], _state(r["state"]), format_duration(r["heartbeat_age"]) + " ago",
+                      str(r["in_flight"]), str(r["max_runs"]), format_size(r["memory_budget"]), r["version"] or "-"))
+    _print_table(table)
+
+
+def _set_host_state(ctx: Context, host: str | None, state: str) -> None:
+    host = host or ctx.settings.host_id
+    with ctx.connect() as conn:
+        before = store.set_host_state(conn, host, state)
+    if before is None:
+        raise Failure(f"no host {host} (see `unitvisor hosts`)")
+    if before == state:
+        click.echo(f"host {host} is already {state}")
+    else:
+        click.echo(f"host {host}: {before} -> {state}")
+
+
+@cli.command()
+@click.argument("host", required=False)
+@pass_ctx
+def drain(ctx: Context, host: str | None) -> None:
+    """Stop a host from claiming new runs; its runs finish. [default HOST: this one]
+
+    The daemon sees it at its next heartbeat.
+
+    \b
+    Example:
+      unitvisor drain web-7
+    """
+    _set_host_state(ctx, host, "draining")
+
+
+@cli.command()
+@click.argument("host", required=False)
+@pass_ctx
+def undrain(ctx: Context, host: str | None) -> None:
+    """Let a drained host claim runs again. [default HOST: this one]
+
+    \b
+    Example:
+      unitvisor undrain web-7
+    """
+    _set_host_state(ctx, host, "active")
+
+
+@cli.command()
+@click.pass_context
+def doctor(click_ctx: click.Context) -> None:
+    """Check that this host can run runs; exit 1 if anything fails.
+
+    \b
+    Example:
+      unitvisor doctor
+    """
+    from supervisor.doctor import run_checks
+
+    ctx: Context = click_ctx.obj
+    checks = run_checks(ctx.config_path, ctx.dsn_override)
+    width = max(len(c.name) for c in checks)
+    for check in checks:
+        click.echo(f"{_state(check.status, check.status.ljust(4))}  {check.name.ljust(width)}  {check.message}")
+    if any(c.status == "fail" for c in checks):
+        sys.exit(1)
 
 
 @cli.command()

@@ -63,3 +63,16 @@ class Journal:
                 continue
             records.append({k: v for k, v in entry.items() if isinstance(v, str)})
         return outcome_from_records(records)
+
+
+def log_command(run_id: str, attempt: int | None, follow: bool, lines: int | None) -> list[str]:
+    """The journalctl command that shows a run's output (its processes' stdout, stderr and syslog),
+    found by the LogExtraFields every run's unit carries, so it works long after the unit is gone."""
+    cmd = ["journalctl", f"UNITVISOR_RUN={run_id}"]
+    if attempt is not None:
+        cmd.append(f"UNITVISOR_ATTEMPT={attempt}")
+    if follow:
+        cmd.append("--follow")
+    if lines is not None:
+        cmd.append(f"--lines={lines}")
+    return cmd

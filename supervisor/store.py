@@ -265,6 +265,26 @@ def register_host(conn: Connection, host_id: str, name: str, max_runs: int,
         (host_id, name, max_runs, memory_budget, version, boot_id)).fetchone()[0]
 
 
+def list_hosts(conn: Connection) -> list[dict[str, Any]]:
+    """Every host with its heartbeat age (by the database's clock) and its runs in flight."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT h.id, h.name, h.state, h.max_runs, h.memory_budget, h.version, h.started_at,
+                      h.heartbeat_at, extract(epoch FROM now() - h.heartbeat_at)::float8 AS heartbeat_age,
+                      (SELECT count(*) FROM unitvisor.attempts a
+                       WHERE a.host_id = h.id AND a.outcome IS NULL) AS in_flight
+               FROM unitvisor.hosts h ORDER BY h.id""").fetchall()
+
+
+def set_host_state(conn: Connection, host_id: str, state: str) -> str | None:
+    """Drain (claim nothing new) or undrain a host. Returns the previous state, None if no such host."""
+    row = conn.execute(
+        """UPDATE unitvisor.hosts h SET state = %s FROM (SELECT id, state FROM unitvisor.hosts WHERE id = %s
+                                                       FOR UPDATE) old
+           WHERE h.id = old.id RETURNING old.state""", (state, host_id)).fetchone()
+    return row[0] if row else None
+
+
 def heartbeat(conn: Connection, host_id: str) -> str | None:
     row = conn.execute(
         "UPDATE unitvisor.hosts SET heartbeat_at = now() WHERE id = %s RETURNING state", (host_id,)).fetchone()

@@ -195,6 +195,14 @@ class Systemd:
             job_pending=int(job[0]) != 0,
         )
 
+    def load_state(self, name: str) -> str:
+        """`loaded`, `not-found`, `masked`...: whether systemd has a unit file (or a builtin) for it."""
+        path = self._call(MANAGER_PATH, MANAGER_IFACE, b"LoadUnit", apply_signature(b"s", [name.encode()]),
+                          f"loading {name}")
+        props = self._call(path, PROPS_IFACE, b"GetAll", apply_signature(b"s", [b"org.freedesktop.systemd1.Unit"]),
+                           f"reading {name}")
+        return _text(props.get(b"LoadState", b""))
+
     def list_units(self, pattern: str) -> list[str]:
         """Names of the loaded units matching a glob."""
         args = apply_signature(b"asas", [[], [pattern.encode()]])

@@ -107,9 +107,7 @@ class Testbed:
                 raise TestbedError(f"systemd-nspawn exited with {self.proc.returncode}: {self.log_tail()}")
             if time.monotonic() > deadline:
                 raise TestbedError(f"the container did not start: {self.log_tail()}")
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                self.leader = int(children.read_text().split()[0])
+            self.leader = self._find_init()
             time.sleep(0.05)
         while True:
             result = self.run("systemctl", "is-system-running", "--wait", check=False,
@@ -120,6 +118,17 @@ class Testbed:
             if time.monotonic() > deadline:
                 raise TestbedError(f"boot did not finish (state {state!r}): {self.log_tail()}")
             time.sleep(0.2)
+
+    def _find_init(self) -> int:
+        """The container's PID 1, seen from outside: the nspawn child that runs systemd. (nspawn
+        forks short-lived helpers too, so "the first child" is not enough.)"""
+        assert self.proc is not None
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        with contextlib.suppress(OSError, ValueError):
+            for pid in children.read_text().split():
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd":
+                    return int(pid)
+        return 0
 
     def log_tail(self, lines: int = 20) -> str:
         try:

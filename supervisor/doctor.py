@@ -1,0 +1,88 @@
+"""`unitvisor doctor`: is this host fit to run runs? Each check is one line: ok, warn or fail, and
+what to do about it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor import config, store
+from supervisor.systemd import Systemd, SystemdError
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# The controllers behind the limits a run can have: MemoryMax, CPUQuota, TasksMax, IOWeight.
+NEEDED_CONTROLLERS = ("memory", "cpu", "pids", "io")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok, warn, fail
+    message: str
+
+
+def cgroup_check(root: Path = CGROUP_ROOT) -> Check:
+    controllers_file = root / "cgroup.controllers"
+    if not controllers_file.exists():
+        return Check("cgroups", "warn", "legacy (v1) cgroup hierarchy: systemd records the limits but may not "
+                     "enforce them all; boot with systemd.unified_cgroup_hierarchy=1")
+    available = set(controllers_file.read_text().split())
+    missing = [c for c in NEEDED_CONTROLLERS if c not in available]
+    if missing:
+        return Check("cgroups", "warn", f"cgroup v2 without {', '.join(missing)}: those limits are not enforced")
+    return Check("cgroups", "ok", f"cgroup v2 with {', '.join(NEEDED_CONTROLLERS)}")
+
+
+def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check]:
+    checks: list[Check] = []
+    try:
+        settings = config.load(config_path)
+        checks.append(Check("config", "ok", f"{settings.source} parses"))
+    except config.ConfigError as exc:
+        return [Check("config", "fail", f"{exc}; fix the file, every key is documented in the example")]
+    if settings.runs.allowed_executables:
+        checks.append(Check("allowlist", "ok", f"{len(settings.runs.allowed_executables)} allowed executables"))
+    else:
+        checks.append(Check("allowlist", "warn", "[runs] allowed_executables is empty: every run will be refused"))
+    checks += _database_checks(settings, dsn_override)
+    checks += _systemd_checks(settings)
+    checks.append(cgroup_check())
+    return checks
+
+
+def _database_checks(settings: config.Settings, dsn_override: str | None) -> list[Check]:
+    try:
+        dsn = config.resolve_dsn(settings, dsn_override)
+        with store.connect(dsn) as conn:
+            pending = store.pending_migrations(conn)
+            db_now = store.now(conn).timestamp()
+    except (config.ConfigError, store.DatabaseError) as exc:
+        return [Check("database", "fail", str(exc))]
+    checks = [Check("database", "ok", f"reachable at {store.dsn_location(dsn)}")]
+    if pending:
+        checks.append(Check("schema", "fail", f"missing migrations {', '.join(pending)}: run `unitvisor migrate`"))
+    else:
+        checks.append(Check("schema", "ok", "current"))
+    skew = abs(time.time() - db_now)
+    checks.append(Check("clock", "ok" if skew < 1 else "warn",
+                        f"{skew:.2f}s from the database's clock" + ("" if skew < 1 else "; run NTP on both")))
+    return checks
+
+
+def _systemd_checks(settings: config.Settings) -> list[Check]:
+    systemd = Systemd()
+    try:
+        systemd.connect()
+        slice_state = systemd.load_state(settings.systemd.slice)
+    except SystemdError as exc:
+        return [Check("systemd", "fail", f"{exc}; unitvisor needs root and the system bus")]
+    finally:
+        systemd.close()
+    checks = [Check("systemd", "ok", "reachable over D-Bus")]
+    if slice_state == "loaded":
+        checks.append(Check("slice", "ok", f"{settings.systemd.slice} exists"))
+    else:
+        checks.append(Check("slice", "warn", f"{settings.systemd.slice} is {slice_state}: runs get an implicit "
+                            "slice with no host-wide limits; install units/unitvisor.slice"))
+    return checks
