@@ -47,10 +47,13 @@ CREATE TABLE unitvisor.runs (
         ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled')),
     -- argv[0] must be absolute: a bare name would be looked up in systemd's PATH, and the host
     -- allowlist could not say which binary it allowed.
+    -- One dimension, indexed from 1: an array like '[2:3]={sh,-c}' has no argv[1] to check.
     CONSTRAINT runs_argv_valid CHECK (
-        cardinality(argv) >= 1 AND array_position(argv, NULL) IS NULL AND argv[1] LIKE '/%'),
+        cardinality(argv) >= 1 AND array_ndims(argv) = 1 AND array_lower(argv, 1) = 1
+        AND array_position(argv, NULL) IS NULL AND argv[1] LIKE '/%'),
     CONSTRAINT runs_environment_valid CHECK (unitvisor.environment_is_valid(environment)),
-    CONSTRAINT runs_working_directory_valid CHECK (working_directory IS NULL OR working_directory LIKE '/%'),
+    CONSTRAINT runs_working_directory_valid CHECK (
+        working_directory IS NULL OR (working_directory LIKE '/%' AND strpos(working_directory, E'\n') = 0)),
     CONSTRAINT runs_run_user_valid CHECK (run_user IS NULL OR run_user ~ '^[a-z_][a-z0-9_-]{0,31}$'),
     -- Bounds: below 1 MiB nothing starts at all, and the upper ends are what the kernel and
     -- systemd accept. A value outside them is a typo, and refusing it at insert time is kinder

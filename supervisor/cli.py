@@ -161,7 +161,8 @@ def _load_run(conn: store.Connection, text: str) -> Run:
 @click.option("--workdir", help="Working directory (absolute).")
 @click.option("--user", "run_user", help="Run as this user (the host must allow it).")
 @click.option("--host", "host_pin", help="Only this host id may run it.")
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--priority", type=click.IntRange(-(2**31), 2**31 - 1), default=0, show_default=True,
+              help="Higher runs first.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 @pass_ctx
 def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
@@ -173,7 +174,7 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
     """
     if not command[0].startswith("/"):
         raise click.UsageError(f"the command must be an absolute path, not {command[0]!r}")
-    if options["workdir"] is not None and not options["workdir"].startswith("/"):
+    if options["workdir"] is not None and (not options["workdir"].startswith("/") or "\n" in options["workdir"]):
         raise click.UsageError(f"--workdir must be an absolute path, not {options['workdir']!r}")
     fields = {
         "argv": list(command), "environment": options["environment"] or None,

@@ -54,6 +54,10 @@ def dsn_location(dsn: str) -> str:
     return f"{host}:{port}"
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def connect(dsn: str) -> Connection:
     try:
         params = conninfo_to_dict(dsn)
@@ -118,10 +122,13 @@ def migrate(conn: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
 
 # -- runs ---------------------------------------------------------------------------------------
 
-_SUBMIT_ARGS = (
-    "argv", "environment", "working_directory", "run_user", "memory_max", "cpu_quota_percent",
-    "tasks_max", "io_weight", "runtime_max_sec", "max_attempts", "host_pin", "priority",
-)
+# submit_run's arguments and their SQL types: each value is cast, so that a number too large for
+# its column is an out-of-range error, not "no function submit_run(numeric, ...)".
+_SUBMIT_ARGS = {
+    "argv": "text[]", "environment": "jsonb", "working_directory": "text", "run_user": "text",
+    "memory_max": "bigint", "cpu_quota_percent": "integer", "tasks_max": "integer", "io_weight": "integer",
+    "runtime_max_sec": "bigint", "max_attempts": "integer", "host_pin": "text", "priority": "integer",
+}
 
 
 def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
@@ -132,12 +139,14 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
     names = [name for name in _SUBMIT_ARGS if values.get(name) is not None]
     params = [Jsonb(values[n]) if n == "environment" else values[n] for n in names]
     # Named-argument notation; the names come from the fixed tuple above, never from input.
-    call = sql.SQL("SELECT unitvisor.submit_run({})").format(
-        sql.SQL(", ").join(sql.SQL("{} => %s").format(sql.Identifier(name)) for name in names))
+    call = sql.SQL("SELECT unitvisor.submit_run({})").format(sql.SQL(", ").join(
+        sql.SQL("{} => %s::{}").format(sql.Identifier(name), sql.SQL(_SUBMIT_ARGS[name])) for name in names))
     try:
         return conn.execute(call, params).fetchone()[0]
     except psycopg.errors.CheckViolation as exc:
         raise DatabaseError(f"the database refused the run: {exc.diag.constraint_name or exc}") from None
+    except psycopg.DataError as exc:
+        raise DatabaseError(f"the database refused the run: {_one_line(exc)}") from None
 
 
 def get_run(conn: Connection, run_id: uuid.UUID) -> Run | None:
@@ -431,6 +440,12 @@ def record_outcome(conn: Connection, attempt: Attempt, outcome: Outcome, next_st
         if latest != attempt.attempt:
             return True  # an older attempt settled late; the run follows its newest attempt
         detail = f"attempt {attempt.attempt}: {outcome.outcome} ({outcome.reason})"
+        if retry_delay is not None and conn.execute(
+                "SELECT cancel_requested_at IS NOT NULL FROM unitvisor.runs WHERE id = %s FOR UPDATE",
+                (attempt.run_id,)).fetchone()[0]:
+            # Cancelled while this outcome was on its way: the operator's word ends the run.
+            retry_delay, next_state = None, "cancelled"
+            detail += "; no retry, a cancel was requested"
         if retry_delay is not None:
             conn.execute(
                 """INSERT INTO unitvisor.spawn_jobs (run_id, priority, scheduled_at)

@@ -13,6 +13,7 @@ under CI (CI=true) that is a failure instead, because a skipped system test is a
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +22,22 @@ import psycopg
 import pytest
 
 from supervisor import store
+from tests.harness import postgres as postgres_mod
 from tests.harness import testbed as testbed_mod
 from tests.harness.host import REPO, Host
 from tests.harness.postgres import Postgres
 
 LEVELS = ("unit", "integration", "system")
 TEMPLATE_DB = "unitvisor_template"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A SIGTERM (a CI timeout, a killed terminal) becomes KeyboardInterrupt, so that the fixtures'
+    # teardown still powers off the test bed, unmounts it and stops PostgreSQL.
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -44,6 +55,7 @@ def _unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:
+    postgres_mod.cleanup_stale()
     try:
         pg = Postgres()
     except RuntimeError as exc:

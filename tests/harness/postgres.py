@@ -11,6 +11,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -29,6 +30,32 @@ def find_bindir() -> Path:
     raise RuntimeError("PostgreSQL is not installed (no initdb): apt-get install postgresql")
 
 
+PREFIX = "unitvisor-pg-"
+
+
+def cleanup_stale() -> None:
+    """Stop and remove clusters that an interrupted earlier session left under /tmp."""
+    for path in Path("/tmp").glob(PREFIX + "*"):
+        if owner_alive(path / "owner"):
+            continue  # another test session's, still running
+        pid_file = path / "data" / "postmaster.pid"
+        try:
+            pid = int(pid_file.read_text().split()[0])
+            os.kill(pid, signal.SIGQUIT)  # immediate shutdown
+        except (OSError, ValueError, IndexError):
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def owner_alive(owner_file: Path) -> bool:
+    """Whether the process that wrote this owner file (a test session) still runs."""
+    try:
+        os.kill(int(owner_file.read_text()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -38,7 +65,8 @@ def free_port() -> int:
 class Postgres:
     def __init__(self) -> None:
         self.bindir = find_bindir()
-        self.dir = Path(tempfile.mkdtemp(prefix="unitvisor-pg-", dir="/tmp"))
+        self.dir = Path(tempfile.mkdtemp(prefix=PREFIX, dir="/tmp"))
+        (self.dir / "owner").write_text(str(os.getpid()))
         self.data = self.dir / "data"
         self.port = free_port()
         self.user = None

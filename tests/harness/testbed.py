@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.harness.postgres import owner_alive
+
 PREFIX = "unitvisor-tb-"
 MASKED = (
     "postgresql.service", "getty@tty1.service", "console-getty.service", "apt-daily.timer",
@@ -61,6 +63,8 @@ class Testbed:
         self.dir = Path(tempfile.mkdtemp(prefix=PREFIX, dir="/tmp"))
         self.root = self.dir / "root"
         self.log_path = Path(str(self.dir) + ".log")
+        self.owner_path = Path(str(self.dir) + ".owner")
+        self.owner_path.write_text(str(os.getpid()))
         self.proc: subprocess.Popen | None = None
         self.leader = 0
         self._layers_ready = False
@@ -164,8 +168,9 @@ class Testbed:
             self._stop_container()
         finally:
             cleanup_dir(self.dir)
-            with contextlib.suppress(OSError):
-                self.log_path.unlink()
+            for path in (self.log_path, self.owner_path):
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
     # -- inside -----------------------------------------------------------------------------------
 
@@ -204,6 +209,8 @@ def cleanup_dir(path: Path) -> None:
 def cleanup_stale() -> None:
     """Remove what an interrupted earlier session left behind (its nspawn processes and mounts)."""
     for path in Path("/tmp").glob(PREFIX + "*"):
+        if owner_alive(Path(str(path).removesuffix(".log").removesuffix(".owner") + ".owner")):
+            continue  # another test session's, still running
         if not path.is_dir():
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -1,0 +1,455 @@
+"""mark_started, record_outcome, cancel_run, notifications, open_attempts and host rows."""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from supervisor import store, unitspec
+from supervisor.model import Attempt
+from supervisor.outcomes import Outcome
+from tests.integration.conftest import wait_notifies
+
+SUCCEEDED = Outcome("success", "exit:0", "exited 0")
+FAILED = Outcome("exit-code", "exit:3", "exited with status 3")
+CANCELLED = Outcome("cancelled", "signal:TERM", "cancelled by request")
+
+
+def submit(conn: psycopg.Connection, **values: object) -> uuid.UUID:
+    values.setdefault("argv", ["/bin/true"])
+    return store.submit_run(conn, **values)
+
+
+def claim_one(conn: psycopg.Connection, host: str = "h1") -> Attempt:
+    [(_, attempt)] = store.claim(conn, host, 1, 1000, None, unitspec.UNIT_NAME_FORMAT)
+    return attempt
+
+
+def started(conn: psycopg.Connection, host: str = "h1", **values: object) -> tuple[uuid.UUID, Attempt]:
+    """A run that a host has claimed and whose unit is running."""
+    run_id = submit(conn, **values)
+    attempt = claim_one(conn, host)
+    assert attempt.run_id == run_id
+    store.mark_started(conn, attempt, f"inv-{run_id.hex[:8]}")
+    return run_id, attempt
+
+
+def cancel(conn: psycopg.Connection, run_id: uuid.UUID) -> tuple[str | None, bool]:
+    """store.cancel_run's answer as (state after, changed)."""
+    result = store.cancel_run(conn, run_id)
+    return result.state, result.changed
+
+
+def events(conn: psycopg.Connection, run_id: uuid.UUID) -> list[str]:
+    return [e["state"] for e in store.get_events(conn, run_id, limit=100)]
+
+
+def snapshot(conn: psycopg.Connection, run_id: uuid.UUID) -> tuple:
+    """Everything the database holds about one run."""
+    return (
+        conn.execute("SELECT * FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchall(),
+        conn.execute("SELECT * FROM unitvisor.attempts WHERE run_id = %s ORDER BY attempt", (run_id,)).fetchall(),
+        conn.execute("SELECT * FROM unitvisor.spawn_jobs WHERE run_id = %s ORDER BY id", (run_id,)).fetchall(),
+        conn.execute("SELECT * FROM unitvisor.run_events WHERE run_id = %s ORDER BY id", (run_id,)).fetchall(),
+    )
+
+
+@pytest.fixture
+def listener(dsn: str) -> psycopg.Connection:
+    with store.connect(dsn) as connection:
+        yield connection
+
+
+# -- mark_started -------------------------------------------------------------------------------
+
+
+def test_mark_started_moves_starting_to_running_once(conn: psycopg.Connection) -> None:
+    run_id = submit(conn)
+    attempt = claim_one(conn)
+    assert store.get_run(conn, run_id).state == "starting"
+
+    store.mark_started(conn, attempt, "invocation-1")
+    run = store.get_run(conn, run_id)
+    [row] = store.get_attempts(conn, run_id)
+    assert run.state == "running"
+    assert row.started_at is not None and row.invocation_id == "invocation-1"
+    assert events(conn, run_id) == ["queued", "starting", "running"]
+    running_event = store.get_events(conn, run_id)[-1]
+    assert (running_event["attempt"], running_event["host_id"]) == (1, "h1")
+    assert attempt.unit_name in running_event["reason"]
+
+    # Again (adoption after a daemon restart): nothing changes, no second event.
+    before = snapshot(conn, run_id)
+    store.mark_started(conn, attempt, "invocation-2")
+    store.mark_started(conn, attempt, None)
+    assert snapshot(conn, run_id) == before
+    assert events(conn, run_id).count("running") == 1
+
+
+def test_mark_started_fills_in_a_missing_invocation_id(conn: psycopg.Connection) -> None:
+    run_id = submit(conn)
+    attempt = claim_one(conn)
+    store.mark_started(conn, attempt, "")  # empty: unknown, stored as NULL
+    [row] = store.get_attempts(conn, run_id)
+    assert row.invocation_id is None and row.started_at is not None
+    first_start = row.started_at
+    store.mark_started(conn, attempt, "inv-later")
+    [row] = store.get_attempts(conn, run_id)
+    assert (row.invocation_id, row.started_at) == ("inv-later", first_start)
+    assert events(conn, run_id).count("running") == 1
+
+
+def test_mark_started_after_the_outcome_changes_nothing(conn: psycopg.Connection) -> None:
+    run_id = submit(conn)
+    attempt = claim_one(conn)
+    assert store.record_outcome(conn, attempt, Outcome("start-failed", None, "no such binary"), "failed")
+    before = snapshot(conn, run_id)
+    store.mark_started(conn, attempt, "late")
+    assert snapshot(conn, run_id) == before
+    assert store.get_run(conn, run_id).state == "failed"
+
+
+# -- record_outcome -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("outcome", "next_state"), [
+    (SUCCEEDED, "succeeded"), (FAILED, "failed"), (CANCELLED, "cancelled"),
+    (Outcome("signal", "signal:KILL", "killed by signal KILL"), "failed"),
+    (Outcome("lost", None, "the unit disappeared"), "failed"),
+])
+def test_record_outcome_writes_the_attempt_and_moves_the_run(conn: psycopg.Connection, outcome: Outcome,
+                                                             next_state: str) -> None:
+    run_id, attempt = started(conn)
+    assert store.record_outcome(conn, attempt, outcome, next_state) is True
+
+    [row] = store.get_attempts(conn, run_id)
+    assert (row.outcome, row.exit_status, row.reason) == (outcome.outcome, outcome.exit_status, outcome.reason)
+    assert row.ended_at is not None and row.ended_at >= row.started_at
+    run = store.get_run(conn, run_id)
+    assert run.state == next_state
+    assert run.finished_at is not None and run.finished_at >= run.created_at
+    last = store.get_events(conn, run_id)[-1]
+    assert (last["state"], last["attempt"], last["host_id"]) == (next_state, 1, "h1")
+    assert outcome.outcome in last["reason"]
+    # No new job: the run is over.
+    assert conn.execute("SELECT count(*) FROM unitvisor.spawn_jobs WHERE run_id = %s AND state = 'available'",
+                        (run_id,)).fetchone()[0] == 0
+    assert store.open_attempts(conn, "h1") == []
+
+
+def test_a_recorded_outcome_is_never_overwritten(conn: psycopg.Connection) -> None:
+    run_id, attempt = started(conn)
+    assert store.record_outcome(conn, attempt, FAILED, "failed")
+    before = snapshot(conn, run_id)
+    assert store.record_outcome(conn, attempt, SUCCEEDED, "succeeded") is False
+    assert store.record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(0)) is False
+    assert snapshot(conn, run_id) == before
+    [row] = store.get_attempts(conn, run_id)
+    assert (row.outcome, row.exit_status) == ("exit-code", "exit:3")
+    assert store.get_run(conn, run_id).state == "failed"
+
+
+def test_record_outcome_with_a_retry_delay_requeues_the_run(conn: psycopg.Connection, listener) -> None:
+    run_id, attempt = started(conn, max_attempts=2, priority=3)
+    store.listen(listener, store.SPAWN_CHANNEL)
+    assert store.record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(minutes=5))
+
+    run = store.get_run(conn, run_id)
+    assert run.state == "queued"
+    assert run.finished_at is None
+    [row] = store.get_attempts(conn, run_id)
+    assert row.outcome == "exit-code" and row.ended_at is not None
+    jobs = conn.execute(
+        """SELECT state, priority, claimed_by, scheduled_at - now() FROM unitvisor.spawn_jobs
+           WHERE run_id = %s ORDER BY id""", (run_id,)).fetchall()
+    assert [j[:3] for j in jobs] == [("claimed", 3, "h1"), ("available", 3, None)]
+    assert timedelta(minutes=4) < jobs[1][3] <= timedelta(minutes=5)
+    last = store.get_events(conn, run_id)[-1]
+    assert last["state"] == "queued" and "retry in 300s" in last["reason"]
+    # The new job wakes the daemons, but is not claimable before its time.
+    assert [n.channel for n in wait_notifies(listener)] == [store.SPAWN_CHANNEL]
+    assert store.claim(conn, "h1", 10, 10, None, unitspec.UNIT_NAME_FORMAT) == []
+
+
+def test_a_late_outcome_of_an_older_attempt_does_not_move_the_run(conn: psycopg.Connection) -> None:
+    run_id, first = started(conn, max_attempts=3)
+    # The run has moved on to attempt 2 (say the host lost track of attempt 1 and it was retried).
+    conn.execute("INSERT INTO unitvisor.attempts (run_id, attempt, host_id, unit_name) VALUES (%s, 2, 'h2', %s)",
+                 (run_id, unitspec.unit_name(run_id, 2)))
+    before_events = events(conn, run_id)
+    assert store.record_outcome(conn, first, FAILED, "failed") is True
+    assert store.get_run(conn, run_id).state == "running"
+    assert events(conn, run_id) == before_events
+    assert [a.outcome for a in store.get_attempts(conn, run_id)] == ["exit-code", None]
+
+
+def test_a_retry_does_not_requeue_a_run_whose_cancel_was_requested(conn: psycopg.Connection) -> None:
+    run_id, attempt = started(conn, max_attempts=3)
+    # The daemon read the run (no cancel yet), saw the unit fail and decided to retry; meanwhile an
+    # operator cancels the run.
+    assert cancel(conn, run_id) == ("running", True)
+    store.record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(0))
+    available = conn.execute("SELECT count(*) FROM unitvisor.spawn_jobs WHERE run_id = %s AND state = 'available'",
+                             (run_id,)).fetchone()[0]
+    assert (store.get_run(conn, run_id).state, available) == ("cancelled", 0)
+
+
+# -- cancel_run ---------------------------------------------------------------------------------
+
+
+def test_cancel_a_queued_run_cancels_at_once_and_notifies(conn: psycopg.Connection, listener) -> None:
+    run_id = submit(conn)
+    store.listen(listener, store.CANCEL_CHANNEL)
+
+    assert cancel(conn, run_id) == ("cancelled", True)
+    run = store.get_run(conn, run_id)
+    assert run.state == "cancelled"
+    assert run.finished_at is not None and run.cancel_requested_at is not None
+    assert conn.execute("SELECT count(*) FROM unitvisor.spawn_jobs WHERE run_id = %s", (run_id,)).fetchone()[0] == 0
+    assert events(conn, run_id) == ["queued", "cancelled"]
+
+    [note] = wait_notifies(listener)
+    assert (note.channel, note.payload) == (store.CANCEL_CHANNEL, str(run_id))
+    # Nothing to claim any more.
+    assert store.claim(conn, "h1", 10, 10, None, unitspec.UNIT_NAME_FORMAT) == []
+    assert store.get_attempts(conn, run_id) == []
+
+
+def test_cancel_notification_received_through_pgconn(conn: psycopg.Connection, listener) -> None:
+    """The same, read the low-level way: consume_input, then pgconn.notifies()."""
+    run_id = submit(conn)
+    store.listen(listener, store.CANCEL_CHANNEL)
+    store.cancel_run(conn, run_id)
+    got = []
+    for _ in range(50):
+        select.select([listener.pgconn.socket], [], [], 0.1)
+        listener.pgconn.consume_input()
+        while (note := listener.pgconn.notifies()) is not None:
+            got.append((note.relname.decode(), note.extra.decode()))
+        if got:
+            break
+    assert got == [(store.CANCEL_CHANNEL, str(run_id))]
+
+
+def test_cancel_a_waiting_retry_removes_its_job(conn: psycopg.Connection) -> None:
+    run_id, attempt = started(conn, max_attempts=3)
+    store.record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(minutes=10))
+    assert cancel(conn, run_id) == ("cancelled", True)
+    states = conn.execute("SELECT state FROM unitvisor.spawn_jobs WHERE run_id = %s", (run_id,)).fetchall()
+    assert states == [("claimed",)]
+    assert store.get_run(conn, run_id).finished_at is not None
+
+
+@pytest.mark.parametrize("state", ["starting", "running"])
+def test_cancel_a_starting_or_running_run_marks_it(conn: psycopg.Connection, listener, state: str) -> None:
+    run_id = submit(conn)
+    attempt = claim_one(conn)
+    if state == "running":
+        store.mark_started(conn, attempt, "inv")
+    store.listen(listener, store.CANCEL_CHANNEL)
+
+    assert cancel(conn, run_id) == (state, True)
+    run = store.get_run(conn, run_id)
+    assert run.state == state
+    assert run.cancel_requested_at is not None
+    assert run.finished_at is None
+    assert events(conn, run_id)[-1] == state
+    assert "cancel requested" in store.get_events(conn, run_id)[-1]["reason"]
+    [note] = wait_notifies(listener)
+    assert (note.channel, note.payload) == (store.CANCEL_CHANNEL, str(run_id))
+    # The daemon finds it among its cancel-requested attempts.
+    assert [a.run_id for _, a in store.open_attempts(conn, "h1", cancel_requested=True)] == [run_id]
+
+    # Asking again keeps the first request time.
+    first = run.cancel_requested_at
+    store.cancel_run(conn, run_id)
+    assert store.get_run(conn, run_id).cancel_requested_at == first
+
+
+@pytest.mark.parametrize(("outcome", "final"), [(SUCCEEDED, "succeeded"), (FAILED, "failed"),
+                                                (CANCELLED, "cancelled")])
+def test_cancel_a_finished_run_changes_nothing(conn: psycopg.Connection, listener, outcome: Outcome,
+                                               final: str) -> None:
+    run_id, attempt = started(conn)
+    store.record_outcome(conn, attempt, outcome, final)
+    before = snapshot(conn, run_id)
+    store.listen(listener, store.CANCEL_CHANNEL)
+    assert cancel(conn, run_id) == (final, False)
+    assert snapshot(conn, run_id) == before
+    assert wait_notifies(listener, timeout=0.5) == []
+
+
+def test_cancel_an_unknown_run(conn: psycopg.Connection) -> None:
+    assert cancel(conn, uuid.uuid4()) == (None, False)
+    assert conn.execute("SELECT count(*) FROM unitvisor.run_events").fetchone()[0] == 0
+
+
+def test_cancel_during_a_claim_waits_and_then_asks_the_host(conn: psycopg.Connection, dsn: str) -> None:
+    """A claim holds the job's lock until it commits; a cancel meanwhile waits for it, then finds the
+    run starting (and marks it) rather than deleting a job that is already claimed."""
+    run_id = submit(conn)
+    result: list[tuple[str | None, bool]] = []
+    errors: list[BaseException] = []
+
+    def cancel_in_thread() -> None:
+        try:
+            with store.connect(dsn) as other:
+                other.execute("SET statement_timeout = '30s'")
+                result.append(cancel(other, run_id))
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    with conn.transaction():
+        [(_, attempt)] = store.claim(conn, "h1", 1, 10, None, unitspec.UNIT_NAME_FORMAT)
+        thread = threading.Thread(target=cancel_in_thread)
+        thread.start()
+        with store.connect(dsn) as observer:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not errors:
+                blocked = observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE %s", ("%spawn_jobs%",)).fetchone()[0]
+                if blocked:
+                    break
+                time.sleep(0.02)
+            assert blocked == 1, "the cancel should wait for the claim's lock"
+        assert not result
+    thread.join(timeout=30)
+    assert not errors, errors
+    assert result == [("starting", True)]
+    run = store.get_run(conn, run_id)
+    assert run.state == "starting" and run.cancel_requested_at is not None
+    assert store.get_attempts(conn, run_id) == [attempt]
+    assert conn.execute("SELECT state FROM unitvisor.spawn_jobs WHERE run_id = %s", (run_id,)).fetchall() == [
+        ("claimed",)]
+
+
+def test_a_claim_during_a_cancel_skips_the_run(conn: psycopg.Connection, dsn: str) -> None:
+    run_id = submit(conn)
+    with store.connect(dsn) as other:
+        other.execute("SET statement_timeout = '10s'")
+        with conn.transaction():
+            assert cancel(conn, run_id) == ("cancelled", True)  # not committed yet
+            assert store.claim(other, "h1", 10, 10, None, unitspec.UNIT_NAME_FORMAT) == []
+    assert store.get_run(conn, run_id).state == "cancelled"
+    assert store.get_attempts(conn, run_id) == []
+    assert store.claim(conn, "h1", 10, 10, None, unitspec.UNIT_NAME_FORMAT) == []
+
+
+# -- the spawn notification ---------------------------------------------------------------------
+
+
+def test_submit_notifies_the_spawn_channel(conn: psycopg.Connection, listener) -> None:
+    store.listen(listener, store.SPAWN_CHANNEL)
+    submit(conn)
+    [note] = wait_notifies(listener)
+    assert note.channel == store.SPAWN_CHANNEL
+    # Through the SQL function directly, too.
+    conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])")
+    assert [n.channel for n in wait_notifies(listener)] == [store.SPAWN_CHANNEL]
+
+
+def test_a_rolled_back_submit_notifies_nobody(conn: psycopg.Connection, listener) -> None:
+    store.listen(listener, store.SPAWN_CHANNEL)
+    with conn.transaction():
+        submit(conn)
+        raise psycopg.Rollback()
+    assert wait_notifies(listener, timeout=0.5) == []
+
+
+def test_a_batch_submitted_in_one_transaction_notifies_once(conn: psycopg.Connection, listener) -> None:
+    store.listen(listener, store.SPAWN_CHANNEL)
+    with conn.transaction():
+        for _ in range(20):
+            submit(conn)
+    # NOTIFY folds identical notifications of one transaction into one.
+    assert len(wait_notifies(listener, timeout=1.0, count=100)) == 1
+
+
+# -- open_attempts ------------------------------------------------------------------------------
+
+
+def test_open_attempts_filters(conn: psycopg.Connection) -> None:
+    ids = [submit(conn) for _ in range(4)]
+    mine = [claim_one(conn, "h1") for _ in range(3)]
+    theirs = claim_one(conn, "h2")
+    assert {a.run_id for a in mine} | {theirs.run_id} == set(ids)
+
+    every = store.open_attempts(conn, "h1")
+    assert [a for _, a in every] == mine  # in claim order
+    assert all(run.id == a.run_id for run, a in every)
+    assert [a for _, a in store.open_attempts(conn, "h2")] == [theirs]
+    assert store.open_attempts(conn, "nobody") == []
+
+    names = [mine[0].unit_name, mine[2].unit_name, theirs.unit_name, "unitvisor-run-nothing.service"]
+    assert [a for _, a in store.open_attempts(conn, "h1", unit_names=names)] == [mine[0], mine[2]]
+    assert store.open_attempts(conn, "h1", unit_names=[]) == []
+
+    assert store.open_attempts(conn, "h1", cancel_requested=True) == []
+    store.cancel_run(conn, mine[1].run_id)
+    store.cancel_run(conn, theirs.run_id)
+    [(run, attempt)] = store.open_attempts(conn, "h1", cancel_requested=True)
+    assert attempt == mine[1] and run.cancel_requested_at is not None
+    assert store.open_attempts(conn, "h1", unit_names=[mine[0].unit_name], cancel_requested=True) == []
+
+    # An attempt with an outcome is no longer open.
+    store.record_outcome(conn, mine[1], CANCELLED, "cancelled")
+    assert [a for _, a in store.open_attempts(conn, "h1")] == [mine[0], mine[2]]
+    assert store.open_attempts(conn, "h1", cancel_requested=True) == []
+    assert store.settled_unit_names(conn, [a.unit_name for a in mine]) == {mine[1].unit_name}
+
+
+# -- hosts --------------------------------------------------------------------------------------
+
+
+def host_row(conn: psycopg.Connection, host_id: str) -> tuple:
+    return conn.execute("SELECT name, state, max_runs, memory_budget, version, boot_id, started_at, heartbeat_at "
+                        "FROM unitvisor.hosts WHERE id = %s", (host_id,)).fetchone()
+
+
+def test_register_host_inserts_then_updates(conn: psycopg.Connection) -> None:
+    assert store.register_host(conn, "h1", "box-1", 8, 1 << 30, "0.1.0", "boot-a") == "active"
+    name, state, max_runs, budget, version, boot, _, _ = host_row(conn, "h1")
+    assert (name, state, max_runs, budget, version, boot) == ("box-1", "active", 8, 1 << 30, "0.1.0", "boot-a")
+
+    assert store.register_host(conn, "h1", "box-1b", 16, None, "0.2.0", "boot-b") == "active"
+    name, state, max_runs, budget, version, boot, _, _ = host_row(conn, "h1")
+    assert (name, state, max_runs, budget, version, boot) == ("box-1b", "active", 16, None, "0.2.0", "boot-b")
+    assert conn.execute("SELECT count(*) FROM unitvisor.hosts").fetchone()[0] == 1
+
+
+def test_register_host_keeps_draining_and_revives_stopped(conn: psycopg.Connection) -> None:
+    store.register_host(conn, "h1", "box", 8, None, "0.1.0", "boot-a")
+    conn.execute("UPDATE unitvisor.hosts SET state = 'draining' WHERE id = 'h1'")
+    assert store.register_host(conn, "h1", "box", 4, None, "0.1.0", "boot-b") == "draining"
+    assert host_row(conn, "h1")[1:3] == ("draining", 4)
+
+    store.mark_host_stopped(conn, "h1")  # a draining host stays draining
+    assert host_row(conn, "h1")[1] == "draining"
+
+    conn.execute("UPDATE unitvisor.hosts SET state = 'active' WHERE id = 'h1'")
+    store.mark_host_stopped(conn, "h1")
+    assert host_row(conn, "h1")[1] == "stopped"
+    assert store.register_host(conn, "h1", "box", 4, None, "0.1.0", "boot-c") == "active"
+
+
+def test_heartbeat_updates_heartbeat_at(conn: psycopg.Connection) -> None:
+    store.register_host(conn, "h1", "box", 8, None, "0.1.0", "boot")
+    store.register_host(conn, "h2", "box2", 8, None, "0.1.0", "boot")
+    conn.execute("UPDATE unitvisor.hosts SET heartbeat_at = now() - interval '1 hour'")
+    old = host_row(conn, "h1")[7]
+
+    assert store.heartbeat(conn, "h1") == "active"
+    new = host_row(conn, "h1")[7]
+    assert new > old + timedelta(minutes=59)
+    assert new <= store.now(conn)
+    assert host_row(conn, "h2")[7] == old  # only the named host
+    conn.execute("UPDATE unitvisor.hosts SET state = 'draining' WHERE id = 'h1'")
+    assert store.heartbeat(conn, "h1") == "draining"
+    assert store.heartbeat(conn, "unknown") is None

@@ -1,0 +1,262 @@
+"""unitvisor.submit_run (the SQL function) and store.submit_run against the real schema."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from supervisor import store
+from tests.integration.conftest import assert_nothing_written, table_counts, table_exists
+
+HOSTILE = "'; DROP TABLE unitvisor.runs; --"
+
+# The SQL type of each submit_run argument, so that every value reaches the function with its
+# declared type (and a bigint overflow is a bigint overflow, not a failed function lookup).
+ARG_TYPES = {
+    "argv": "text[]", "environment": "jsonb", "working_directory": "text", "run_user": "text",
+    "memory_max": "bigint", "cpu_quota_percent": "integer", "tasks_max": "integer", "io_weight": "integer",
+    "runtime_max_sec": "bigint", "max_attempts": "integer", "host_pin": "text", "priority": "integer",
+    "retry_backoff_sec": "integer", "retry_backoff_max_sec": "integer", "retry_on": "text[]",
+}
+
+
+def call_submit(conn: psycopg.Connection, **values: Any) -> uuid.UUID:
+    """SELECT unitvisor.submit_run(name => value::type, ...), as a control plane would call it."""
+    values.setdefault("argv", ["/bin/true"])
+    args = sql.SQL(", ").join(
+        sql.SQL("{} => %s::{}").format(sql.Identifier(name), sql.SQL(ARG_TYPES[name])) for name in values)
+    params = [Jsonb(v) if name == "environment" else v for name, v in values.items()]
+    return conn.execute(sql.SQL("SELECT unitvisor.submit_run({})").format(args), params).fetchone()[0]
+
+
+def test_submit_run_creates_run_job_and_event(conn: psycopg.Connection) -> None:
+    run_id = call_submit(conn, argv=["/bin/sh", "-c", "echo hi"], environment={"A": "1"},
+                         working_directory="/tmp", run_user="nobody", memory_max=256 << 20,
+                         cpu_quota_percent=50, tasks_max=32, io_weight=100, runtime_max_sec=60,
+                         max_attempts=3, host_pin="host-a", priority=7, retry_on=["exit-code"])
+    assert isinstance(run_id, uuid.UUID)
+    run = store.get_run(conn, run_id)
+    assert run is not None
+    assert run.state == "queued"
+    assert run.argv == ["/bin/sh", "-c", "echo hi"]
+    assert run.environment == {"A": "1"}
+    assert (run.working_directory, run.run_user, run.host_pin) == ("/tmp", "nobody", "host-a")
+    assert (run.memory_max, run.cpu_quota_percent, run.tasks_max, run.io_weight, run.runtime_max_sec) == (
+        256 << 20, 50, 32, 100, 60)
+    assert (run.max_attempts, run.priority, run.retry_on) == (3, 7, ["exit-code"])
+    assert run.finished_at is None and run.cancel_requested_at is None
+
+    jobs = conn.execute(
+        "SELECT state, priority, claimed_by, claimed_at, scheduled_at <= now() FROM unitvisor.spawn_jobs "
+        "WHERE run_id = %s", (run_id,)).fetchall()
+    assert jobs == [("available", 7, None, None, True)]
+    events = conn.execute("SELECT state, reason, attempt, host_id FROM unitvisor.run_events WHERE run_id = %s",
+                          (run_id,)).fetchall()
+    assert events == [("queued", "submitted", None, None)]
+    assert table_counts(conn) == {"runs": 1, "spawn_jobs": 1, "run_events": 1, "attempts": 0, "hosts": 0}
+
+
+def test_submit_run_defaults(conn: psycopg.Connection) -> None:
+    run_id = conn.execute("SELECT unitvisor.submit_run(ARRAY['/usr/bin/env', 'echo', 'hi'])").fetchone()[0]
+    run = store.get_run(conn, run_id)
+    assert run.environment == {}
+    assert (run.max_attempts, run.priority, run.retry_backoff_sec, run.retry_backoff_max_sec) == (1, 0, 10, 600)
+    assert run.memory_max is None and run.host_pin is None and run.retry_on is None
+    # A NULL environment is the empty one, not a constraint failure.
+    other = conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'], environment => NULL)").fetchone()[0]
+    assert store.get_run(conn, other).environment == {}
+
+
+def test_each_submit_gets_its_own_run_and_job(conn: psycopg.Connection) -> None:
+    ids = {call_submit(conn) for _ in range(5)}
+    assert len(ids) == 5
+    assert table_counts(conn)["spawn_jobs"] == 5
+    per_run = conn.execute("SELECT run_id, count(*) FROM unitvisor.spawn_jobs WHERE state = 'available' "
+                           "GROUP BY run_id").fetchall()
+    assert {r for r, _ in per_run} == ids and {n for _, n in per_run} == {1}
+
+
+def test_submit_in_a_rolled_back_transaction_leaves_nothing(conn: psycopg.Connection) -> None:
+    with conn.transaction():
+        run_id = call_submit(conn)
+        # Inside the transaction the three rows are there...
+        assert table_counts(conn)["runs"] == 1 and table_counts(conn)["spawn_jobs"] == 1
+        raise psycopg.Rollback()
+    # ...and after the rollback none of them.
+    assert store.get_run(conn, run_id) is None
+    assert_nothing_written(conn)
+
+
+def test_submit_rolls_back_with_the_callers_failing_transaction(conn: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        with conn.transaction():
+            store.submit_run(conn, argv=["/bin/true"])
+            conn.execute("SELECT 1 / 0")
+    assert_nothing_written(conn)
+
+
+REJECTED = [
+    pytest.param({"argv": []}, id="empty-argv"),
+    pytest.param({"argv": ["sh", "-c", "true"]}, id="relative-argv0"),
+    pytest.param({"argv": ["bin/true"]}, id="relative-argv0-with-slash"),
+    pytest.param({"argv": ["/bin/echo", None]}, id="null-element"),
+    pytest.param({"argv": [None, "x"]}, id="null-argv0"),
+    pytest.param({"memory_max": 0}, id="memory-0"),
+    pytest.param({"memory_max": -1}, id="memory-negative"),
+    pytest.param({"memory_max": (1 << 20) - 1}, id="memory-below-1MiB"),
+    pytest.param({"memory_max": (1 << 62) + 1}, id="memory-above-max"),
+    pytest.param({"cpu_quota_percent": 0}, id="cpu-0"),
+    pytest.param({"cpu_quota_percent": 100001}, id="cpu-absurd"),
+    pytest.param({"tasks_max": -1}, id="tasks-negative"),
+    pytest.param({"tasks_max": 0}, id="tasks-0"),
+    pytest.param({"tasks_max": 4194305}, id="tasks-absurd"),
+    pytest.param({"io_weight": 0}, id="io-weight-0"),
+    pytest.param({"io_weight": 10001}, id="io-weight-10001"),
+    pytest.param({"runtime_max_sec": 0}, id="runtime-0"),
+    pytest.param({"runtime_max_sec": -5}, id="runtime-negative"),
+    pytest.param({"runtime_max_sec": 315360001}, id="runtime-absurd"),
+    pytest.param({"environment": {"1BAD": "x"}}, id="env-name-digit"),
+    pytest.param({"environment": {"A-B": "x"}}, id="env-name-dash"),
+    pytest.param({"environment": {"": "x"}}, id="env-name-empty"),
+    pytest.param({"environment": {"A B": "x"}}, id="env-name-space"),
+    pytest.param({"environment": {"A\n": "x"}}, id="env-name-newline"),
+    pytest.param({"environment": {"A" * 129: "x"}}, id="env-name-too-long"),
+    pytest.param({"environment": {"A": "x\ny"}}, id="env-value-newline"),
+    pytest.param({"environment": {"A": 1}}, id="env-value-number"),
+    pytest.param({"environment": {"A": None}}, id="env-value-null"),
+    pytest.param({"environment": ["A=x"]}, id="env-array"),
+    pytest.param({"environment": "A=x"}, id="env-string"),
+    pytest.param({"environment": None}, id="env-json-null"),
+    pytest.param({"working_directory": "tmp"}, id="workdir-relative"),
+    pytest.param({"run_user": "Root"}, id="user-uppercase"),
+    pytest.param({"run_user": ""}, id="user-empty"),
+    pytest.param({"run_user": "root; rm -rf /"}, id="user-shell"),
+    pytest.param({"run_user": "root\n"}, id="user-newline"),
+    pytest.param({"run_user": "a" * 33}, id="user-too-long"),
+    pytest.param({"max_attempts": 0}, id="max-attempts-0"),
+    pytest.param({"max_attempts": 1001}, id="max-attempts-absurd"),
+    pytest.param({"retry_backoff_sec": -1}, id="backoff-negative"),
+    pytest.param({"retry_backoff_sec": 100, "retry_backoff_max_sec": 50}, id="backoff-max-below-base"),
+    pytest.param({"retry_on": ["success"]}, id="retry-on-success"),
+    pytest.param({"retry_on": ["exit-code", "success"]}, id="retry-on-with-success"),
+    pytest.param({"retry_on": ["cancelled"]}, id="retry-on-cancelled"),
+]
+
+
+@pytest.mark.parametrize("values", REJECTED)
+def test_constraints_reject_bad_runs_and_nothing_is_written(conn: psycopg.Connection, values: dict) -> None:
+    # environment=None means JSON null here: pass it as a jsonb 'null', not as SQL NULL.
+    if "environment" in values and values["environment"] is None:
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'], environment => 'null'::jsonb)")
+    else:
+        with pytest.raises(psycopg.errors.CheckViolation) as info:
+            call_submit(conn, **values)
+        assert info.value.diag.constraint_name.startswith("runs_")
+    assert_nothing_written(conn)
+    # The connection is still usable, and a good run still goes in.
+    call_submit(conn)
+    assert table_counts(conn)["runs"] == 1
+
+
+def test_a_null_argv_is_rejected(conn: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.NotNullViolation):
+        conn.execute("SELECT unitvisor.submit_run(NULL::text[])")
+    assert_nothing_written(conn)
+
+
+def test_a_bigint_overflow_is_an_error_and_nothing_is_written(conn: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        call_submit(conn, memory_max=10**19)
+    assert_nothing_written(conn)
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        call_submit(conn, tasks_max=2**31)
+    assert_nothing_written(conn)
+
+
+def test_store_submit_of_a_bigint_overflow_is_an_error_and_nothing_is_written(conn: psycopg.Connection) -> None:
+    with pytest.raises((psycopg.Error, store.DatabaseError)):
+        store.submit_run(conn, argv=["/bin/true"], memory_max=10**19)
+    assert_nothing_written(conn)
+
+
+@pytest.mark.parametrize("values", [{"memory_max": 10**19}, {"priority": 2**31}], ids=["memory", "priority"])
+def test_store_submit_reports_an_out_of_range_number_as_a_database_error(conn: psycopg.Connection,
+                                                                          values: dict) -> None:
+    try:
+        with pytest.raises(store.DatabaseError):
+            store.submit_run(conn, argv=["/bin/true"], **values)
+    finally:
+        assert_nothing_written(conn)
+
+
+@pytest.mark.parametrize(("values", "constraint"), [
+    ({"argv": []}, "runs_argv_valid"),
+    ({"argv": ["sh"]}, "runs_argv_valid"),
+    ({"argv": ["/bin/true"], "memory_max": 0}, "runs_memory_max_valid"),
+    ({"argv": ["/bin/true"], "io_weight": 10001}, "runs_io_weight_valid"),
+    ({"argv": ["/bin/true"], "environment": {"A": "x\ny"}}, "runs_environment_valid"),
+    ({"argv": ["/bin/true"], "environment": ["not", "an", "object"]}, "runs_environment_valid"),
+    ({"argv": ["/bin/true"], "run_user": "Bad User"}, "runs_run_user_valid"),
+    ({"argv": ["/bin/true"], "max_attempts": 0}, "runs_max_attempts_valid"),
+])
+def test_store_submit_wraps_check_violations(conn: psycopg.Connection, values: dict, constraint: str) -> None:
+    with pytest.raises(store.DatabaseError, match=constraint) as info:
+        store.submit_run(conn, **values)
+    assert not isinstance(info.value, psycopg.Error)
+    assert "\n" not in str(info.value)
+    assert_nothing_written(conn)
+
+
+def test_store_submit_refuses_unknown_fields(conn: psycopg.Connection) -> None:
+    with pytest.raises(TypeError, match="state"):
+        store.submit_run(conn, argv=["/bin/true"], state="running")
+    assert_nothing_written(conn)
+
+
+def test_store_submit_passes_every_field(conn: psycopg.Connection) -> None:
+    run_id = store.submit_run(conn, argv=["/bin/echo", "x"], environment={"B": "2"}, working_directory="/srv",
+                              run_user="daemon", memory_max=1 << 30, cpu_quota_percent=200, tasks_max=8,
+                              io_weight=500, runtime_max_sec=90, max_attempts=4, host_pin="h9", priority=-3)
+    run = store.get_run(conn, run_id)
+    assert (run.argv, run.environment, run.working_directory, run.run_user) == (
+        ["/bin/echo", "x"], {"B": "2"}, "/srv", "daemon")
+    assert (run.memory_max, run.cpu_quota_percent, run.tasks_max, run.io_weight, run.runtime_max_sec) == (
+        1 << 30, 200, 8, 500, 90)
+    assert (run.max_attempts, run.host_pin, run.priority) == (4, "h9", -3)
+    job_priority = conn.execute("SELECT priority FROM unitvisor.spawn_jobs WHERE run_id = %s", (run_id,)).fetchone()
+    assert job_priority == (-3,)
+
+
+def test_sql_looking_strings_are_stored_verbatim(conn: psycopg.Connection) -> None:
+    argv = ["/bin/echo", HOSTILE, "$(rm -rf /)", 'Robert"); DROP TABLE unitvisor.spawn_jobs;--', "%s %(x)s {}",
+            "\\x00'\"`", "ünïcødé ✓"]
+    environment = {"X": HOSTILE, "Y": "%s", "Z": "'); DELETE FROM unitvisor.runs; --"}
+    workdir = "/tmp/" + HOSTILE
+    run_id = store.submit_run(conn, argv=argv, environment=environment, working_directory=workdir,
+                              host_pin=HOSTILE)
+    # And through the SQL function directly, too.
+    other = call_submit(conn, argv=["/bin/echo", HOSTILE], environment={"X": HOSTILE}, working_directory=workdir)
+
+    for table in ("unitvisor.runs", "unitvisor.spawn_jobs", "unitvisor.run_events", "unitvisor.attempts"):
+        assert table_exists(conn, table), table
+    run = store.get_run(conn, run_id)
+    assert run.argv == argv
+    assert run.environment == environment
+    assert run.working_directory == workdir
+    assert run.host_pin == HOSTILE
+    assert store.get_run(conn, other).argv == ["/bin/echo", HOSTILE]
+    assert table_counts(conn)["runs"] == 2
+
+
+def test_an_array_with_another_lower_bound_cannot_smuggle_a_relative_argv0(conn: psycopg.Connection) -> None:
+    try:
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("SELECT unitvisor.submit_run('[2:3]={sh,-c}'::text[])")
+    finally:
+        assert_nothing_written(conn)
