@@ -9,10 +9,12 @@ Decision table (every row has a unit test in tests/unit/test_reconciler.py):
 | not started, cancel requested      | no unit                     | SETTLE as cancelled, start nothing       |
 | any                                | unit, process still running | ADOPT (record start and invocation id)   |
 | any, cancel requested              | unit, process still running | STOP it; it settles as cancelled         |
+| any, cancel requested              | unit, stopping              | NOTHING: the stop is on its way          |
 | any                                | unit, ended                 | SETTLE with the unit's outcome, release  |
 | started                            | no unit (reboot, reset)     | GONE: cancelled if requested, else the   |
 |                                    |                             | journal's outcome, else lost             |
 | outcome already recorded           | unit with our prefix        | RELEASE the unit (crash before release)  |
+| no attempt row yet, run in flight  | unit with the attempt's name| LEAVE it: the claim will adopt it        |
 | no row on this host                | unit with our prefix        | STOP_ORPHAN (or leave it, by config)     |
 
 Time alone never proves a run dead: an attempt is only settled from what systemd (or its absence)
@@ -79,16 +81,23 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
         outcome = classify(unit.result, unit.exec_main_code, unit.exec_main_status, cancel_requested=cancelled)
         return Decision(Action.SETTLE, name, f"unit ended: {outcome.reason}", outcome, unit.invocation_id or None)
     if cancelled:
+        if unit.active_state == "deactivating":
+            return Decision(Action.NOTHING, name, "stopping after a cancel request")
         return Decision(Action.STOP, name, "cancel requested", invocation_id=unit.invocation_id or None)
     if attempt.started_at is None or (unit.invocation_id and not attempt.invocation_id):
-        return Decision(Action.ADOPT, name, "unit is running", invocation_id=unit.invocation_id or None)
+        return Decision(Action.ADOPT, name, "unit is running; adopted", invocation_id=unit.invocation_id or None)
     return Decision(Action.NOTHING, name, "unit is running")
 
 
-def decide_orphan(unit_name: str, settled: bool, stop_orphans: bool) -> Decision:
+def decide_orphan(unit_name: str, settled: bool, stop_orphans: bool, awaiting_claim: bool = False) -> Decision:
     """A unit with our prefix and no open attempt on this host."""
     if settled:
         return Decision(Action.RELEASE, unit_name, "outcome already recorded; releasing the unit")
+    if awaiting_claim:
+        # Stopping it would be the one wrong move: its run is still to be started, and the claim
+        # that starts it will find this unit and adopt it instead of running the command twice.
+        return Decision(Action.LEAVE_ORPHAN, unit_name, "its run is in flight and this attempt not yet "
+                        "claimed; the claim will adopt it")
     if stop_orphans:
         return Decision(Action.STOP_ORPHAN, unit_name, "no open attempt on this host owns this unit")
     return Decision(Action.LEAVE_ORPHAN, unit_name,
@@ -134,7 +143,10 @@ class Reconciler:
     def _orphans(self, owned: set[str]) -> list[Decision]:
         loaded = [name for name in self.systemd.list_units(unitspec.UNIT_GLOB) if name not in owned]
         settled = store.settled_unit_names(self.conn, loaded) if loaded else set()
-        return [decide_orphan(name, name in settled, self.settings.daemon.stop_orphans) for name in loaded]
+        parsed = {name: unitspec.parse_unit_name(name) for name in loaded}
+        unclaimed = store.unclaimed_attempts(self.conn, [p for p in parsed.values() if p])
+        return [decide_orphan(name, name in settled, self.settings.daemon.stop_orphans,
+                              awaiting_claim=parsed[name] in unclaimed) for name in loaded]
 
     # -- acting -----------------------------------------------------------------------------------
 
@@ -187,19 +199,24 @@ class Reconciler:
             return
         faults.point("after-start")
         event("started" if created else "adopted", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
+        why = f"unit {attempt.unit_name} started" if created else f"unit {attempt.unit_name} existed: adopted"
         unit = self.systemd.state(attempt.unit_name)
-        self.apply(run, attempt, decide(run, attempt, unit) if unit else
-                   Decision(Action.ADOPT, attempt.unit_name, "started"))
+        decision = decide(run, attempt, unit) if unit else Decision(Action.ADOPT, attempt.unit_name, why)
+        if decision.action is Action.ADOPT:
+            decision = Decision(Action.ADOPT, attempt.unit_name, why, invocation_id=decision.invocation_id)
+        self.apply(run, attempt, decision)
 
     def apply(self, run: Run, attempt: Attempt, decision: Decision) -> None:
         action = decision.action
         if action is Action.START:
             self.start(run, attempt)
         elif action is Action.ADOPT:
-            store.mark_started(self.conn, attempt, decision.invocation_id)
+            store.mark_started(self.conn, attempt, decision.invocation_id, decision.reason)
         elif action is Action.STOP:
-            store.mark_started(self.conn, attempt, decision.invocation_id)
+            store.mark_started(self.conn, attempt, decision.invocation_id, f"adopted: {decision.reason}")
             if self.systemd.stop(attempt.unit_name):
+                store.record_event(self.conn, attempt, run.state, f"stopping unit {attempt.unit_name}: "
+                                   f"{decision.reason} (SIGTERM, then SIGKILL after the grace)")
                 event("stopping-run", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
                       detail=decision.reason)
         elif action is Action.GONE:
@@ -211,7 +228,7 @@ class Reconciler:
         elif action is Action.SETTLE:
             assert decision.outcome is not None
             if decision.invocation_id:
-                store.mark_started(self.conn, attempt, decision.invocation_id)
+                store.mark_started(self.conn, attempt, decision.invocation_id, f"adopted: {decision.reason}")
             self.settle(run, attempt, decision.outcome, unit_exists=attempt.started_at is not None
                         or decision.invocation_id is not None)
 

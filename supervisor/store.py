@@ -201,6 +201,11 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
         ).fetchall()
 
 
+def record_event(conn: Connection, attempt: Attempt, state: str, reason: str) -> None:
+    """An event about an attempt that changes no state (a stop on its way, say)."""
+    _event(conn, attempt.run_id, state, reason, attempt.attempt, attempt.host_id)
+
+
 def _event(conn: Connection, run_id: uuid.UUID, state: str, reason: str,
            attempt: int | None = None, host_id: str | None = None) -> None:
     conn.execute(
@@ -394,6 +399,20 @@ def open_attempts(conn: Connection, host_id: str, unit_names: Sequence[str] | No
     return [(runs[a.run_id], a) for a in attempts]
 
 
+def unclaimed_attempts(conn: Connection, attempts: Sequence[tuple[uuid.UUID, int]]) -> set[tuple[uuid.UUID, int]]:
+    """Which (run, attempt) pairs name an attempt that no row records yet, of a run still in flight:
+    a unit of that name is ahead of its claim (a restored backup, a hand-started unit), not an orphan."""
+    if not attempts:
+        return set()
+    rows = conn.execute(
+        """SELECT p.run_id, p.attempt FROM unnest(%s::uuid[], %s::int[]) AS p(run_id, attempt)
+           JOIN unitvisor.runs r ON r.id = p.run_id AND r.state IN ('queued', 'starting', 'running')
+           WHERE NOT EXISTS (SELECT 1 FROM unitvisor.attempts a
+                             WHERE a.run_id = p.run_id AND a.attempt = p.attempt)""",
+        ([a[0] for a in attempts], [a[1] for a in attempts])).fetchall()
+    return {(row[0], row[1]) for row in rows}
+
+
 def settled_unit_names(conn: Connection, unit_names: Sequence[str]) -> set[str]:
     """Which of these unit names belong to attempts that already have an outcome."""
     rows = conn.execute(
@@ -402,8 +421,9 @@ def settled_unit_names(conn: Connection, unit_names: Sequence[str]) -> set[str]:
     return {row[0] for row in rows}
 
 
-def mark_started(conn: Connection, attempt: Attempt, invocation_id: str | None) -> None:
-    """The unit exists: the run is running. Idempotent (adoption calls it again)."""
+def mark_started(conn: Connection, attempt: Attempt, invocation_id: str | None, reason: str | None = None) -> None:
+    """The unit exists: the run is running. Idempotent (adoption calls it again); the event with
+    `reason` is written once, when the run moves to running."""
     with conn.transaction():
         row = conn.execute(
             """UPDATE unitvisor.attempts
@@ -416,7 +436,7 @@ def mark_started(conn: Connection, attempt: Attempt, invocation_id: str | None) 
             """UPDATE unitvisor.runs SET state = 'running', updated_at = now()
                WHERE id = %s AND state = 'starting' RETURNING 1""", (attempt.run_id,)).fetchone()
         if moved:
-            _event(conn, attempt.run_id, "running", f"unit {attempt.unit_name} started",
+            _event(conn, attempt.run_id, "running", reason or f"unit {attempt.unit_name} started",
                    attempt.attempt, attempt.host_id)
 
 

@@ -62,11 +62,12 @@ class Host:
             self.tb.write(f"/etc/systemd/system/{name}", (REPO / "units" / name).read_text())
         env_lines = "".join(f"Environment={k}={v}\n" for k, v in (environment or {}).items())
         # The packaged unit runs /usr/bin/unitvisor; here the checkout's virtualenv stands in for the
-        # package. Restart=no so that a drill decides when the daemon comes back; ProtectHome=no
-        # because CI may clone the checkout under /root.
+        # package. Restart=no so that a drill decides when the daemon comes back. The checkout may be
+        # anywhere (CI clones under /tmp or /root), which PrivateTmp= and ProtectHome= would hide:
+        # bind it back in, read-only, with the unit's hardening otherwise as shipped.
         self.tb.write("/etc/systemd/system/unitvisor.service.d/test.conf",
                       f"[Service]\nExecStart=\nExecStart={VENV_BIN}/unitvisor daemon\nRestart=no\n"
-                      f"ProtectHome=no\n{env_lines}")
+                      f"BindReadOnlyPaths={REPO}\n{env_lines}")
         self.tb.run("systemctl", "daemon-reload")
 
     def start(self, environment: dict[str, str] | None = None, configure: bool = True) -> None:

@@ -88,18 +88,18 @@ def test_started_no_unit_cancel_requested_is_gone_cancelled():
 
 def test_running_unit_not_started_is_adopted():
     d = decide(make_run(), make_attempt(), unit(**RUNNING))
-    assert d == Decision(Action.ADOPT, NAME, "unit is running", invocation_id=INV)
+    assert d == Decision(Action.ADOPT, NAME, "unit is running; adopted", invocation_id=INV)
     assert d.outcome is None
 
 
 def test_running_unit_not_started_without_invocation_id_is_adopted():
     d = decide(make_run(), make_attempt(), unit(**RUNNING, invocation_id=""))
-    assert d == Decision(Action.ADOPT, NAME, "unit is running", invocation_id=None)
+    assert d == Decision(Action.ADOPT, NAME, "unit is running; adopted", invocation_id=None)
 
 
 def test_running_unit_started_but_invocation_unrecorded_is_adopted():
     d = decide(make_run(), make_attempt(started=True, invocation_id=None), unit(**RUNNING))
-    assert d == Decision(Action.ADOPT, NAME, "unit is running", invocation_id=INV)
+    assert d == Decision(Action.ADOPT, NAME, "unit is running; adopted", invocation_id=INV)
 
 
 def test_running_unit_fully_recorded_needs_nothing():
@@ -134,7 +134,14 @@ def test_stop_without_invocation_id():
 def test_unit_in_transition_is_treated_as_running(state):
     assert decide(make_run(), make_attempt(), unit(**state)).action is Action.ADOPT
     assert decide(make_run(), make_attempt(started=True, invocation_id=INV), unit(**state)).action is Action.NOTHING
-    assert decide(make_run(cancelled=True), make_attempt(started=True), unit(**state)).action is Action.STOP
+    stopping = state["active"] == "deactivating"
+    expected = Action.NOTHING if stopping else Action.STOP
+    assert decide(make_run(cancelled=True), make_attempt(started=True), unit(**state)).action is expected
+
+
+def test_cancelled_unit_already_stopping_is_left_to_its_stop_job():
+    d = decide(make_run(cancelled=True), make_attempt(started=True), unit(active="deactivating", sub="stop-sigterm"))
+    assert d == Decision(Action.NOTHING, NAME, "stopping after a cancel request")
 
 
 # -- unit ended -------------------------------------------------------------------------------------
@@ -242,3 +249,10 @@ def test_action_values():
     assert {a.name: a.value for a in Action} == {
         "NOTHING": "nothing", "START": "start", "ADOPT": "adopt", "STOP": "stop", "SETTLE": "settle", "GONE": "gone",
         "RELEASE": "release", "STOP_ORPHAN": "stop-orphan", "LEAVE_ORPHAN": "leave-orphan"}
+
+
+def test_unit_ahead_of_its_claim_is_left_for_adoption_even_when_orphans_are_stopped():
+    d = decide_orphan(NAME, settled=False, stop_orphans=True, awaiting_claim=True)
+    assert d.action is Action.LEAVE_ORPHAN
+    assert "adopt" in d.reason
+    assert decide_orphan(NAME, settled=True, stop_orphans=True, awaiting_claim=True).action is Action.RELEASE
