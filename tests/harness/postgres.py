@@ -63,8 +63,13 @@ def free_port() -> int:
 
 
 class Postgres:
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        """`settings` are extra server settings (`-c name=value`), e.g. the benchmark's
+        shared_preload_libraries=pg_stat_statements; values must not contain spaces."""
         self.bindir = find_bindir()
+        self.settings = dict(settings or {})
+        if any(" " in f"{key}{value}" for key, value in self.settings.items()):
+            raise ValueError("Postgres settings must not contain spaces")
         self.dir = Path(tempfile.mkdtemp(prefix=PREFIX, dir="/tmp"))
         (self.dir / "owner").write_text(str(os.getpid()))
         self.data = self.dir / "data"
@@ -95,6 +100,7 @@ class Postgres:
         # fsync off: a test cluster need not survive a power cut, and it makes every commit cheap.
         options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off "
                    "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        options += "".join(f" -c {key}={value}" for key, value in self.settings.items())
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
         self.running = True
 
