@@ -1,0 +1,244 @@
+"""The parts of the benchmark that must run inside the test bed, next to its systemd.
+
+`bench.run` (outside) runs this file with the checkout's virtualenv python through the test bed's
+`run()`; each subcommand prints one JSON object on stdout and nothing else. It is a plain script,
+not a module of the package, because `nsenter` starts it in the container's root directory, where
+the checkout is not on sys.path.
+
+Subcommands:
+  limit      StartTransientUnit in a loop on one connection: systemd's own limit, the baseline
+  units      start long-running units under given names (the loaded units of a reconcile pass)
+  reconcile  one reconcile pass (or its decide phase) through supervisor.reconciler.Reconciler
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+
+from supervisor import config, store, unitspec
+from supervisor.model import Attempt, Run
+from supervisor.systemd import Systemd
+
+BENCH_CONFIG = """
+[runs]
+allowed_executables = ["/bin/true", "/bin/sleep"]
+"""
+
+
+def _bare_props(argv: list[str]) -> dict[bytes, Any]:
+    """The least a transient service needs: what `systemd-run /bin/true` sends."""
+    return {
+        b"Description": b"unitvisor bench",
+        b"ExecStart": [(argv[0].encode(), [a.encode() for a in argv], False)],
+    }
+
+
+def _product_props(argv: list[str]) -> dict[bytes, Any]:
+    """Exactly the properties the daemon gives a run's unit (unitspec.build), for a run of argv."""
+    settings = config.parse(BENCH_CONFIG)
+    run_id = uuid.uuid4()
+    run = Run(id=run_id, argv=argv)
+    attempt = Attempt(run_id=run_id, attempt=1, host_id="bench", unit_name=unitspec.unit_name(run_id, 1))
+    return unitspec.build(run, attempt, settings)
+
+
+def _units_like(systemd: Systemd, pattern: str) -> list[tuple[str, str, str]]:
+    """(name, active state, sub state) of the loaded units matching a glob, in one D-Bus call."""
+    from pystemd.dbuslib import apply_signature
+
+    from supervisor.systemd import MANAGER_IFACE, MANAGER_PATH
+
+    rows = systemd._call(MANAGER_PATH, MANAGER_IFACE, b"ListUnitsByPatterns",
+                         apply_signature(b"asas", [[], [pattern.encode()]]), "listing")
+    return [(r[0].decode(), r[3].decode(), r[4].decode()) for r in rows]
+
+
+def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
+    """N starts back to back on one connection, each call timed; then how long systemd took to run
+    them all (the loop only enqueues start jobs: StartTransientUnit returns before the unit runs)."""
+    props = _bare_props(["/bin/true"]) if args.props == "bare" else _product_props(["/bin/true"])
+    systemd = Systemd()
+    systemd.connect()
+    calls = []
+    t0 = time.perf_counter()
+    for i in range(args.n):
+        c0 = time.perf_counter()
+        systemd.start_transient(f"{args.prefix}-{i}.service", props)
+        calls.append((time.perf_counter() - c0) * 1000)
+    loop_s = time.perf_counter() - t0
+    pattern = f"{args.prefix}-*.service"
+    if args.props == "bare":
+        # No RemainAfterExit: a unit that ran is unloaded at once, so "none left" means "all ran".
+        drained = _wait(lambda: not _units_like(systemd, pattern), 300)
+    else:
+        # RemainAfterExit=yes, as the daemon's units: all ran when none is still starting.
+        drained = _wait(lambda: all(sub in ("exited", "failed", "dead") or active == "failed"
+                                    for _, active, sub in _units_like(systemd, pattern)), 300)
+    drain_s = time.perf_counter() - t0
+    for name, _, _ in _units_like(systemd, pattern):  # clean up, untimed
+        systemd.release(name)
+    systemd.close()
+    return {"n": args.n, "props": args.props, "call_ms": calls, "loop_s": loop_s, "drain_s": drain_s,
+            "drained": drained}
+
+
+def cmd_active(args: argparse.Namespace) -> dict[str, Any]:
+    """One start at a time: from the call to the unit being active by systemd's own timestamp
+    (ActiveEnterTimestamp, CLOCK_REALTIME in µs), with the daemon's unit properties."""
+    from pystemd.dbuslib import apply_signature
+
+    from supervisor.systemd import DEST, MANAGER_IFACE, MANAGER_PATH, PROPS_IFACE
+
+    props = _bare_props(["/bin/true"]) if args.props == "bare" else _product_props(["/bin/true"])
+    props[b"RemainAfterExit"] = True  # so that the timestamp can still be read after the exit
+    systemd = Systemd()
+    systemd.connect()
+    to_active = []
+    for i in range(args.n):
+        name = f"{args.prefix}-{i}.service"
+        t_call = time.time()
+        systemd.start_transient(name, props)
+        path = systemd._call(MANAGER_PATH, MANAGER_IFACE, b"GetUnit", apply_signature(b"s", [name.encode()]), name)
+
+        def entered(path: bytes = path) -> int:
+            return int(systemd._bus.call_method(DEST, path, PROPS_IFACE, b"Get", apply_signature(
+                b"ss", [b"org.freedesktop.systemd1.Unit", b"ActiveEnterTimestamp"])).body)
+
+        _wait(lambda entered=entered: entered() != 0, 10)
+        to_active.append(entered() / 1000 - t_call * 1000)
+        systemd.release(name)
+    systemd.close()
+    return {"n": args.n, "props": args.props, "to_active_ms": to_active}
+
+
+def cmd_units(args: argparse.Namespace) -> dict[str, Any]:
+    """Start a long-running unit (/bin/sleep) under each name read from stdin, in the daemon's slice."""
+    names = json.load(sys.stdin)
+    props = _bare_props(["/bin/sleep", "infinity"])
+    props[b"Slice"] = b"unitvisor.slice"
+    systemd = Systemd()
+    systemd.connect()
+    t0 = time.perf_counter()
+    created = sum(systemd.start_transient(name, props) for name in names)
+    wanted = set(names)
+    ok = _wait(lambda: sum(name in wanted and active == "active"
+                           for name, active, _ in _units_like(systemd, "unitvisor-run-*")) >= len(wanted), 300)
+    systemd.close()
+    return {"started": created, "running": ok, "seconds": time.perf_counter() - t0}
+
+
+def _statements(stats: psycopg.Connection, database: str) -> int:
+    """Statements PostgreSQL executed in `database` since the last reset, by pg_stat_statements
+    (BEGIN and COMMIT included). `stats` is a connection to another database, so that reading the
+    statistics does not count itself."""
+    return int(stats.execute(
+        """SELECT coalesce(sum(calls), 0) FROM pg_stat_statements
+           WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)""", (database,)).fetchone()[0])
+
+
+class _CountingCursor(psycopg.Cursor):
+    """Counts execute() calls on the client side, to cross-check the server's count."""
+
+    count = 0
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        _CountingCursor.count += 1
+        return super().execute(*args, **kwargs)
+
+
+def cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
+    """One pass (`pass`: Reconciler.reconcile_pass, which acts) or its decide phase (`plan`:
+    Reconciler.plan, what `unitvisor reconcile --dry-run` runs), timed, with the database statements
+    and the D-Bus calls it used."""
+    from supervisor.reconciler import Reconciler
+
+    settings = config.parse(BENCH_CONFIG + f'\n[host]\nid = "{args.host_id}"\n')
+    stats = store.connect(args.stats_dsn)
+    conn = store.connect(args.dsn)
+    conn.cursor_factory = _CountingCursor
+    systemd = Systemd()
+    systemd.connect()
+    dbus_calls = 0
+    real_call = systemd._call
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        nonlocal dbus_calls
+        dbus_calls += 1
+        return real_call(*a, **kw)
+
+    systemd._call = counted  # type: ignore[method-assign]
+    reconciler = Reconciler(settings, args.host_id, conn, systemd)
+    stats.execute("SELECT pg_stat_statements_reset()")
+    t0 = time.perf_counter()
+    done = reconciler.plan() if args.mode == "plan" else reconciler.reconcile_pass()
+    seconds = time.perf_counter() - t0
+    statements = _statements(stats, conn.info.dbname)
+    actions: dict[str, int] = {}
+    for item in done:
+        actions[item.decision.action.value] = actions.get(item.decision.action.value, 0) + 1
+    profile = None
+    if args.profile:
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        Reconciler(settings, args.host_id, conn, systemd).plan()
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(18)
+        profile = out.getvalue()
+    systemd.close()
+    conn.close()
+    stats.close()
+    return {"mode": args.mode, "seconds": seconds, "statements": statements,
+            "client_executes": _CountingCursor.count, "dbus_calls": dbus_calls, "actions": actions,
+            "profile": profile}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("limit")
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--prefix", default="bench-raw")
+    p.add_argument("--props", choices=("bare", "product"), default="bare")
+    p = sub.add_parser("active")
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--prefix", default="bench-active")
+    p.add_argument("--props", choices=("bare", "product"), default="product")
+    sub.add_parser("units")
+    p = sub.add_parser("reconcile")
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--stats-dsn", required=True, help="a connection to another database of the cluster")
+    p.add_argument("--host-id", required=True)
+    p.add_argument("--mode", choices=("plan", "pass"), default="plan")
+    p.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    handler = {"limit": cmd_limit, "active": cmd_active, "units": cmd_units, "reconcile": cmd_reconcile}[args.cmd]
+    json.dump(handler(args), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

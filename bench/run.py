@@ -1,0 +1,644 @@
+"""`make bench`: unitvisor measured against systemd's own limit, each figure next to its baseline
+from the same run.
+
+Boots a throwaway PostgreSQL (with pg_stat_statements and commit timestamps) and a throwaway systemd
+test bed with the test harness, runs the daemon there under the real unitvisor.service, and
+measures: (1) the limit, (2) throughput, (3) latency, (4) reconcile, (5) idle, (6) scaling. What
+each figure means, and the latest results, are in docs/benchmarks.md. Everything it starts is gone
+when it ends, also on failure or Ctrl-C (the harness's context managers).
+
+    .venv/bin/python -m bench.run            # the full run (about 8 minutes here), JSON to bench/results/
+    .venv/bin/python -m bench.run --tiny     # every figure on tiny sizes, in seconds (the smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from supervisor import __version__, store
+from tests.harness import postgres as postgres_mod
+from tests.harness import testbed as testbed_mod
+from tests.harness.host import REPO, VENV_BIN, Host, wait_for
+from tests.harness.postgres import Postgres
+
+INSIDE = REPO / "bench" / "inside.py"
+RESULTS = REPO / "bench" / "results"
+HOST_ID = "bench-host"
+DB = "bench"
+# The benchmark's own connections log in as this role, so that pg_stat_statements (which keys on
+# the user) can tell the daemon's statements (user postgres) from the benchmark's polling.
+CLIENT_ROLE = "bench_client"
+TERMINAL = ("succeeded", "failed", "cancelled")
+MSG_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"  # PID 1's "Started UNIT", logged on entering active
+# The daemon as shipped: the packaged defaults (poll 5 s, heartbeat 10 s, reconcile 60 s, max_runs
+# 64, claim_batch 32), with only what a host must set.
+DAEMON_CONFIG = f"""
+[host]
+id = "{HOST_ID}"
+name = "{HOST_ID}"
+
+[runs]
+allowed_executables = ["/bin/true", "/bin/sleep"]
+"""
+
+
+@dataclass
+class Sizes:
+    limit: int = 1000
+    throughput: int = 1000
+    latency: int = 200
+    reconcile: int = 10_000
+    reconcile_units: int = 1000
+    idle_seconds: float = 60.0
+    scaling: list[int] = field(default_factory=lambda: [100, 1000, 10_000])
+
+
+TINY = Sizes(limit=40, throughput=20, latency=8, reconcile=200, reconcile_units=20, idle_seconds=3.0,
+             scaling=[10, 20])
+
+TARGETS = {
+    "throughput_ratio": "throughput >= 0.8 of the limit",
+    "latency_to_active": "p50 latency to active within 15 ms of one raw start call's p50",
+    "reconcile_time": "a reconcile pass of 10,000 runs under 2 s",
+    "reconcile_queries": "database statements of a pass do not grow with the number of runs",
+    "idle_statements": "idle: at most a handful of statements a minute (the heartbeat: <= 6)",
+    "idle_cpu": "idle: no measurable CPU (< 0.05 s a minute)",
+    "idle_memory": "idle: under 60 MB resident",
+}
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50": pct(values, 50), "p99": pct(values, 99), "min": min(values, default=math.nan),
+            "max": max(values, default=math.nan), "n": len(values)}
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Bench:
+    """One benchmark session: the database, the test bed, the daemon's host, and the figures."""
+
+    def __init__(self, pg: Postgres, tb: testbed_mod.Testbed, sizes: Sizes, profile: bool) -> None:
+        self.pg = pg
+        self.tb = tb
+        self.sizes = sizes
+        self.profile = profile
+        self.daemon_dsn = pg.dsn_for(DB)
+        self.client = psycopg.connect(f"host=127.0.0.1 port={pg.port} user={CLIENT_ROLE} dbname={DB}",
+                                      autocommit=True)
+        self.admin = psycopg.connect(pg.dsn, autocommit=True)  # the statistics, read from another database
+        self.host = Host(tb, self.daemon_dsn, host_id=HOST_ID)
+        self.results: dict[str, Any] = {}
+
+    def close(self) -> None:
+        self.client.close()
+        self.admin.close()
+
+    # -- inside the test bed ----------------------------------------------------------------------
+
+    def inside(self, *args: str, stdin: str | None = None, timeout: float = 900) -> dict[str, Any]:
+        result = self.tb.run(str(VENV_BIN / "python"), str(INSIDE), *args, input=stdin, timeout=timeout,
+                             check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"bench/inside.py {args[0]} failed: {result.stderr.strip()[-2000:]}")
+        return json.loads(result.stdout)
+
+    def main_pid(self) -> int:
+        return int(self.host.unit_props("unitvisor.service", "MainPID")["MainPID"])
+
+    def cpu_seconds(self, pid: int) -> float:
+        """utime + stime of a process inside the test bed. CPUUsageNSec is not available on a host
+        whose cgroups are v1 and read-only in the container (this one), so /proc it is."""
+        stat = self.tb.run("cat", f"/proc/{pid}/stat").stdout
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def unit_cpu_nsec(self, unit: str) -> int | None:
+        value = self.host.unit_props(unit, "CPUUsageNSec").get("CPUUsageNSec", "")
+        return int(value) if value.isdigit() else None
+
+    def memory_kb(self, pid: int) -> dict[str, int]:
+        status = self.tb.run("cat", f"/proc/{pid}/status").stdout
+        out = {}
+        for line in status.splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out[key] = int(rest.split()[0])
+        return out
+
+    def pid_of(self, unit: str) -> int:
+        return int(self.host.unit_props(unit, "MainPID")["MainPID"])
+
+    # -- database ---------------------------------------------------------------------------------
+
+    def reset_statements(self) -> None:
+        self.admin.execute("SELECT pg_stat_statements_reset()")
+
+    def daemon_statements(self, top: int = 0) -> tuple[int, list[dict[str, Any]]]:
+        """Statements run in the benchmark's database by the daemon's role since the last reset."""
+        rows = self.admin.execute(
+            """SELECT s.calls, s.query FROM pg_stat_statements s
+               JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles u ON u.oid = s.userid
+               WHERE d.datname = %s AND u.rolname = 'postgres' ORDER BY s.calls DESC""", (DB,)).fetchall()
+        total = sum(row[0] for row in rows)
+        return total, [{"calls": c, "query": " ".join(q.split())[:160]} for c, q in rows[:top]]
+
+    def xact_commits(self) -> int:
+        self.admin.execute("SELECT pg_stat_clear_snapshot()")
+        return int(self.admin.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s",
+                                      (DB,)).fetchone()[0])
+
+    def wait_quiet(self, timeout: float = 600) -> None:
+        """Until no run of the benchmark's is still in flight and no unit of ours is loaded."""
+        wait_for(lambda: self.client.execute(
+            "SELECT count(*) = 0 FROM unitvisor.runs WHERE state IN ('queued', 'starting', 'running')"
+        ).fetchone()[0], timeout=timeout, interval=0.25, what="every run to finish")
+        wait_for(lambda: not self.host.loaded_run_units(), timeout=60, what="every unit to be released")
+
+    # -- (1) the limit ----------------------------------------------------------------------------
+
+    def limit(self) -> None:
+        n = self.sizes.limit
+        say(f"(1) the limit: {n} StartTransientUnit calls of /bin/true on one connection ...")
+        out: dict[str, Any] = {}
+        for props in ("bare", "product"):
+            raw = self.inside("limit", "--n", str(n), "--props", props, "--prefix", f"bench-{props}")
+            out[props] = {
+                "n": n, "loop_seconds": raw["loop_s"], "starts_per_s": n / raw["loop_s"],
+                "call_ms": summary(raw["call_ms"]), "all_ran_seconds": raw["drain_s"],
+                "all_ran_per_s": n / raw["drain_s"], "all_ran": raw["drained"],
+            }
+        for props in ("bare", "product"):
+            raw = self.inside("active", "--n", str(self.sizes.latency), "--props", props)
+            out[props]["start_to_active_ms"] = summary(raw["to_active_ms"])
+        self.results["limit"] = out
+
+    # -- daemon -----------------------------------------------------------------------------------
+
+    def start_daemon(self) -> None:
+        self.host.configure(config=DAEMON_CONFIG)
+        self.host.start()
+        wait_for(lambda: self.client.execute("SELECT count(*) FROM unitvisor.hosts WHERE id = %s",
+                                             (HOST_ID,)).fetchone()[0], what="the host row")
+
+    # -- (5) idle ---------------------------------------------------------------------------------
+
+    def idle(self) -> None:
+        seconds = self.sizes.idle_seconds
+        say(f"(5) idle: the daemon with nothing to do for {seconds:.0f} s ...")
+        pid = self.main_pid()
+        time.sleep(min(3.0, seconds))  # past start-up: its first claim, heartbeat and reconcile
+        self.reset_statements()
+        commits0, cpu0, nsec0 = self.xact_commits(), self.cpu_seconds(pid), self.unit_cpu_nsec("unitvisor.service")
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        elapsed = time.monotonic() - t0
+        statements, top = self.daemon_statements(top=12)
+        commits1, cpu1, nsec1 = self.xact_commits(), self.cpu_seconds(pid), self.unit_cpu_nsec("unitvisor.service")
+        mem = self.memory_kb(pid)
+        self.results["idle"] = {
+            "seconds": elapsed, "statements": statements, "statements_per_min": statements * 60 / elapsed,
+            "xact_commits": commits1 - commits0, "cpu_seconds": cpu1 - cpu0,
+            "cpu_seconds_per_min": (cpu1 - cpu0) * 60 / elapsed,
+            "cpu_source": "/proc/PID/stat utime+stime (CPUUsageNSec is not set: cgroup v1 in the container)"
+            if nsec0 is None else "CPUUsageNSec",
+            "cpu_usage_nsec": None if nsec0 is None or nsec1 is None else nsec1 - nsec0,
+            "vmhwm_mb": mem["VmHWM"] / 1024, "vmrss_mb": mem["VmRSS"] / 1024, "statements_by_query": top,
+        }
+
+    # -- (3) latency ------------------------------------------------------------------------------
+
+    def latency(self) -> None:
+        n = self.sizes.latency
+        say(f"(3) latency: {n} runs of /bin/true, one at a time ...")
+        since = int(time.time()) - 1
+        ids = []
+        for _ in range(n):
+            run_id = self.client.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])").fetchone()[0]
+            ids.append(run_id)
+            wait_for(lambda run_id=run_id: self.client.execute(
+                "SELECT state = ANY(%s) FROM unitvisor.runs WHERE id = %s", (list(TERMINAL), run_id)).fetchone()[0],
+                timeout=60, interval=0.005, what=f"run {run_id}")
+        rows = self.client.execute(
+            """SELECT a.unit_name, a.outcome,
+                      extract(epoch FROM pg_xact_commit_timestamp(e.xmin))::float8 AS committed,
+                      extract(epoch FROM a.claimed_at)::float8 AS claimed,
+                      extract(epoch FROM a.started_at)::float8 AS marked_started,
+                      extract(epoch FROM pg_xact_commit_timestamp(a.xmin))::float8 AS recorded
+               FROM unitvisor.runs r JOIN unitvisor.attempts a ON a.run_id = r.id
+               JOIN unitvisor.run_events e ON e.run_id = r.id AND e.reason = 'submitted'
+               WHERE r.id = ANY(%s)""", (ids,)).fetchall()
+        active = self.active_timestamps(since)
+        to_active, to_recorded, to_claim, claim_to_active, active_to_recorded = [], [], [], [], []
+        missing = 0
+        for unit, _outcome, committed, claimed, _started, recorded in rows:
+            to_recorded.append((recorded - committed) * 1000)
+            to_claim.append((claimed - committed) * 1000)
+            if unit not in active:
+                missing += 1
+                continue
+            to_active.append((active[unit] - committed) * 1000)
+            claim_to_active.append((active[unit] - claimed) * 1000)
+            active_to_recorded.append((recorded - active[unit]) * 1000)
+        self.results["latency"] = {
+            "n": n, "outcomes": sorted({row[1] for row in rows}), "active_timestamp_missing": missing,
+            "to_active_ms": summary(to_active), "to_recorded_ms": summary(to_recorded),
+            "breakdown_ms": {"commit_to_claim": summary(to_claim), "claim_to_active": summary(claim_to_active),
+                             "active_to_recorded": summary(active_to_recorded)},
+        }
+
+    def active_timestamps(self, since: int) -> dict[str, float]:
+        """When each unit of ours entered `active`, by PID 1's "Started" record. journald stamps it
+        with the time PID 1 sent it (_SOURCE_REALTIME_TIMESTAMP), which is the unit's
+        ActiveEnterTimestamp within a few µs; the unit itself is unloaded once its outcome is
+        recorded, so its properties cannot be read afterwards."""
+        out = self.tb.run("journalctl", "--no-pager", "-q", "-o", "json", f"--since=@{since}", "_PID=1",
+                          f"MESSAGE_ID={MSG_UNIT_STARTED}", timeout=120).stdout
+        stamps = {}
+        for line in out.splitlines():
+            entry = json.loads(line)
+            unit = entry.get("UNIT", "")
+            if unit.startswith("unitvisor-run-"):
+                stamps[unit] = int(entry.get("_SOURCE_REALTIME_TIMESTAMP") or entry["__REALTIME_TIMESTAMP"]) / 1e6
+        return stamps
+
+    # -- (2) throughput ---------------------------------------------------------------------------
+
+    def throughput(self, n: int) -> dict[str, Any]:
+        """n runs of /bin/true submitted in one transaction while the daemon runs; the clock runs
+        from that commit to the commit of the last outcome (PostgreSQL's commit timestamps)."""
+        say(f"(2) throughput: {n} runs of /bin/true submitted at once ...")
+        self.wait_quiet()
+        pids = {"daemon": self.main_pid(), "pid1": 1, "journald": self.pid_of("systemd-journald.service")}
+        cpu0 = {name: self.cpu_seconds(pid) for name, pid in pids.items()}
+        self.reset_statements()
+        ids = [row[0] for row in self.client.execute(
+            "SELECT unitvisor.submit_run(ARRAY['/bin/true']) FROM generate_series(1, %s)", (n,)).fetchall()]
+        spy = self.start_py_spy(pids["daemon"], f"throughput-{n}") if self.profile else None
+        try:
+            self.wait_quiet(timeout=120 + n / 5)
+        finally:
+            if spy:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(timeout=60)
+        cpu = {name: self.cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+        statements, top = self.daemon_statements(top=12)
+        committed, recorded, outcomes = self.client.execute(
+            """SELECT (SELECT min(extract(epoch FROM pg_xact_commit_timestamp(e.xmin)))::float8
+                       FROM unitvisor.run_events e WHERE e.run_id = ANY(%(ids)s) AND e.reason = 'submitted'),
+                      max(extract(epoch FROM pg_xact_commit_timestamp(a.xmin)))::float8,
+                      array_agg(DISTINCT a.outcome)
+               FROM unitvisor.attempts a WHERE a.run_id = ANY(%(ids)s)""", {"ids": ids}).fetchone()
+        seconds = recorded - committed
+        return {"n": n, "seconds": seconds, "runs_per_s": n / seconds, "outcomes": sorted(outcomes),
+                "statements": statements, "statements_per_run": statements / n,
+                "cpu_seconds": cpu, "daemon_cpu_ms_per_run": cpu["daemon"] * 1000 / n,
+                "statements_by_query": top}
+
+    def start_py_spy(self, pid: int, label: str) -> subprocess.Popen | None:
+        """Sample the daemon (by its PID outside the container) while a phase runs, if py-spy is
+        installed: `--profile` writes collapsed stacks to bench/results/profile-<label>.txt."""
+        spy = _which("py-spy")
+        if not spy:
+            say("  (py-spy not found: no profile)")
+            return None
+        outer = _outer_pid(self.tb.leader, pid)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen([spy, "record", "--pid", str(outer), "--rate", "250", "--format", "raw",
+                                 "--output", str(RESULTS / f"profile-{label}.txt")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    # -- (4) reconcile ----------------------------------------------------------------------------
+
+    def reconcile(self, sizes: list[int]) -> list[dict[str, Any]]:
+        """Passes with n open attempts of this host, min(n, reconcile_units) of them backed by a
+        loaded, running unit; the daemon is stopped, so that its statements do not mix in."""
+        self.host.stop()
+        unit_ids = [uuid.uuid4() for _ in range(self.sizes.reconcile_units)]
+        started = 0
+        out = []
+        try:
+            for n in sorted(sizes):
+                units = min(n, len(unit_ids))
+                if units > started:
+                    names = [f"unitvisor-run-{u}-1.service" for u in unit_ids[started:units]]
+                    self.inside("units", stdin=json.dumps(names))
+                    started = units
+                ids = unit_ids[:units] + [uuid.uuid4() for _ in range(n - units)]
+                self.client.execute("DELETE FROM unitvisor.runs WHERE argv = ARRAY['/bin/sleep', 'infinity']")
+                with self.client.transaction():
+                    self.client.execute(
+                        """INSERT INTO unitvisor.runs (id, argv, state)
+                           SELECT id, ARRAY['/bin/sleep', 'infinity'], 'running' FROM unnest(%s::uuid[]) id""",
+                        (ids,))
+                    # Started and adopted (invocation id set): with its unit there, nothing to do.
+                    self.client.execute(
+                        """INSERT INTO unitvisor.attempts (run_id, attempt, host_id, unit_name, started_at,
+                                                           invocation_id)
+                           SELECT id, 1, %s, format('unitvisor-run-%%s-1.service', id), now(), 'bench'
+                           FROM unnest(%s::uuid[]) id""", (HOST_ID, ids))
+                self.client.execute("ANALYZE unitvisor.runs")
+                self.client.execute("ANALYZE unitvisor.attempts")
+                say(f"(4) reconcile: {n} open attempts, {units} loaded units ...")
+                args = ["reconcile", "--dsn", self.daemon_dsn, "--stats-dsn", self.pg.dsn, "--host-id", HOST_ID,
+                        "--mode", "plan"]
+                if self.profile and n == max(sizes):
+                    args.append("--profile")
+                row = {"runs": n, "units": units, "plan": self.inside(*args)}
+                if n == units:  # every attempt agrees with its unit: the acting pass has nothing to repair
+                    row["pass"] = self.inside(*args[:-1], "pass")
+                out.append(row)
+        finally:
+            self.tb.run("systemctl", "stop", "unitvisor-run-*", check=False, timeout=300)
+            self.client.execute("DELETE FROM unitvisor.runs WHERE argv = ARRAY['/bin/sleep', 'infinity']")
+        return out
+
+
+def _which(name: str) -> str | None:
+    for directory in [str(VENV_BIN), *os.environ.get("PATH", "").split(os.pathsep)]:
+        candidate = Path(directory) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def _outer_pid(leader: int, inner: int) -> int:
+    """The PID, as seen from outside, of the process that is `inner` in the test bed's namespace."""
+    namespace = os.readlink(f"/proc/{leader}/ns/pid")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if os.readlink(proc / "ns/pid") != namespace:
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("NSpid:") and line.split()[-1] == str(inner):
+                    return int(proc.name)
+    raise RuntimeError(f"no process {inner} in the test bed")
+
+
+# -- machine and versions -----------------------------------------------------------------------
+
+
+def _cgroup_version() -> str:
+    kind = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout.strip()
+    if kind == "cgroup2fs":
+        return "v2 (unified)"
+    return "v1 (hybrid)" if Path("/sys/fs/cgroup/unified").is_dir() else "v1"
+
+
+def machine_facts() -> dict[str, Any]:
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "")
+    virt = subprocess.run(["systemd-detect-virt"], capture_output=True, text=True).stdout.strip()
+    return {
+        "nproc": os.cpu_count(), "cpu": cpu, "memory_mb": int(meminfo["MemTotal"].split()[0]) // 1024,
+        "kernel": platform.release(), "cgroup": _cgroup_version(), "virtualization": virt or "none",
+        "pid1": Path("/proc/1/comm").read_text().strip(),
+        "os": dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines()
+                   if "=" in line).get("PRETTY_NAME", "").strip('"'),
+    }
+
+
+def versions(tb: testbed_mod.Testbed, conn: psycopg.Connection) -> dict[str, str]:
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    return {
+        "unitvisor": __version__, "commit": commit, "python": platform.python_version(),
+        "psycopg": psycopg.__version__, "pystemd": importlib.metadata.version("pystemd"),
+        "systemd": tb.run("systemctl", "--version").stdout.splitlines()[0],
+        "postgresql": conn.execute("SHOW server_version").fetchone()[0],
+    }
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def targets(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    limit, tp, lat, idle = r["limit"]["bare"], r["throughput"], r["latency"], r["idle"]
+    rec = r["reconcile"]
+    scaling = r["scaling"]["reconcile"]
+    growth = scaling[-1]["plan"]["statements"] - scaling[0]["plan"]["statements"] if len(scaling) > 1 else 0
+    gap = lat["to_active_ms"]["p50"] - limit["call_ms"]["p50"]
+    values = {
+        "throughput_ratio": (tp["ratio_to_limit"], tp["ratio_to_limit"] >= 0.8),
+        "latency_to_active": (gap, gap <= 15),
+        "reconcile_time": (rec["plan"]["seconds"], rec["plan"]["seconds"] < 2),
+        "reconcile_queries": (growth, growth == 0),
+        "idle_statements": (idle["statements_per_min"], idle["statements_per_min"] <= 6),
+        "idle_cpu": (idle["cpu_seconds_per_min"], idle["cpu_seconds_per_min"] < 0.05),
+        "idle_memory": (idle["vmhwm_mb"], idle["vmhwm_mb"] < 60),
+    }
+    return {name: {"goal": TARGETS[name], "value": value, "met": met} for name, (value, met) in values.items()}
+
+
+def table(r: dict[str, Any]) -> str:
+    bare, prod = r["limit"]["bare"], r["limit"]["product"]
+    tp, lat, idle, rec = r["throughput"], r["latency"], r["idle"], r["reconcile"]
+    t = r["targets"]
+
+    def mark(name: str) -> str:
+        return "met" if t[name]["met"] else "MISSED"
+
+    rows: list[tuple[str, str, str, str]] = [("figure", "unitvisor", "baseline (same run)", "vs baseline / target")]
+    rows += [
+        (f"(1) limit: {bare['n']} raw starts, one connection", f"{bare['starts_per_s']:.0f} starts/s",
+         "-", f"all ran in {bare['all_ran_seconds']:.2f} s"),
+        ("(1) limit: one raw start call p50 / p99",
+         f"{bare['call_ms']['p50']:.2f} / {bare['call_ms']['p99']:.2f} ms", "-", ""),
+        ("(1) limit with the daemon's unit properties", f"{prod['starts_per_s']:.0f} starts/s",
+         f"{bare['starts_per_s']:.0f} starts/s (bare)", f"{prod['starts_per_s'] / bare['starts_per_s']:.2f}x"),
+        ("(1) ... one call p50 / p99", f"{prod['call_ms']['p50']:.2f} / {prod['call_ms']['p99']:.2f} ms",
+         f"{bare['call_ms']['p50']:.2f} / {bare['call_ms']['p99']:.2f} ms (bare)", ""),
+        ("(1) raw start -> active p50 / p99 (daemon's props)",
+         f"{prod['start_to_active_ms']['p50']:.1f} / {prod['start_to_active_ms']['p99']:.1f} ms",
+         f"{bare['start_to_active_ms']['p50']:.1f} / {bare['start_to_active_ms']['p99']:.1f} ms (bare)", ""),
+        (f"(2) throughput: {tp['n']} runs at once", f"{tp['runs_per_s']:.0f} runs/s ({tp['seconds']:.2f} s)",
+         f"{bare['starts_per_s']:.0f} starts/s", f"{tp['ratio_to_limit']:.2f} of limit: {mark('throughput_ratio')}"),
+        ("(2) ... against the limit with the daemon's props", f"{tp['runs_per_s']:.0f} runs/s",
+         f"{prod['starts_per_s']:.0f} starts/s", f"{tp['ratio_to_limit_product']:.2f} of it"),
+        ("(2) ... statements per run, daemon CPU per run", f"{tp['statements_per_run']:.1f}, "
+         f"{tp['daemon_cpu_ms_per_run']:.2f} ms", "-", ""),
+        (f"(3) latency: commit -> active p50 / p99 ({lat['n']} runs)",
+         f"{lat['to_active_ms']['p50']:.1f} / {lat['to_active_ms']['p99']:.1f} ms",
+         f"{bare['call_ms']['p50']:.2f} ms (raw call p50)",
+         f"+{t['latency_to_active']['value']:.1f} ms: {mark('latency_to_active')}"),
+        ("(3) ... against raw start -> active (daemon's props)", f"{lat['to_active_ms']['p50']:.1f} ms",
+         f"{prod['start_to_active_ms']['p50']:.1f} ms",
+         f"+{lat['to_active_ms']['p50'] - prod['start_to_active_ms']['p50']:.1f} ms"),
+        ("(3) latency: commit -> outcome recorded p50 / p99",
+         f"{lat['to_recorded_ms']['p50']:.1f} / {lat['to_recorded_ms']['p99']:.1f} ms",
+         f"{bare['call_ms']['p50']:.2f} ms (raw call p50)",
+         f"+{lat['to_recorded_ms']['p50'] - bare['call_ms']['p50']:.1f} ms"),
+        (f"(4) reconcile: {rec['runs']} open runs, {rec['units']} units", f"{rec['plan']['seconds']:.2f} s",
+         "target 2 s", mark("reconcile_time")),
+        ("(4) ... database statements / D-Bus calls", f"{rec['plan']['statements']} / {rec['plan']['dbus_calls']}",
+         f"{r['scaling']['reconcile'][0]['plan']['statements']} at {r['scaling']['reconcile'][0]['runs']} runs",
+         mark("reconcile_queries")),
+        (f"(5) idle {idle['seconds']:.0f} s: statements",
+         f"{idle['statements']} ({idle['statements_per_min']:.0f}/min)", "heartbeat: 6/min", mark("idle_statements")),
+        ("(5) idle: CPU", f"{idle['cpu_seconds']:.2f} s", "0", mark("idle_cpu")),
+        ("(5) idle: peak resident (VmHWM)", f"{idle['vmhwm_mb']:.1f} MB", "60 MB", mark("idle_memory")),
+        ("    peak resident after all the load", f"{r['peak_after_load_mb']:.1f} MB", "60 MB", ""),
+    ]
+    for row in r["scaling"]["throughput"]:
+        rows.append((f"(6) throughput at {row['n']} runs",
+                     f"{row['runs_per_s']:.0f} runs/s ({row['seconds']:.2f} s)", f"{bare['starts_per_s']:.0f} starts/s",
+                     f"{row['runs_per_s'] / bare['starts_per_s']:.2f} of limit"))
+    for row in r["scaling"]["reconcile"]:
+        plan = row["plan"]
+        rows.append((f"(6) reconcile at {row['runs']} runs ({row['units']} units)", f"{plan['seconds']:.3f} s",
+                     "", f"{plan['statements']} statements, {plan['dbus_calls']} D-Bus calls"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def _sizes(args: argparse.Namespace) -> Sizes:
+    sizes = TINY if args.tiny else Sizes()
+    for name in ("limit", "throughput", "latency", "reconcile", "reconcile_units", "idle_seconds"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(sizes, name, value)
+    if args.scaling:
+        sizes.scaling = [int(v) for v in args.scaling.split(",")]
+    return sizes
+
+
+@contextlib.contextmanager
+def database() -> Iterator[Postgres]:
+    """A throwaway cluster with pg_stat_statements (to count statements) and commit timestamps (to
+    time from a submit's commit to an outcome's commit on the database's own clock)."""
+    postgres_mod.cleanup_stale()
+    pg = Postgres(settings={"shared_preload_libraries": "pg_stat_statements", "track_commit_timestamp": "on",
+                            "pg_stat_statements.track_utility": "on"})
+    try:
+        pg.init()
+        pg.start()
+        with store.connect(pg.dsn) as conn:
+            conn.execute(f"CREATE DATABASE {DB}")
+            conn.execute(f"CREATE ROLE {CLIENT_ROLE} SUPERUSER LOGIN")
+            conn.execute("CREATE EXTENSION pg_stat_statements")
+        with store.connect(pg.dsn_for(DB)) as conn:
+            store.migrate(conn)
+        yield pg
+    finally:
+        pg.stop()
+
+
+def run(sizes: Sizes, profile: bool) -> dict[str, Any]:
+    reason = testbed_mod.available()
+    if reason:
+        raise SystemExit(f"cannot run the benchmark here: {reason}")
+    testbed_mod.cleanup_stale()
+    started = dt.datetime.now(dt.UTC)
+    say("starting a throwaway PostgreSQL and booting a throwaway systemd test bed ...")
+    with database() as pg, testbed_mod.Testbed("uv-bench", binds=[REPO]) as tb:
+        bench = Bench(pg, tb, sizes, profile)
+        try:
+            r = bench.results
+            r["date"] = started.isoformat(timespec="seconds")
+            r["machine"] = machine_facts()
+            r["versions"] = versions(tb, bench.admin)
+            r["sizes"] = asdict(sizes)
+            r["daemon_config"] = "packaged defaults; host id and allowed_executables set (see bench/run.py)"
+            bench.limit()  # before the daemon runs: systemd alone
+            bench.start_daemon()
+            bench.idle()  # a fresh daemon, before any load
+            bench.latency()
+            scaled = [bench.throughput(n) for n in sorted(set(sizes.scaling) | {sizes.throughput})]
+            r["peak_after_load_mb"] = bench.memory_kb(bench.main_pid())["VmHWM"] / 1024
+            main = next(row for row in scaled if row["n"] == sizes.throughput)
+            limit = r["limit"]
+            main["submitted"] = "in one transaction (unitvisor.submit_run x n) while the daemon runs"
+            main["ratio_to_limit"] = main["runs_per_s"] / limit["bare"]["starts_per_s"]
+            main["ratio_to_limit_product"] = main["runs_per_s"] / limit["product"]["starts_per_s"]
+            r["throughput"] = main
+            reconciled = bench.reconcile(sorted(set(sizes.scaling) | {sizes.reconcile}))
+            r["reconcile"] = next(row for row in reconciled if row["runs"] == sizes.reconcile)
+            r["scaling"] = {
+                "throughput": [{k: row[k] for k in ("n", "seconds", "runs_per_s", "statements_per_run",
+                                                    "daemon_cpu_ms_per_run", "cpu_seconds")} for row in scaled
+                               if row["n"] in sizes.scaling],
+                "reconcile": [row for row in reconciled if row["runs"] in sizes.scaling],
+            }
+            lat = r["latency"]
+            lat["to_active_minus_raw_call_p50_ms"] = lat["to_active_ms"]["p50"] - limit["bare"]["call_ms"]["p50"]
+            lat["to_recorded_minus_raw_call_p50_ms"] = lat["to_recorded_ms"]["p50"] - limit["bare"]["call_ms"]["p50"]
+            lat["to_active_minus_raw_start_to_active_p50_ms"] = (
+                lat["to_active_ms"]["p50"] - limit["product"]["start_to_active_ms"]["p50"])
+            r["targets"] = targets(r)
+            r["wall_seconds"] = (dt.datetime.now(dt.UTC) - started).total_seconds()
+            bench.host.stop()
+            return r
+        finally:
+            bench.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes: every figure in seconds (smoke test)")
+    parser.add_argument("--out", type=Path, help="the JSON file [default: bench/results/latest.json, "
+                        "or latest-tiny.json with --tiny]")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile: cProfile of the largest reconcile, py-spy of the daemon under load")
+    for name, help_text in (("limit", "raw starts"), ("throughput", "runs submitted at once"),
+                            ("latency", "runs one at a time"), ("reconcile", "open runs in the reconcile pass"),
+                            ("reconcile-units", "loaded units in the reconcile pass")):
+        parser.add_argument(f"--{name}", type=int, help=f"how many {help_text}")
+    parser.add_argument("--idle-seconds", type=float, help="how long the idle daemon is watched")
+    parser.add_argument("--scaling", help="comma-separated sizes for (6) [default: 100,1000,10000]")
+    args = parser.parse_args(argv)
+    sizes = _sizes(args)
+    out = args.out or RESULTS / ("latest-tiny.json" if args.tiny else "latest.json")
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)  # so that the context managers still clean up
+    results = run(sizes, args.profile)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(table(results))
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
