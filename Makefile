@@ -1,15 +1,24 @@
 # Two commands for a fresh Debian 12 machine, as root:
 #   make try    install everything, then a demo on a real PostgreSQL and a real systemd
-#   make test   the whole test suite (unit, integration, system)
+#   make test   the whole test suite (unit, integration, system), twice: once with the newest
+#               dependencies from PyPI (.venv), once with Debian bookworm's own packages (.venv-debian),
+#               the versions the .deb runs on
 
 PYTHON      ?= /usr/bin/python3
 VENV        := .venv
 APT_PACKAGES := postgresql systemd-container libsystemd-dev pkg-config gcc python3-dev python3-venv dbus util-linux
+# The package tests (tests/package): the .deb's build dependencies (debian/control), lintian, and
+# debootstrap for the clean-room install.
+APT_PACKAGES += build-essential dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools \
+	help2man python3-click python3-psycopg python3-pystemd python3-sdnotify python3-pytest python3-pytest-mock \
+	lintian debootstrap
+# bookworm's python3-psycopg 3.1.7, python3-pystemd 0.11.0, python3-sdnotify 0.3.1, python3-click 8.1.3
+DEBIAN_PY_PACKAGES := python3-psycopg python3-pystemd python3-sdnotify python3-click python3-pytest python3-pytest-mock
 
-.PHONY: try test deps venv lint clean
+.PHONY: try test test-debian deps venv venv-debian lint clean
 
 deps:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	@missing=$$(for p in $(APT_PACKAGES) $(DEBIAN_PY_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -23,14 +32,31 @@ $(VENV)/.installed: pyproject.toml
 
 venv: deps $(VENV)/.installed
 
+# Debian's python3-* packages through --system-site-packages; only the project itself is installed.
+.venv-debian/.installed: pyproject.toml
+	$(PYTHON) -m venv --system-site-packages .venv-debian
+	.venv-debian/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+venv-debian: deps .venv-debian/.installed
+
 try: venv
 	$(VENV)/bin/python -m tests.harness.demo
 
-test: venv
+test: venv venv-debian
 	$(VENV)/bin/pytest
+	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package"
+
+test-debian: venv-debian
+	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package"
+
+# The Debian package, from this checkout: build/deb/unitvisor_<version>_all.deb
+.PHONY: deb
+deb:
+	packaging/build-deb
 
 lint: venv
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-debian build *.egg-info .pytest_cache .ruff_cache

@@ -4,6 +4,7 @@ virtualenv, a config and a DSN file, and helpers to drive and observe it as an o
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,10 @@ from tests.harness.testbed import Testbed
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = REPO / ".venv" / "bin"
+# The daemon and the CLI inside the test bed come from the virtualenv running the tests (.venv with
+# PyPI's newest, or .venv-debian with bookworm's packages), bound in with the checkout.
+_PREFIX = Path(sys.prefix).resolve()
+VENV_BIN = (_PREFIX if _PREFIX.is_relative_to(REPO) else REPO / ".venv") / "bin"
 
 DEFAULT_CONFIG = """
 [host]

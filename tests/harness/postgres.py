@@ -104,10 +104,12 @@ class Postgres:
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
         self.running = True
 
-    def stop_server(self) -> None:
-        """Stop the server but keep the cluster (a database outage in a drill)."""
+    def stop_server(self, mode: str = "fast") -> None:
+        """Stop the server but keep the cluster (a database outage in a drill). Fast, not immediate:
+        with synchronous_commit off, an immediate stop may lose the last commits, which a real
+        server (synchronous_commit on) would not."""
         if self.running:
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
             self.running = False
 
     def stop(self) -> None:

@@ -4,7 +4,9 @@ fixtures of tests/conftest.py), the real `unitvisor` executable, and no mocks an
 from __future__ import annotations
 
 import os
+import select
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,9 +36,28 @@ def table_exists(conn: psycopg.Connection, name: str) -> bool:
     return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()[0]
 
 
-def wait_notifies(conn: psycopg.Connection, timeout: float = 5.0, count: int = 1) -> list[psycopg.Notify]:
-    """Up to `count` notifications received by a LISTENing connection within `timeout` seconds."""
-    return list(conn.notifies(timeout=timeout, stop_after=count))
+@dataclass(frozen=True)
+class Note:
+    channel: str
+    payload: str
+
+
+def wait_notifies(conn: psycopg.Connection, timeout: float = 5.0, count: int = 1) -> list[Note]:
+    """Up to `count` notifications received by a LISTENing connection within `timeout` seconds.
+
+    Through libpq directly, as the daemon reads them: psycopg 3.1 (Debian bookworm) has no
+    `notifies(timeout=...)`."""
+    notes: list[Note] = []
+    deadline = time.monotonic() + timeout
+    while len(notes) < count:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        select.select([conn.fileno()], [], [], remaining)
+        conn.pgconn.consume_input()
+        while (note := conn.pgconn.notifies()) is not None:
+            notes.append(Note(note.relname.decode(), note.extra.decode()))
+    return notes[:count] if len(notes) > count else notes
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ def _restore_logger(monkeypatch):
     """setup() replaces the 'unitvisor' logger's handlers; put them back after each test."""
     monkeypatch.delenv("JOURNAL_STREAM", raising=False)
     saved = (LOGGER.handlers[:], LOGGER.level, LOGGER.propagate)
+    # Start from a plain logger whatever ran before: records propagate to caplog's handler.
+    LOGGER.handlers[:], LOGGER.level, LOGGER.propagate = [], logging.NOTSET, True
     yield
     LOGGER.handlers[:], LOGGER.level, LOGGER.propagate = saved[0], saved[1], saved[2]
 
