@@ -27,7 +27,7 @@ from tests.harness import testbed as testbed_mod
 from tests.harness.host import REPO, Host
 from tests.harness.postgres import Postgres
 
-LEVELS = ("unit", "integration", "system")
+LEVELS = ("unit", "integration", "system", "package")
 TEMPLATE_DB = "unitvisor_template"
 
 
@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
-        if parts and parts[0] in ("integration", "system"):
+        if parts and parts[0] in ("integration", "system", "package"):
             item.add_marker(getattr(pytest.mark, parts[0]))
 
 

@@ -55,11 +55,17 @@ def _mounted(path: Path) -> bool:
 class Testbed:
     """One booted container. Use as a context manager, or call boot() and destroy()."""
 
-    def __init__(self, name: str, binds: list[Path]) -> None:
+    def __init__(self, name: str, binds: list[Path], lower: Path = Path("/"), masked: tuple[str, ...] = MASKED,
+                 nspawn_args: list[str] | None = None) -> None:
+        """`lower` is the OS tree to boot (default: this machine's own); it is never written to.
+        `masked` are the units masked at boot; `nspawn_args` go to systemd-nspawn as they are."""
         if not re.fullmatch(r"[a-z0-9-]{1,40}", name):
             raise ValueError(f"bad test bed name {name!r}")
         self.name = name
         self.binds = binds
+        self.lower = lower
+        self.masked = masked
+        self.nspawn_args = list(nspawn_args or [])
         self.dir = Path(tempfile.mkdtemp(prefix=PREFIX, dir="/tmp"))
         self.root = self.dir / "root"
         self.log_path = Path(str(self.dir) + ".log")
@@ -82,12 +88,17 @@ class Testbed:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
+    def prepare(self) -> None:
+        """Mount the layers without booting, so that files can be written before the first boot."""
+        if not self._layers_ready:
+            self._prepare_layers()
+
     def _prepare_layers(self) -> None:
         _run("mount", "-t", "tmpfs", "-o", "size=4g,mode=0755", "tmpfs", str(self.dir))
         for sub in ("upper", "work", "root"):
             (self.dir / sub).mkdir()
         _run("mount", "-t", "overlay", "overlay", "-o",
-             f"lowerdir=/,upperdir={self.dir}/upper,workdir={self.dir}/work", str(self.root))
+             f"lowerdir={self.lower},upperdir={self.dir}/upper,workdir={self.dir}/work", str(self.root))
         machine_id = subprocess.run(["systemd-id128", "new"], check=True, capture_output=True,
                                     text=True).stdout.strip()
         (self.root / "etc/machine-id").write_text(machine_id + "\n")
@@ -99,7 +110,8 @@ class Testbed:
         cmd = ["systemd-nspawn", "-q", "-D", str(self.root), "--register=no", "--keep-unit",
                "-M", self.name]
         cmd += [f"--bind={path}" for path in self.binds]
-        cmd += ["-b", "--"] + [f"systemd.mask={unit}" for unit in MASKED]
+        cmd += self.nspawn_args
+        cmd += ["-b", "--"] + [f"systemd.mask={unit}" for unit in self.masked]
         log = open(self.log_path, "ab")  # the child keeps its own copy of the fd
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                      start_new_session=True)
