@@ -76,12 +76,17 @@ class Daemon:
         self.backoff = 1.0
         watchdog_usec = _watchdog_usec()
         self.watchdog_interval = watchdog_usec / 2e6 if watchdog_usec else 0.0
+        self.wakeup_r = -1
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # A signal also writes a byte to this pipe, which the loop select()s on: SIGTERM ends a wait
+        # at once instead of after the poll interval.
+        self.wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wakeup_w)
         if not self.settings.runs.allowed_executables:
             event("allowlist-empty", level=logging.WARNING,
                   detail="[runs] allowed_executables is empty: every run will be refused")
@@ -206,7 +211,11 @@ class Daemon:
         assert self.conn is not None and self.listen_conn is not None
         now = time.monotonic()
         timeout = self.timers.nearest(now, cap=self.settings.daemon.poll_interval)
-        readable, _, _ = _select([self.listen_conn.fileno(), self.watcher.fileno()], timeout)
+        readable, _, _ = _select([self.listen_conn.fileno(), self.watcher.fileno(), self.wakeup_r], timeout)
+        if self.wakeup_r in readable:
+            _drain_pipe(self.wakeup_r)
+            if self.stopping:
+                return
         wake_claim, wake_cancel = self._drain_notifications() if readable else (False, False)
         changed, reloaded = self.watcher.drain()
         if reloaded:
@@ -285,6 +294,14 @@ class Daemon:
                 self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.start(r, a))
             if len(claimed) < daemon.claim_batch:
                 return
+
+
+def _drain_pipe(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _select(fds: list[int], timeout: float) -> tuple[list, list, list]:

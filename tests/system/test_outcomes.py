@@ -172,6 +172,9 @@ def test_daemon_stop_leaves_runs_running(started: Host) -> None:
     unit = f"unitvisor-run-{run_id}-1.service"
     wait_for(lambda: started.show(run_id)["state"] == "running", what="the run to be running")
     started.stop()
+    # The daemon exited by itself on SIGTERM (not killed after TimeoutStopSec), and the run is untouched.
+    assert started.unit_props("unitvisor.service", "Result")["Result"] == "success"
+    assert "stopping host=" in started.daemon_log()
     assert started.unit_props(unit, "ActiveState", "SubState") == {"ActiveState": "active", "SubState": "running"}
     started.start()
     assert started.show(run_id)["state"] == "running"
