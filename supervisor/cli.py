@@ -354,15 +354,21 @@ def cancel(ctx: Context, run_id: str) -> None:
     Example:
       unitvisor cancel 3f2a9c
     """
+    rid, result = _transition(ctx, run_id, store.cancel_run, "run {id} already {state}; nothing to cancel")
+    click.echo(f"run {rid} cancelled" if result.state == "cancelled" else
+               f"run {rid}: cancel requested; its host stops it")
+
+
+def _transition(ctx: Context, run_id: str, request: Any, refused: str) -> tuple[uuid.UUID, store.Transition]:
+    """An operator's request on one run; a refusal (formatted with the run's id and state) fails."""
     with ctx.connect() as conn:
         rid = resolve_run_id(conn, run_id)
-        result = store.cancel_run(conn, rid)
+        result = request(conn, rid)
     if result.state is None:
         raise Failure(f"no run with id {run_id}")
     if not result.changed:
-        raise Failure(f"run {rid} already {result.state}; nothing to cancel")
-    click.echo(f"run {rid} cancelled" if result.state == "cancelled" else
-               f"run {rid}: cancel requested; its host stops it")
+        raise Failure(refused.format(id=rid, state=result.state))
+    return rid, result
 
 
 @cli.command()
@@ -375,13 +381,8 @@ def resume(ctx: Context, run_id: str) -> None:
     Example:
       unitvisor resume 3f2a9c
     """
-    with ctx.connect() as conn:
-        rid = resolve_run_id(conn, run_id)
-        result = store.resume_run(conn, rid)
-    if result.state is None:
-        raise Failure(f"no run with id {run_id}")
-    if not result.changed:
-        raise Failure(f"run {rid} is {result.state}; only a failed or cancelled run can be resumed")
+    rid, _ = _transition(ctx, run_id, store.resume_run,
+                         "run {id} is {state}; only a failed or cancelled run can be resumed")
     click.echo(f"run {rid} queued again")
 
 

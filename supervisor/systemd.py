@@ -116,8 +116,8 @@ def _open_bus() -> DBus:
     return bus
 
 
-class Systemd:
-    """Method calls to PID 1 on one connection. Not thread-safe; one per process."""
+class _Connection:
+    """One bus connection, opened on demand and dropped on any connection error."""
 
     def __init__(self) -> None:
         self._bus: DBus | None = None
@@ -126,10 +126,6 @@ class Systemd:
     def connected(self) -> bool:
         return self._bus is not None
 
-    def connect(self) -> None:
-        self.close()
-        self._bus = _open_bus()
-
     def close(self) -> None:
         if self._bus is not None:
             try:
@@ -137,6 +133,14 @@ class Systemd:
             except DBusBaseError:
                 pass
             self._bus = None
+
+
+class Systemd(_Connection):
+    """Method calls to PID 1 on one connection. Not thread-safe; one per process."""
+
+    def connect(self) -> None:
+        self.close()
+        self._bus = _open_bus()
 
     def _call(self, path: bytes, iface: bytes, method: bytes, args: list, what: str) -> Any:
         if self._bus is None:
@@ -234,7 +238,7 @@ class Systemd:
         self.reset_failed(name)
 
 
-class Watcher:
+class Watcher(_Connection):
     """A receive-only connection: systemd's signals about units, as a set of changed unit names.
 
     Signals are hints; the caller re-reads the state of every unit named (systemd coalesces and a
@@ -251,12 +255,8 @@ class Watcher:
     )
 
     def __init__(self, prefix: str) -> None:
+        super().__init__()
         self._prefix = prefix
-        self._bus: DBus | None = None
-
-    @property
-    def connected(self) -> bool:
-        return self._bus is not None
 
     def connect(self) -> None:
         self.close()
@@ -272,14 +272,6 @@ class Watcher:
             bus.close()
             raise _map_error(exc, "subscribing to systemd's signals") from exc
         self._bus = bus
-
-    def close(self) -> None:
-        if self._bus is not None:
-            try:
-                self._bus.close()
-            except DBusBaseError:
-                pass
-            self._bus = None
 
     def fileno(self) -> int:
         assert self._bus is not None, "Watcher.fileno() before connect()"

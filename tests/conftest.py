@@ -12,6 +12,7 @@ under CI (CI=true) that is a failure instead, because a skipped system test is a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import uuid
@@ -72,15 +73,24 @@ def postgres() -> Iterator[Postgres]:
         pg.stop()
 
 
+@contextlib.contextmanager
+def throwaway_database(postgres: Postgres, template: str = "template1") -> Iterator[str]:
+    """A new database (a copy of `template`) for one test, dropped afterwards; yields its DSN."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with store.connect(postgres.dsn) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    try:
+        yield postgres.dsn_for(name)
+    finally:
+        with store.connect(postgres.dsn) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture
 def dsn(postgres: Postgres) -> Iterator[str]:
     """A fresh, migrated database for one test."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    with store.connect(postgres.dsn) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
-    yield postgres.dsn_for(name)
-    with store.connect(postgres.dsn) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with throwaway_database(postgres, TEMPLATE_DB) as new_dsn:
+        yield new_dsn
 
 
 @pytest.fixture

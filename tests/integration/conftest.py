@@ -7,7 +7,6 @@ import os
 import select
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from supervisor import store
+from tests.conftest import throwaway_database
 from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
 
@@ -74,12 +73,8 @@ class CliResult:
 @pytest.fixture
 def empty_dsn(postgres: Postgres) -> Iterator[str]:
     """A brand-new database without the unitvisor schema (cloned from the empty template1)."""
-    name = f"e_{uuid.uuid4().hex[:16]}"
-    with store.connect(postgres.dsn) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    yield postgres.dsn_for(name)
-    with store.connect(postgres.dsn) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with throwaway_database(postgres) as new_dsn:
+        yield new_dsn
 
 
 @pytest.fixture
