@@ -20,7 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.harness.postgres import free_port
@@ -81,9 +81,14 @@ def image_path() -> Path:
 def ensure_image(log: Callable[[str], None] = print) -> Path:
     """The cached image, built first if it is missing. Safe from several test sessions at once."""
     path = image_path()
-    if path.is_dir():
-        return path
     CACHE.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        with open(CACHE / ".lock", "w") as lock:
+            # Tidy up after an interrupted build, unless another session is building right now.
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _remove_half_built()
+        return path
     with open(CACHE / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same image
         if path.is_dir():
@@ -205,9 +210,3 @@ class Cleanroom:
         """SQL as the postgres superuser, over the socket (peer authentication)."""
         return self.run("runuser", "-u", "postgres", "--", "psql", "-p", str(self.pg_port), "-v", "ON_ERROR_STOP=1",
                         "-At", "-c", sql).stdout.strip()
-
-
-@contextlib.contextmanager
-def booted(name: str = "uv-cleanroom") -> Iterator[Cleanroom]:
-    with Cleanroom(name) as room:
-        yield room
