@@ -198,6 +198,16 @@ def test_reinstalling_the_package_restarts_the_daemon_and_leaves_the_run(host: H
     assert f"allowed_executables = {ALLOWED}" in host.run("cat", "/etc/unitvisor/unitvisor.toml").stdout
 
 
+def test_it_lives_side_by_side_with_debians_supervisor(host: Host, long_run: dict) -> None:
+    """Debian's `supervisor` (supervisord) owns the public Python name `supervisor`: ours is private."""
+    host.room.apt_get("install", "--no-install-recommends", "supervisor")
+    assert host.run("python3", "-c", "import supervisor.supervisord").returncode == 0
+    assert "unitvisor, version" in host.unitvisor("--version").stdout
+    daemon = host.prop(SERVICE, "InvocationID")
+    host.run("systemctl", "restart", SERVICE, timeout=120)
+    assert_still_running_and_adopted(host, long_run, daemon)
+
+
 def test_purge_leaves_no_file_behind(host: Host, long_run: dict) -> None:
     files = host.run("dpkg", "-L", "unitvisor").stdout.split()
     host.room.apt_get("purge", "unitvisor")
