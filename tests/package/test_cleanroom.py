@@ -208,8 +208,13 @@ def test_it_lives_side_by_side_with_debians_supervisor(host: Host, long_run: dic
     assert_still_running_and_adopted(host, long_run, daemon)
 
 
-def test_purge_leaves_no_file_behind(host: Host, long_run: dict) -> None:
+def test_remove_keeps_the_configuration_and_purge_leaves_no_file_behind(host: Host, long_run: dict) -> None:
     files = host.run("dpkg", "-L", "unitvisor").stdout.split()
+    host.room.apt_get("remove", "unitvisor")
+    assert f"allowed_executables = {ALLOWED}" in host.run("cat", "/etc/unitvisor/unitvisor.toml").stdout
+    assert host.run("stat", "-c", "%a", "/etc/unitvisor/dsn").stdout.strip() == "600"
+    assert host.run("test", "-e", "/usr/bin/unitvisor", check=False).returncode != 0
+    assert host.prop(SERVICE, "ActiveState") == "inactive"
     host.room.apt_get("purge", "unitvisor")
     left = [path for path in files if host.run("test", "-e", path, check=False).returncode == 0
             and host.run("test", "-d", path, check=False).returncode != 0]
