@@ -105,6 +105,12 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def loadavg() -> str:
+    """The machine's load average, recorded at each phase: another job on this 2-core machine (a
+    test suite, a build) shows here, and explains a figure that moved between runs."""
+    return Path("/proc/loadavg").read_text().strip()
+
+
 class Bench:
     """One benchmark session: the database, the test bed, the daemon's host, and the figures."""
 
@@ -118,7 +124,7 @@ class Bench:
                                       autocommit=True)
         self.admin = psycopg.connect(pg.dsn, autocommit=True)  # the statistics, read from another database
         self.host = Host(tb, self.daemon_dsn, host_id=HOST_ID)
-        self.results: dict[str, Any] = {}
+        self.results: dict[str, Any] = {"loadavg": {}}
 
     def close(self) -> None:
         self.client.close()
@@ -189,6 +195,7 @@ class Bench:
 
     def limit(self) -> None:
         n = self.sizes.limit
+        self.results["loadavg"]["limit"] = loadavg()
         say(f"(1) the limit: {n} StartTransientUnit calls of /bin/true on one connection ...")
         out: dict[str, Any] = {}
         for props in ("bare", "product"):
@@ -215,6 +222,7 @@ class Bench:
 
     def idle(self) -> None:
         seconds = self.sizes.idle_seconds
+        self.results["loadavg"]["idle"] = loadavg()
         say(f"(5) idle: the daemon with nothing to do for {seconds:.0f} s ...")
         pid = self.main_pid()
         time.sleep(min(3.0, seconds))  # past start-up: its first claim, heartbeat and reconcile
@@ -240,6 +248,7 @@ class Bench:
 
     def latency(self) -> None:
         n = self.sizes.latency
+        self.results["loadavg"]["latency"] = loadavg()
         say(f"(3) latency: {n} runs of /bin/true, one at a time ...")
         since = int(time.time()) - 1
         ids = []
@@ -297,6 +306,7 @@ class Bench:
     def throughput(self, n: int) -> dict[str, Any]:
         """n runs of /bin/true submitted in one transaction while the daemon runs; the clock runs
         from that commit to the commit of the last outcome (PostgreSQL's commit timestamps)."""
+        self.results["loadavg"][f"throughput-{n}"] = loadavg()
         say(f"(2) throughput: {n} runs of /bin/true submitted at once ...")
         self.wait_quiet()
         pids = {"daemon": self.main_pid(), "pid1": 1, "journald": self.pid_of("systemd-journald.service")}
@@ -369,6 +379,7 @@ class Bench:
                            FROM unnest(%s::uuid[]) id""", (HOST_ID, ids))
                 self.client.execute("ANALYZE unitvisor.runs")
                 self.client.execute("ANALYZE unitvisor.attempts")
+                self.results["loadavg"][f"reconcile-{n}"] = loadavg()
                 say(f"(4) reconcile: {n} open attempts, {units} loaded units ...")
                 args = ["reconcile", "--dsn", self.daemon_dsn, "--stats-dsn", self.pg.dsn, "--host-id", HOST_ID,
                         "--mode", "plan"]
@@ -604,6 +615,7 @@ def run(sizes: Sizes, profile: bool) -> dict[str, Any]:
                 lat["to_active_ms"]["p50"] - limit["product"]["start_to_active_ms"]["p50"])
             r["targets"] = targets(r)
             r["wall_seconds"] = (dt.datetime.now(dt.UTC) - started).total_seconds()
+            r["loadavg"]["end"] = loadavg()
             bench.host.stop()
             return r
         finally:
