@@ -77,6 +77,11 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
     """N starts back to back on one connection, each call timed; then how long systemd took to run
     them all (the loop only enqueues start jobs: StartTransientUnit returns before the unit runs)."""
     props = _bare_props(["/bin/true"]) if args.props == "bare" else _product_props(["/bin/true"])
+    if args.with_props:
+        # Which of the daemon's unit properties cost systemd what: bare, plus only these.
+        product = _product_props(["/bin/true"])
+        for key in args.with_props.split(","):
+            props[key.encode()] = product[key.encode()]
     systemd = Systemd()
     systemd.connect()
     calls = []
@@ -87,7 +92,7 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
         calls.append((time.perf_counter() - c0) * 1000)
     loop_s = time.perf_counter() - t0
     pattern = f"{args.prefix}-*.service"
-    if args.props == "bare":
+    if not props.get(b"RemainAfterExit"):
         # No RemainAfterExit: a unit that ran is unloaded at once, so "none left" means "all ran".
         drained = _wait(lambda: not _units_like(systemd, pattern), 300)
     else:
@@ -224,6 +229,7 @@ def main() -> None:
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--prefix", default="bench-raw")
     p.add_argument("--props", choices=("bare", "product"), default="bare")
+    p.add_argument("--with-props", help="comma-separated properties of the daemon's units to add to bare ones")
     p = sub.add_parser("active")
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--prefix", default="bench-active")
