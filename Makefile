@@ -59,7 +59,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 # Benchmarks against systemd's own limit (never part of `make test`): docs/benchmarks.md.
-# About 25 minutes; `.venv/bin/python -m bench.run --tiny` runs every figure in seconds.
+# About 20 minutes; `.venv/bin/python -m bench.run --tiny` runs every figure in seconds.
 .PHONY: bench
 bench: venv
 	$(VENV)/bin/python -m bench.run
