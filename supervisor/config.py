@@ -43,8 +43,8 @@ class HostSettings:
 
 @dataclass(frozen=True)
 class DaemonSettings:
-    poll_interval: float = 5.0
-    heartbeat_interval: float = 10.0
+    # The fallback poll, which is also the heartbeat: one statement per interval when idle.
+    poll_interval: float = 10.0
     reconcile_interval: float = 60.0
     claim_batch: int = 32
     # A unit with our prefix that no attempt on this host owns is stopped: it can only be a run that
@@ -89,7 +89,7 @@ class Settings:
 
 
 _SIZE_KEYS = {"memory_budget"}
-_DURATION_KEYS = {"poll_interval", "heartbeat_interval", "reconcile_interval", "stop_grace"}
+_DURATION_KEYS = {"poll_interval", "reconcile_interval", "stop_grace"}
 _CHOICES = {
     "protect_system": {"strict", "full", "yes", "no"},
     "protect_home": {"yes", "read-only", "tmpfs", "no"},

@@ -2,8 +2,8 @@
 
 The loop select()s on the LISTEN connection's socket and on the systemd signal connection, with the
 nearest timer as its timeout. Each wake-up drains what is ready, does the work that is due (claim,
-settle changed units, cancel, heartbeat, reconcile) and feeds the watchdog. Nothing is kept in
-memory that cannot be rebuilt from PostgreSQL and systemd after a kill -9.
+settle changed units, cancel, the probe that is also the heartbeat, reconcile) and feeds the
+watchdog. Nothing is kept in memory that cannot be rebuilt from PostgreSQL and systemd after a kill -9.
 """
 
 from __future__ import annotations
@@ -46,12 +46,11 @@ class Timers:
     """Monotonic deadlines of the periodic work."""
 
     claim: float = 0.0
-    heartbeat: float = 0.0
     reconcile: float = 0.0
     watchdog: float = 0.0
 
     def nearest(self, now: float, cap: float) -> float:
-        return max(0.0, min(self.claim, self.heartbeat, self.reconcile, self.watchdog, now + cap) - now)
+        return max(0.0, min(self.claim, self.reconcile, self.watchdog, now + cap) - now)
 
 
 class Daemon:
@@ -223,14 +222,15 @@ class Daemon:
         now = time.monotonic()
         if changed:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, unit_names=sorted(changed)))
-        if wake_cancel or now >= self.timers.claim:
+        if now >= self.timers.claim:
+            probe = store.probe(self.conn, self.host_id)
+            self.host_state = probe.host_state or self.host_state
+            wake_claim, wake_cancel = wake_claim or probe.claimable, wake_cancel or probe.cancels
+            self.timers.claim = now + self.settings.daemon.poll_interval
+        if wake_cancel:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, cancel_requested=True))
-        if wake_claim or now >= self.timers.claim:
+        if wake_claim:
             self._claim_and_spawn()
-            self.timers.claim = time.monotonic() + self.settings.daemon.poll_interval
-        if now >= self.timers.heartbeat:
-            self.host_state = store.heartbeat(self.conn, self.host_id) or self.host_state
-            self.timers.heartbeat = now + self.settings.daemon.heartbeat_interval
         if now >= self.timers.reconcile or reloaded:
             self._reconcile()
         self._feed_watchdog()

@@ -10,7 +10,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -155,8 +155,11 @@ def get_run(conn: Connection, run_id: uuid.UUID) -> Run | None:
 
 
 def get_runs(conn: Connection, run_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Run]:
+    ids = list(run_ids)
+    if not ids:
+        return {}
     with conn.cursor(row_factory=class_row(Run)) as cur:
-        rows = cur.execute("SELECT * FROM unitvisor.runs WHERE id = ANY(%s)", (list(run_ids),)).fetchall()
+        rows = cur.execute("SELECT * FROM unitvisor.runs WHERE id = ANY(%s)", (ids,)).fetchall()
     return {run.id: run for run in rows}
 
 
@@ -299,10 +302,26 @@ def set_host_state(conn: Connection, host_id: str, state: str) -> str | None:
     return row[0] if row else None
 
 
-def heartbeat(conn: Connection, host_id: str) -> str | None:
+@dataclass(frozen=True)
+class Probe:
+    host_state: str | None  # None: the host row is gone
+    claimable: bool  # a spawn job this host could claim is due
+    cancels: bool  # an open attempt of this host has a cancel request
+
+
+def probe(conn: Connection, host_id: str) -> Probe:
+    """The heartbeat and the fallback poll in one statement: an idle daemon asks the database one
+    question per poll interval, and only claims or looks for cancels when there is something."""
     row = conn.execute(
-        "UPDATE unitvisor.hosts SET heartbeat_at = now() WHERE id = %s RETURNING state", (host_id,)).fetchone()
-    return row[0] if row else None
+        """UPDATE unitvisor.hosts h SET heartbeat_at = now() WHERE h.id = %(host)s
+           RETURNING h.state,
+               EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+                       WHERE j.state = 'available' AND j.scheduled_at <= now()
+                         AND (r.host_pin IS NULL OR r.host_pin = %(host)s)),
+               EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
+                       WHERE a.host_id = %(host)s AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL)""",
+        {"host": host_id}).fetchone()
+    return Probe(row[0], row[1], row[2]) if row else Probe(None, True, True)
 
 
 def mark_host_stopped(conn: Connection, host_id: str) -> None:
@@ -361,24 +380,30 @@ moved AS (
 events AS (
     INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
     SELECT n.run_id, n.attempt, %(host)s, 'starting', 'claimed by host ' || %(host)s FROM numbered n
+),
+inserted AS (
+    INSERT INTO unitvisor.attempts (run_id, attempt, host_id, unit_name)
+    SELECT n.run_id, n.attempt, %(host)s, format(%(unit_format)s, n.run_id, n.attempt) FROM numbered n
+    RETURNING *
 )
-INSERT INTO unitvisor.attempts (run_id, attempt, host_id, unit_name)
-SELECT n.run_id, n.attempt, %(host)s, format(%(unit_format)s, n.run_id, n.attempt) FROM numbered n
-RETURNING *
+-- The run rows come back with the attempts (one round trip); as the statement's snapshot saw them,
+-- that is before `moved` set their state to starting.
+SELECT i.*, r.* FROM inserted i JOIN unitvisor.runs r ON r.id = i.run_id
 """
+_ATTEMPT_FIELDS = [f.name for f in fields(Attempt)]
+_RUN_FIELDS = [f.name for f in fields(Run)]
 
 
 def claim(conn: Connection, host_id: str, batch: int, max_runs: int, memory_budget: int | None,
           unit_format: str) -> list[tuple[Run, Attempt]]:
     """Claim up to `batch` spawn jobs within the host's free capacity, in one statement: the job,
     the new attempt row and the run's move to `starting` commit together."""
-    with conn.transaction():
-        with conn.cursor(row_factory=class_row(Attempt)) as cur:
-            attempts = cur.execute(_CLAIM_SQL, {
-                "host": host_id, "batch": batch, "max_runs": max_runs, "budget": memory_budget,
-                "unit_format": unit_format}).fetchall()
-        runs = get_runs(conn, [a.run_id for a in attempts])
-    return [(runs[a.run_id], a) for a in attempts]
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(_CLAIM_SQL, {
+            "host": host_id, "batch": batch, "max_runs": max_runs, "budget": memory_budget,
+            "unit_format": unit_format}).fetchall()
+    return [(Run(**{**{k: row[k] for k in _RUN_FIELDS}, "state": "starting"}),
+             Attempt(**{k: row[k] for k in _ATTEMPT_FIELDS})) for row in rows]
 
 
 def open_attempts(conn: Connection, host_id: str, unit_names: Sequence[str] | None = None,

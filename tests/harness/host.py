@@ -26,7 +26,6 @@ name = "{host_id}"
 
 [daemon]
 poll_interval = "2s"
-heartbeat_interval = "5s"
 reconcile_interval = "30s"
 
 [systemd]

@@ -439,17 +439,34 @@ def test_register_host_keeps_draining_and_revives_stopped(conn: psycopg.Connecti
     assert store.register_host(conn, "h1", "box", 4, None, "0.1.0", "boot-c") == "active"
 
 
-def test_heartbeat_updates_heartbeat_at(conn: psycopg.Connection) -> None:
+def test_probe_is_the_heartbeat(conn: psycopg.Connection) -> None:
     store.register_host(conn, "h1", "box", 8, None, "0.1.0", "boot")
     store.register_host(conn, "h2", "box2", 8, None, "0.1.0", "boot")
     conn.execute("UPDATE unitvisor.hosts SET heartbeat_at = now() - interval '1 hour'")
     old = host_row(conn, "h1")[7]
 
-    assert store.heartbeat(conn, "h1") == "active"
+    assert store.probe(conn, "h1") == store.Probe("active", False, False)
     new = host_row(conn, "h1")[7]
     assert new > old + timedelta(minutes=59)
     assert new <= store.now(conn)
     assert host_row(conn, "h2")[7] == old  # only the named host
     conn.execute("UPDATE unitvisor.hosts SET state = 'draining' WHERE id = 'h1'")
-    assert store.heartbeat(conn, "h1") == "draining"
-    assert store.heartbeat(conn, "unknown") is None
+    assert store.probe(conn, "h1").host_state == "draining"
+    assert store.probe(conn, "unknown").host_state is None
+
+
+def test_probe_says_whether_there_is_work(conn: psycopg.Connection) -> None:
+    store.register_host(conn, "h1", "box", 8, None, "0.1.0", "boot")
+    pinned_elsewhere = store.submit_run(conn, argv=["/bin/true"], host_pin="h2")
+    assert store.probe(conn, "h1") == store.Probe("active", False, False)
+    store.submit_run(conn, argv=["/bin/true"])
+    assert store.probe(conn, "h1").claimable is True
+    conn.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now() + interval '1 hour'")
+    assert store.probe(conn, "h1").claimable is False
+    conn.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now()")
+    [(run, _)] = store.claim(conn, "h1", 5, 8, None, unitspec.UNIT_NAME_FORMAT)
+    assert run.id != pinned_elsewhere
+    assert run.state == "starting"
+    assert store.probe(conn, "h1") == store.Probe("active", False, False)
+    store.cancel_run(conn, run.id)
+    assert store.probe(conn, "h1").cancels is True

@@ -33,8 +33,8 @@ def test_defaults():
     assert s.source == "defaults"
     assert s.database == DatabaseSettings(dsn="", dsn_file="/etc/unitvisor/dsn")
     assert s.host == HostSettings(id="", name="", max_runs=64, memory_budget=None)
-    assert s.daemon == DaemonSettings(poll_interval=5.0, heartbeat_interval=10.0, reconcile_interval=60.0,
-                                      claim_batch=32, stop_orphans=True)
+    assert s.daemon == DaemonSettings(poll_interval=10.0, reconcile_interval=60.0, claim_batch=32,
+                                      stop_orphans=True)
     assert s.systemd == SystemdSettings(slice="unitvisor.slice", stop_grace=10.0)
     assert s.runs == RunSettings(allowed_executables=(), user="", allowed_users=(), no_new_privileges=True,
                                  private_tmp=True, protect_system="strict", protect_home="yes")
@@ -102,7 +102,6 @@ memory_budget = "16G"
 
 [daemon]
 poll_interval = "2s"
-heartbeat_interval = 15
 reconcile_interval = "5m"
 claim_batch = 4
 stop_orphans = false
@@ -123,8 +122,8 @@ protect_home = "read-only"
     s = parse(text, "full.toml")
     assert s.database == DatabaseSettings(dsn="postgresql://u@db/unitvisor", dsn_file="/run/secrets/dsn")
     assert s.host == HostSettings(id="host-a", name="a.example", max_runs=8, memory_budget=16 << 30)
-    assert s.daemon == DaemonSettings(poll_interval=2.0, heartbeat_interval=15.0, reconcile_interval=300.0,
-                                      claim_batch=4, stop_orphans=False)
+    assert s.daemon == DaemonSettings(poll_interval=2.0, reconcile_interval=300.0, claim_batch=4,
+                                      stop_orphans=False)
     assert s.systemd == SystemdSettings(slice="batch-jobs.slice", stop_grace=2.5)
     assert s.runs == RunSettings(allowed_executables=("/usr/bin/python3", "/opt/tools/*"), user="runner",
                                  allowed_users=("alice", "_svc-1"), no_new_privileges=False, private_tmp=False,
@@ -247,7 +246,7 @@ def test_memory_budget_false_is_a_type_error():
 
 
 @pytest.mark.parametrize(("section", "key"), [
-    ("daemon", "poll_interval"), ("daemon", "heartbeat_interval"), ("daemon", "reconcile_interval"),
+    ("daemon", "poll_interval"), ("daemon", "reconcile_interval"),
     ("systemd", "stop_grace"),
 ])
 @pytest.mark.parametrize(("value", "expected"), [('"90s"', 90.0), ('"10m"', 600.0), ('"2h"', 7200.0),
