@@ -220,8 +220,12 @@ class Daemon:
         if reloaded:
             event("systemd-reloaded", host=self.host_id)
         now = time.monotonic()
+        settled_before = self.reconciler.settled
         if changed:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, unit_names=sorted(changed)))
+        # A settled run frees a slot: claim again now rather than at the next poll, or a backlog
+        # larger than max_runs drains one batch per poll interval.
+        wake_claim = wake_claim or self.reconciler.settled > settled_before
         if now >= self.timers.claim:
             probe = store.probe(self.conn, self.host_id)
             self.host_state = probe.host_state or self.host_state

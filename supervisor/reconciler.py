@@ -37,7 +37,7 @@ from supervisor.journal import Journal
 from supervisor.log import event
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome, classify, retry_delay, run_state_after
-from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitRefused, UnitState
+from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitBrief, UnitRefused, UnitState
 
 
 class Action(enum.Enum):
@@ -133,15 +133,23 @@ class Reconciler:
 
     def plan(self) -> list[Planned]:
         """A whole pass, decided but not carried out (what `unitvisor reconcile --dry-run` prints)."""
-        planned = []
         pairs = store.open_attempts(self.conn, self.host_id)
-        for run, attempt in pairs:
-            planned.append(Planned(decide(run, attempt, self.systemd.state(attempt.unit_name)), run, attempt))
-        planned += [Planned(d) for d in self._orphans({a.unit_name for _, a in pairs})]
+        units = self.systemd.list_units(unitspec.UNIT_GLOB)
+        planned = [Planned(self._decide_in_pass(run, attempt, units), run, attempt) for run, attempt in pairs]
+        planned += [Planned(d) for d in self._orphans(units, {a.unit_name for _, a in pairs})]
         return planned
 
-    def _orphans(self, owned: set[str]) -> list[Decision]:
-        loaded = [name for name in self.systemd.list_units(unitspec.UNIT_GLOB) if name not in owned]
+    def _decide_in_pass(self, run: Run, attempt: Attempt, units: dict[str, UnitBrief]) -> Decision:
+        """decide(), reading a unit in full only when the listing does not already settle it: a pass
+        over thousands of runs costs one D-Bus call, not two per run."""
+        brief = units.get(attempt.unit_name)
+        if (brief is not None and brief.plainly_running and attempt.started_at is not None
+                and attempt.invocation_id and run.cancel_requested_at is None):
+            return Decision(Action.NOTHING, attempt.unit_name, "unit is running")
+        return decide(run, attempt, self.systemd.state(attempt.unit_name) if brief is not None else None)
+
+    def _orphans(self, units: dict[str, UnitBrief], owned: set[str]) -> list[Decision]:
+        loaded = [name for name in units if name not in owned]
         settled = store.settled_unit_names(self.conn, loaded) if loaded else set()
         parsed = {name: unitspec.parse_unit_name(name) for name in loaded}
         unclaimed = store.unclaimed_attempts(self.conn, [p for p in parsed.values() if p])
@@ -154,18 +162,22 @@ class Reconciler:
         """Compare every open attempt of this host with systemd, and every unit of ours with the rows."""
         done: list[Planned] = []
         pairs = store.open_attempts(self.conn, self.host_id)
+        units = self.systemd.list_units(unitspec.UNIT_GLOB)
         for index, (run, attempt) in enumerate(pairs):
             if index == 1:
                 faults.point("mid-reconcile")
-            self.isolated(run, attempt, lambda r=run, a=attempt: done.append(Planned(self.reconcile_one(r, a), r, a)))
-        for decision in self._orphans({a.unit_name for _, a in pairs}):
+            self.isolated(run, attempt, lambda r=run, a=attempt: done.append(
+                Planned(self._act(r, a, self._decide_in_pass(r, a, units)), r, a)))
+        for decision in self._orphans(units, {a.unit_name for _, a in pairs}):
             self.apply_orphan(decision)
             done.append(Planned(decision))
         self.in_flight = len(pairs)
         return done
 
     def reconcile_one(self, run: Run, attempt: Attempt) -> Decision:
-        decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
+        return self._act(run, attempt, decide(run, attempt, self.systemd.state(attempt.unit_name)))
+
+    def _act(self, run: Run, attempt: Attempt, decision: Decision) -> Decision:
         self.apply(run, attempt, decision)
         return decision
 
@@ -199,11 +211,16 @@ class Reconciler:
             return
         faults.point("after-start")
         event("started" if created else "adopted", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
-        why = f"unit {attempt.unit_name} started" if created else f"unit {attempt.unit_name} existed: adopted"
-        unit = self.systemd.state(attempt.unit_name)
-        decision = decide(run, attempt, unit) if unit else Decision(Action.ADOPT, attempt.unit_name, why)
+        if created:
+            # A unit we just created is running (or about to fail, which its signals will say): no
+            # need to read it back. Its invocation id is recorded with its outcome, or by the next pass.
+            store.mark_started(self.conn, attempt, None, f"unit {attempt.unit_name} started")
+            return
+        # An existing unit may be in any state, even ended: decide on what systemd says.
+        decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
         if decision.action is Action.ADOPT:
-            decision = Decision(Action.ADOPT, attempt.unit_name, why, invocation_id=decision.invocation_id)
+            decision = Decision(Action.ADOPT, attempt.unit_name, f"unit {attempt.unit_name} existed: adopted",
+                                invocation_id=decision.invocation_id)
         self.apply(run, attempt, decision)
 
     def apply(self, run: Run, attempt: Attempt, decision: Decision) -> None:
@@ -227,10 +244,8 @@ class Reconciler:
             self.settle(run, attempt, outcome, unit_exists=False)
         elif action is Action.SETTLE:
             assert decision.outcome is not None
-            if decision.invocation_id:
-                store.mark_started(self.conn, attempt, decision.invocation_id, f"adopted: {decision.reason}")
             self.settle(run, attempt, decision.outcome, unit_exists=attempt.started_at is not None
-                        or decision.invocation_id is not None)
+                        or decision.invocation_id is not None, invocation_id=decision.invocation_id)
 
     def apply_orphan(self, decision: Decision) -> None:
         if decision.action is Action.RELEASE:
@@ -241,12 +256,13 @@ class Reconciler:
         event(decision.action.value, unit=decision.unit_name, detail=decision.reason,
               level=logging.INFO if decision.action is Action.RELEASE else logging.WARNING)
 
-    def settle(self, run: Run, attempt: Attempt, outcome: Outcome, unit_exists: bool = True) -> None:
+    def settle(self, run: Run, attempt: Attempt, outcome: Outcome, unit_exists: bool = True,
+               invocation_id: str | None = None) -> None:
         """Record an attempt's outcome (and the run's next step), then release its unit."""
         delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
         next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
         faults.point("before-outcome")
-        if store.record_outcome(self.conn, attempt, outcome, next_state, delay):
+        if store.record_outcome(self.conn, attempt, outcome, next_state, delay, invocation_id):
             self.settled += 1
             event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
                   outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,

@@ -448,25 +448,23 @@ def settled_unit_names(conn: Connection, unit_names: Sequence[str]) -> set[str]:
 
 def mark_started(conn: Connection, attempt: Attempt, invocation_id: str | None, reason: str | None = None) -> None:
     """The unit exists: the run is running. Idempotent (adoption calls it again); the event with
-    `reason` is written once, when the run moves to running."""
-    with conn.transaction():
-        row = conn.execute(
-            """UPDATE unitvisor.attempts
-               SET started_at = coalesce(started_at, now()), invocation_id = coalesce(invocation_id, %s)
-               WHERE run_id = %s AND attempt = %s AND outcome IS NULL RETURNING 1""",
-            (invocation_id or None, attempt.run_id, attempt.attempt)).fetchone()
-        if row is None:
-            return
-        moved = conn.execute(
-            """UPDATE unitvisor.runs SET state = 'running', updated_at = now()
-               WHERE id = %s AND state = 'starting' RETURNING 1""", (attempt.run_id,)).fetchone()
-        if moved:
-            _event(conn, attempt.run_id, "running", reason or f"unit {attempt.unit_name} started",
-                   attempt.attempt, attempt.host_id)
+    `reason` is written once, when the run moves to running. One statement: it is on every run's path."""
+    conn.execute(
+        """WITH started AS (
+               UPDATE unitvisor.attempts
+               SET started_at = coalesce(started_at, now()), invocation_id = coalesce(invocation_id, %(inv)s)
+               WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL RETURNING run_id),
+           moved AS (
+               UPDATE unitvisor.runs SET state = 'running', updated_at = now()
+               WHERE id IN (SELECT run_id FROM started) AND state = 'starting' RETURNING id)
+           INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+           SELECT id, %(attempt)s, %(host)s, 'running', %(reason)s FROM moved""",
+        {"inv": invocation_id or None, "run": attempt.run_id, "attempt": attempt.attempt, "host": attempt.host_id,
+         "reason": reason or f"unit {attempt.unit_name} started"})
 
 
 def record_outcome(conn: Connection, attempt: Attempt, outcome: Outcome, next_state: str,
-                   retry_delay: timedelta | None = None) -> bool:
+                   retry_delay: timedelta | None = None, invocation_id: str | None = None) -> bool:
     """Write an attempt's outcome and move its run to `next_state`, in one transaction.
 
     With a retry_delay the run goes back to `queued` and a new spawn job, scheduled after the delay,
@@ -475,9 +473,13 @@ def record_outcome(conn: Connection, attempt: Attempt, outcome: Outcome, next_st
     """
     with conn.transaction():
         row = conn.execute(
-            """UPDATE unitvisor.attempts SET outcome = %s, exit_status = %s, reason = %s, ended_at = now()
-               WHERE run_id = %s AND attempt = %s AND outcome IS NULL RETURNING 1""",
-            (outcome.outcome, outcome.exit_status, outcome.reason, attempt.run_id, attempt.attempt)).fetchone()
+            """UPDATE unitvisor.attempts SET outcome = %(outcome)s, exit_status = %(status)s, reason = %(reason)s,
+                   ended_at = now(), invocation_id = coalesce(invocation_id, %(inv)s),
+                   -- a unit seen only once it had ended (adopted after a crash) did start
+                   started_at = CASE WHEN %(inv)s::text IS NULL THEN started_at ELSE coalesce(started_at, now()) END
+               WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL RETURNING 1""",
+            {"outcome": outcome.outcome, "status": outcome.exit_status, "reason": outcome.reason,
+             "inv": invocation_id or None, "run": attempt.run_id, "attempt": attempt.attempt}).fetchone()
         if row is None:
             return False
         latest = conn.execute("SELECT max(attempt) FROM unitvisor.attempts WHERE run_id = %s",

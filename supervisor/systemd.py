@@ -85,6 +85,19 @@ class UnitState:
         )
 
 
+@dataclass(frozen=True)
+class UnitBrief:
+    """A loaded unit as ListUnitsByPatterns shows it."""
+
+    active_state: str
+    sub_state: str
+    job_pending: bool
+
+    @property
+    def plainly_running(self) -> bool:
+        return self.active_state == "active" and self.sub_state == "running" and not self.job_pending
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -207,12 +220,14 @@ class Systemd(_Connection):
                            f"reading {name}")
         return _text(props.get(b"LoadState", b""))
 
-    def list_units(self, pattern: str) -> list[str]:
-        """Names of the loaded units matching a glob."""
+    def list_units(self, pattern: str) -> dict[str, UnitBrief]:
+        """The loaded units matching a glob, in one call: enough to tell a unit that is simply
+        running from one whose state needs a full read."""
         args = apply_signature(b"asas", [[], [pattern.encode()]])
         rows = self._call(MANAGER_PATH, MANAGER_IFACE, b"ListUnitsByPatterns", args,
                           f"listing {pattern}")
-        return [_text(row[0]) for row in rows]
+        # (name, description, load state, active state, sub state, following, path, job id, ...)
+        return {_text(row[0]): UnitBrief(_text(row[3]), _text(row[4]), int(row[7]) != 0) for row in rows}
 
     def _unit_call(self, method: bytes, signature: bytes, values: list, name: str) -> bool:
         """A call on one unit by name; False when the unit is not loaded (nothing to do)."""
