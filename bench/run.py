@@ -7,7 +7,7 @@ measures: (1) the limit, (2) throughput, (3) latency, (4) reconcile, (5) idle, (
 each figure means, and the latest results, are in docs/benchmarks.md. Everything it starts is gone
 when it ends, also on failure or Ctrl-C (the harness's context managers).
 
-    .venv/bin/python -m bench.run            # the full run (about 20 minutes here), JSON to bench/results/
+    .venv/bin/python -m bench.run            # the full run (about 10 minutes here), JSON to bench/results/
     .venv/bin/python -m bench.run --tiny     # every figure on tiny sizes, in seconds (the smoke test)
 """
 
