@@ -22,7 +22,7 @@ import psycopg
 import sdnotify
 
 from supervisor import __version__, faults, store, unitspec
-from supervisor.config import ConfigError, Settings
+from supervisor.config import UNIT_PREFIX, ConfigError, Settings
 from supervisor.log import event
 from supervisor.model import Attempt, Run
 from supervisor.reconciler import Reconciler
@@ -62,7 +62,7 @@ class Daemon:
         self.dsn = ""
         self.host_id = settings.host_id
         self.systemd = Systemd()
-        self.watcher = Watcher(unitspec.UNIT_NAME_FORMAT.split("%")[0])
+        self.watcher = Watcher(UNIT_PREFIX)
         self.conn: store.Connection | None = None
         self.listen_conn: store.Connection | None = None
         self.notifier = sdnotify.SystemdNotifier()
@@ -271,7 +271,7 @@ class Daemon:
 
     def _status(self) -> None:
         r = self.reconciler
-        text = f"{r.in_flight if r else 0} runs in flight, {self.claimed} claimed, {r.settled if r else 0} settled"
+        text = f"runs in flight: {r.in_flight if r else 0}, claimed: {self.claimed}, settled: {r.settled if r else 0}"
         if self.host_state == "draining":
             text += "; draining"
         if self.problem:
@@ -291,6 +291,7 @@ class Daemon:
             if not claimed:
                 return
             self.claimed += len(claimed)
+            self.reconciler.in_flight += len(claimed)
             for run, attempt in claimed:
                 event("claimed", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
             faults.point("after-claim")

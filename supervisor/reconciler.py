@@ -264,6 +264,7 @@ class Reconciler:
         faults.point("before-outcome")
         if store.record_outcome(self.conn, attempt, outcome, next_state, delay, invocation_id):
             self.settled += 1
+            self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
             event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
                   outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,
                   detail=outcome.reason)

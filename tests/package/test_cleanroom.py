@@ -110,7 +110,7 @@ def assert_still_running_and_adopted(host: Host, run: dict, old_daemon: str) -> 
     wait_for(lambda: re.search(r"^ready ", host.run("journalctl", f"_SYSTEMD_INVOCATION_ID={daemon}", "-o", "cat",
                                                      "--no-pager", check=False).stdout, re.M),
              timeout=60, what="the new daemon to be ready")
-    wait_for(lambda: "1 runs in flight" in host.prop(SERVICE, "StatusText"), timeout=60,
+    wait_for(lambda: "runs in flight: 1," in host.prop(SERVICE, "StatusText"), timeout=60,
              what="the daemon to count the run in flight")
     assert host.prop(run["unit"], "ActiveState") == "active"
     assert host.prop(run["unit"], "InvocationID") == run["invocation"]

@@ -7,7 +7,7 @@ import json
 
 import psycopg
 
-from tests.harness.host import Host, daemon_active
+from tests.harness.host import Host, daemon_active, wait_for
 
 
 def insert_raw(dsn: str, argv: list[str], environment: object) -> str:
@@ -46,10 +46,15 @@ def test_malformed_rows_are_refused_and_the_daemon_goes_on(host: Host) -> None:
 
 def test_status_reports_counts(host: Host) -> None:
     host.start()
-    run_id = host.submit("--", "/bin/true")
-    host.wait_run(run_id)
+    host.wait_run(host.submit("--", "/bin/true"))
+    running = host.submit("--", "/bin/sleep", "300")
+    wait_for(lambda: host.show(running)["state"] == "running", what="the run to be running")
     status = host.unit_props("unitvisor.service", "StatusText")["StatusText"]
-    assert "runs in flight" in status and "claimed" in status
+    assert status == "runs in flight: 1, claimed: 2, settled: 1"
+    host.cli("cancel", running)
+    host.wait_run(running)
+    wait_for(lambda: host.unit_props("unitvisor.service", "StatusText")["StatusText"]
+             == "runs in flight: 0, claimed: 2, settled: 2", what="STATUS= to count the cancel")
 
 
 def test_empty_allowlist_refuses_everything_and_says_so(host: Host) -> None:
