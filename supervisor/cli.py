@@ -7,11 +7,14 @@ failure, 2 on bad usage; errors on stderr in one line, no traceback unless --deb
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import sys
+import time
 import uuid
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -261,8 +264,6 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
 
 
 def _command_text(argv: list[str]) -> str:
-    import shlex
-
     return shlex.join(argv)
 
 
@@ -283,8 +284,6 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
     Example:
       unitvisor runs --state running --since 1h
     """
-    from datetime import timedelta
-
     with ctx.connect() as conn:
         rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit)
         now = store.now(conn)
@@ -312,8 +311,6 @@ _COLOURS = {"succeeded": "green", "ok": "green", "active": "green", "running": "
 
 
 def _colour_wanted() -> bool:
-    import os
-
     return "NO_COLOR" not in os.environ and sys.stdout.isatty()
 
 
@@ -438,8 +435,6 @@ def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: in
     Example:
       unitvisor logs 3f2a9c --follow
     """
-    import os
-
     with ctx.connect() as conn:
         run = _load_run(conn, run_id)
         attempts = store.get_attempts(conn, run.id)
@@ -475,8 +470,6 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
     Example:
       unitvisor wait 3f2a9c --timeout 10m && echo done
     """
-    import time
-
     deadline = None if timeout is None else time.monotonic() + timeout
     with ctx.connect() as conn:
         rid = resolve_run_id(conn, run_id)

@@ -30,7 +30,6 @@ from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, Watche
 
 log = logging.getLogger("unitvisor")
 
-_DB_ERRORS = (store.DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError)
 _BACKOFF_MAX = 30.0
 
 
@@ -195,9 +194,9 @@ class Daemon:
         try:
             work()
             return True
-        except _DB_ERRORS as exc:
+        except store.CONNECTION_LOST as exc:
             self._close_db()
-            self._trouble(f"database at {store.dsn_location(self.dsn)} unreachable: {_one_line(exc)}")
+            self._trouble(f"database at {store.dsn_location(self.dsn)} unreachable: {store.one_line(exc)}")
         except SystemdUnavailable as exc:
             self.systemd.close()
             self.watcher.close()
@@ -314,11 +313,6 @@ def _select(fds: list[int], timeout: float) -> tuple[list, list, list]:
         return select.select(fds, [], [], timeout)
     except InterruptedError:
         return [], [], []
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 def _watchdog_usec() -> int:

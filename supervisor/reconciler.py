@@ -29,8 +29,6 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psycopg
-
 from supervisor import faults, store, unitspec
 from supervisor.config import Settings
 from supervisor.journal import Journal
@@ -186,7 +184,7 @@ class Reconciler:
         pass tries again. A lost database or bus still aborts the whole pass (the caller reconnects)."""
         try:
             work()
-        except (SystemdUnavailable, store.DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError):
+        except (SystemdUnavailable, *store.CONNECTION_LOST):
             raise
         except SystemdError as exc:
             event("systemd-error", level=logging.ERROR, run=run.id, attempt=attempt.attempt,

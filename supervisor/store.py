@@ -43,6 +43,11 @@ class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached (names host and port, never the password)."""
 
 
+# What a broken or unreachable database raises mid-work: the caller drops the connection and
+# reconnects, rather than blaming the row at hand.
+CONNECTION_LOST = (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError)
+
+
 def dsn_location(dsn: str) -> str:
     """host:port of a DSN, for messages. Never includes the user or the password."""
     try:
@@ -54,7 +59,8 @@ def dsn_location(dsn: str) -> str:
     return f"{host}:{port}"
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception as one line for an operator (psycopg's messages span several)."""
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
@@ -146,7 +152,7 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
     except psycopg.errors.CheckViolation as exc:
         raise DatabaseError(f"the database refused the run: {exc.diag.constraint_name or exc}") from None
     except psycopg.DataError as exc:
-        raise DatabaseError(f"the database refused the run: {_one_line(exc)}") from None
+        raise DatabaseError(f"the database refused the run: {one_line(exc)}") from None
 
 
 def get_run(conn: Connection, run_id: uuid.UUID) -> Run | None:
