@@ -21,6 +21,9 @@ DEFAULT_PATH = Path("/etc/unitvisor/unitvisor.toml")
 # stays world-readable like any conffile.
 DEFAULT_DSN_FILE = Path("/etc/unitvisor/dsn")
 UNIT_PREFIX = "unitvisor-run-"
+# Seconds between the cut-off stop and the moment another host may declare this one dead, besides
+# stop_grace: the guard's check interval and the stop calls themselves.
+CUT_OFF_MARGIN = 2.0
 
 
 class ConfigError(ValueError):
@@ -53,6 +56,20 @@ class DaemonSettings:
 
 
 @dataclass(frozen=True)
+class FleetSettings:
+    # A host silent for longer than this is declared dead by a live daemon, and its open attempts are
+    # settled as `lost` (then retried elsewhere or failed by each run's retry_on). Other hosts use the
+    # silent host's own value, as it registered it. At least 3 poll intervals: one missed heartbeat
+    # (a slow statement, a short network blip) must never cost a host its runs.
+    host_dead_after: float = 60.0
+    # Chosen, not inherited: off by default, because it trades availability for at-most-once. On,
+    # a daemon that could not renew its heartbeat for cut_off_after() stops its own runs before any
+    # other host may declare it dead, so two live copies of one run never exist, even in a network
+    # partition; off, a partitioned host's runs keep running while their retries start elsewhere.
+    stop_runs_when_cut_off: bool = False
+
+
+@dataclass(frozen=True)
 class SystemdSettings:
     slice: str = "unitvisor.slice"
     stop_grace: float = 10.0  # SIGTERM, then SIGKILL after this long, when a run is cancelled
@@ -77,6 +94,7 @@ class Settings:
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     systemd: SystemdSettings = field(default_factory=SystemdSettings)
     runs: RunSettings = field(default_factory=RunSettings)
+    fleet: FleetSettings = field(default_factory=FleetSettings)
     source: str = "defaults"
 
     @property
@@ -89,7 +107,7 @@ class Settings:
 
 
 _SIZE_KEYS = {"memory_budget"}
-_DURATION_KEYS = {"poll_interval", "reconcile_interval", "stop_grace"}
+_DURATION_KEYS = {"poll_interval", "reconcile_interval", "stop_grace", "host_dead_after"}
 _CHOICES = {
     "protect_system": {"strict", "full", "yes", "no"},
     "protect_home": {"yes", "read-only", "tmpfs", "no"},
@@ -156,6 +174,33 @@ def _validate(settings: Settings) -> None:
     for pattern in settings.runs.allowed_executables:
         if not pattern.startswith("/"):
             raise ConfigError(f"[runs] allowed_executables: {pattern!r} is not an absolute path")
+        if "[" in pattern or "]" in pattern:
+            # The database filters claims with the same patterns (as regular expressions): * and ?
+            # translate exactly; character classes would be a second dialect to keep in step.
+            raise ConfigError(f"[runs] allowed_executables: {pattern!r}: character classes ([...]) are not "
+                              "supported; use * (any characters within one path component) or ?")
+    _validate_fleet(settings)
+
+
+def cut_off_after(settings: Settings) -> float:
+    """Seconds without a renewed heartbeat after which a daemon with stop_runs_when_cut_off stops its
+    runs: early enough that the last one is dead (SIGKILL after stop_grace, plus a margin for the
+    stop calls) before another host may declare this one dead at host_dead_after."""
+    return settings.fleet.host_dead_after - settings.systemd.stop_grace - CUT_OFF_MARGIN
+
+
+def _validate_fleet(settings: Settings) -> None:
+    poll = settings.daemon.poll_interval
+    dead_after = settings.fleet.host_dead_after
+    if dead_after < 3 * poll:
+        raise ConfigError(f"[fleet] host_dead_after: {dead_after:g}s is less than 3 poll intervals "
+                          f"(3 x [daemon] poll_interval = {3 * poll:g}s): a host would be declared dead "
+                          "after two missed heartbeats")
+    if settings.fleet.stop_runs_when_cut_off and cut_off_after(settings) < 2 * poll:
+        raise ConfigError(
+            f"[fleet] stop_runs_when_cut_off: runs would be stopped after {cut_off_after(settings):g}s without a "
+            f"heartbeat (host_dead_after - stop_grace - {CUT_OFF_MARGIN:g}s), less than 2 poll intervals "
+            f"({2 * poll:g}s); raise host_dead_after or lower stop_grace or poll_interval")
 
 
 _SECTIONS = {
@@ -164,6 +209,7 @@ _SECTIONS = {
     "daemon": DaemonSettings,
     "systemd": SystemdSettings,
     "runs": RunSettings,
+    "fleet": FleetSettings,
 }
 
 

@@ -33,6 +33,7 @@ class Run:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
+    wait_reason: str | None = None  # why no live host accepts it, while it is queued
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -43,6 +44,33 @@ class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached (names host and port, never the password)."""
 
 
+class Fenced(DatabaseError):
+    """This host's epoch is over: it was declared dead, or its id was taken over, or its row is gone.
+    Nothing it writes is accepted until it registers again."""
+
+
+FENCED_SQLSTATE = "UV001"
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What every write of a host carries: its id and the epoch it registered with. The database
+    refuses a write whose epoch is no longer the host's (unitvisor.check_fence)."""
+
+    host_id: str
+    epoch: int
+
+
+@contextmanager
+def _fencing() -> Iterator[None]:
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate == FENCED_SQLSTATE:
+            raise Fenced(one_line(exc.diag.message_primary or str(exc))) from None
+        raise
+
+
 # What a broken or unreachable database raises mid-work: the caller drops the connection and
 # reconnects, rather than blaming the row at hand.
 CONNECTION_LOST = (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError)
@@ -64,17 +92,44 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def connect(dsn: str) -> Connection:
+# Client-side TCP keepalives: a peer that vanished (a host powered off, a NAT that forgot the
+# connection) is noticed in about 20 s instead of the kernel's two hours. Chosen, not inherited.
+_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 2}
+# Server-side limits for every session of ours: a row lock held by someone else, a statement stuck,
+# or a transaction left open cannot block a daemon for longer than these; the statement fails with a
+# clear error, and the daemon backs off and goes on.
+SESSION_SETTINGS = {"lock_timeout": "5s", "statement_timeout": "15s", "idle_in_transaction_session_timeout": "30s"}
+
+
+def connect(dsn: str, connection_class: type[Connection] = psycopg.Connection) -> Connection:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         raise DatabaseError("the database DSN cannot be parsed") from None
-    extra = {} if "connect_timeout" in params else {"connect_timeout": 5}
+    extra: dict[str, Any] = {key: value for key, value in _KEEPALIVES.items() if key not in params}
+    if "connect_timeout" not in params:
+        extra["connect_timeout"] = 5
     try:
-        return psycopg.connect(dsn, autocommit=True, application_name="unitvisor", **extra)
+        conn = connection_class.connect(dsn, autocommit=True, application_name="unitvisor", **extra)
     except psycopg.Error as exc:
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise DatabaseUnavailable(f"cannot connect to the database at {dsn_location(dsn)}: {reason}") from None
+    try:
+        conn.execute("SELECT " + ", ".join(f"set_config('{name}', %s, false)" for name in SESSION_SETTINGS),
+                     list(SESSION_SETTINGS.values()))
+    except psycopg.Error as exc:
+        conn.close()
+        raise DatabaseUnavailable(f"the database at {dsn_location(dsn)} refused the session settings: "
+                                  f"{one_line(exc)}") from None
+    return conn
+
+
+def set_idle_session_timeout(conn: Connection, seconds: float) -> None:
+    """End this session on the server once its client has said nothing for this long (PostgreSQL 14
+    and newer; older servers keep it): a daemon cut off behind a black hole leaves no session that
+    holds its host lock for ever."""
+    conn.execute("SELECT set_config('idle_session_timeout', %s, false) "
+                 "WHERE current_setting('server_version_num')::int >= 140000", (f"{int(seconds * 1000)}ms",))
 
 
 # -- migrations ---------------------------------------------------------------------------------
@@ -128,6 +183,13 @@ def migrate(conn: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
 
 # -- runs ---------------------------------------------------------------------------------------
 
+# Rows are read by explicit column lists, never `SELECT *`: a column added by a later migration or by
+# a control plane must not break a daemon that does not know it.
+_RUN_FIELDS = [f.name for f in fields(Run)]
+_ATTEMPT_FIELDS = [f.name for f in fields(Attempt)]
+_RUN_COLUMNS = ", ".join(f"r.{name}" for name in _RUN_FIELDS)
+_ATTEMPT_COLUMNS = ", ".join(f"a.{name}" for name in _ATTEMPT_FIELDS)
+
 # submit_run's arguments and their SQL types: each value is cast, so that a number too large for
 # its column is an out-of-range error, not "no function submit_run(numeric, ...)".
 _SUBMIT_ARGS = {
@@ -157,7 +219,7 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
 
 def get_run(conn: Connection, run_id: uuid.UUID) -> Run | None:
     with conn.cursor(row_factory=class_row(Run)) as cur:
-        return cur.execute("SELECT * FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
+        return cur.execute(f"SELECT {_RUN_COLUMNS} FROM unitvisor.runs r WHERE r.id = %s", (run_id,)).fetchone()
 
 
 def get_runs(conn: Connection, run_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Run]:
@@ -165,7 +227,7 @@ def get_runs(conn: Connection, run_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, 
     if not ids:
         return {}
     with conn.cursor(row_factory=class_row(Run)) as cur:
-        rows = cur.execute("SELECT * FROM unitvisor.runs WHERE id = ANY(%s)", (ids,)).fetchall()
+        rows = cur.execute(f"SELECT {_RUN_COLUMNS} FROM unitvisor.runs r WHERE r.id = ANY(%s)", (ids,)).fetchall()
     return {run.id: run for run in rows}
 
 
@@ -181,7 +243,8 @@ def find_run_ids(conn: Connection, prefix: str, limit: int = 10) -> list[uuid.UU
 def get_attempts(conn: Connection, run_id: uuid.UUID) -> list[Attempt]:
     with conn.cursor(row_factory=class_row(Attempt)) as cur:
         return cur.execute(
-            "SELECT * FROM unitvisor.attempts WHERE run_id = %s ORDER BY attempt", (run_id,)).fetchall()
+            f"SELECT {_ATTEMPT_COLUMNS} FROM unitvisor.attempts a WHERE a.run_id = %s ORDER BY a.attempt",
+            (run_id,)).fetchall()
 
 
 def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dict[str, Any]]:
@@ -200,7 +263,8 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
             """SELECT r.id, r.state, r.argv, r.created_at, r.finished_at,
                       a.host_id, a.attempt, a.started_at, a.ended_at, a.outcome, a.exit_status
                FROM unitvisor.runs r
-               LEFT JOIN LATERAL (SELECT * FROM unitvisor.attempts x WHERE x.run_id = r.id
+               LEFT JOIN LATERAL (SELECT x.host_id, x.attempt, x.started_at, x.ended_at, x.outcome, x.exit_status
+                                  FROM unitvisor.attempts x WHERE x.run_id = r.id
                                   ORDER BY x.attempt DESC LIMIT 1) a ON true
                WHERE (cardinality(%(states)s::text[]) = 0 OR r.state = ANY(%(states)s::text[]))
                  AND (%(host)s::text IS NULL OR a.host_id = %(host)s::text)
@@ -210,9 +274,13 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
         ).fetchall()
 
 
-def record_event(conn: Connection, attempt: Attempt, state: str, reason: str) -> None:
-    """An event about an attempt that changes no state (a stop on its way, say)."""
-    _event(conn, attempt.run_id, state, reason, attempt.attempt, attempt.host_id)
+def record_event(conn: Connection, fence: Fence, attempt: Attempt, state: str, reason: str) -> None:
+    """An event about an attempt that changes no state (a stop on its way, say), written by `fence`'s host."""
+    with _fencing():
+        conn.execute(
+            """INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+               SELECT %s, %s, %s, %s, %s WHERE unitvisor.check_fence(%s, %s)""",
+            (attempt.run_id, attempt.attempt, fence.host_id, state, reason, fence.host_id, fence.epoch))
 
 
 def _event(conn: Connection, run_id: uuid.UUID, state: str, reason: str,
@@ -274,18 +342,53 @@ def resume_run(conn: Connection, run_id: uuid.UUID) -> Transition:
 # -- hosts --------------------------------------------------------------------------------------
 
 
-def register_host(conn: Connection, host_id: str, name: str, max_runs: int,
-                  memory_budget: int | None, version: str, boot_id: str) -> str:
-    """Insert or refresh this host's row; returns its state (a draining host stays draining)."""
-    return conn.execute(
-        """INSERT INTO unitvisor.hosts (id, name, max_runs, memory_budget, version, boot_id)
-           VALUES (%s, %s, %s, %s, %s, %s)
-           ON CONFLICT (id) DO UPDATE SET name = excluded.name, max_runs = excluded.max_runs,
-               memory_budget = excluded.memory_budget, version = excluded.version,
-               boot_id = excluded.boot_id, started_at = now(), heartbeat_at = now(),
-               state = CASE WHEN hosts.state = 'draining' THEN 'draining' ELSE 'active' END
-           RETURNING state""",
-        (host_id, name, max_runs, memory_budget, version, boot_id)).fetchone()[0]
+@dataclass(frozen=True)
+class HostProfile:
+    """What a daemon registers about its host: who it is, and what it may run (the claim filters on it)."""
+
+    host_id: str
+    name: str
+    instance: str
+    max_runs: int
+    memory_budget: int | None
+    version: str
+    boot_id: str
+    allowed_executables: tuple[str, ...]
+    executable_patterns: tuple[str, ...]
+    run_user: str
+    allowed_users: tuple[str, ...]
+    can_start: bool
+    cannot_start_reason: str | None
+    poll_interval: float
+    dead_after: float
+
+
+@dataclass(frozen=True)
+class Registration:
+    registered: bool  # False: another live daemon holds this host id; nothing was changed
+    state: str | None
+    epoch: int | None
+    detail: str
+
+
+def register_host(conn: Connection, profile: HostProfile) -> Registration:
+    """Take this host's id (its session lock, then its row) for this daemon, or learn that another
+    live daemon holds it. A draining host stays draining; a dead one comes back active, fenced off
+    from everything that was taken over by a new epoch."""
+    p = profile
+    row = conn.execute(
+        """SELECT registered, state, epoch, detail FROM unitvisor.register_host(
+               %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+        (p.host_id, p.name, p.instance, p.max_runs, p.memory_budget, p.version, p.boot_id,
+         list(p.allowed_executables), list(p.executable_patterns), p.run_user, list(p.allowed_users),
+         p.can_start, p.cannot_start_reason, p.poll_interval, p.dead_after)).fetchone()
+    return Registration(row[0], row[1], row[2], row[3])
+
+
+def host_fence(conn: Connection, host_id: str) -> tuple[str, Fence] | None:
+    """A host's state and current fence, for a one-off pass by hand (`unitvisor reconcile`)."""
+    row = conn.execute("SELECT state, epoch FROM unitvisor.hosts WHERE id = %s", (host_id,)).fetchone()
+    return (row[0], Fence(host_id, row[1])) if row else None
 
 
 def list_hosts(conn: Connection) -> list[dict[str, Any]]:
@@ -294,131 +397,129 @@ def list_hosts(conn: Connection) -> list[dict[str, Any]]:
         return cur.execute(
             """SELECT h.id, h.name, h.state, h.max_runs, h.memory_budget, h.version, h.started_at,
                       h.heartbeat_at, extract(epoch FROM now() - h.heartbeat_at)::float8 AS heartbeat_age,
+                      h.epoch, h.instance, h.can_start, h.cannot_start_reason, h.allowed_executables,
+                      h.run_user, h.allowed_users, h.poll_interval_sec, h.dead_after_sec, h.dead_at, h.dead_reason,
+                      h.conflict_detail, extract(epoch FROM now() - h.conflict_at)::float8 AS conflict_age,
                       (SELECT count(*) FROM unitvisor.attempts a
                        WHERE a.host_id = h.id AND a.outcome IS NULL) AS in_flight
                FROM unitvisor.hosts h ORDER BY h.id""").fetchall()
 
 
 def set_host_state(conn: Connection, host_id: str, state: str) -> str | None:
-    """Drain (claim nothing new) or undrain a host. Returns the previous state, None if no such host."""
+    """Drain (claim nothing new) or undrain a host. Returns the previous state, None if no such host.
+    A dead host's state is not changed: it becomes active again only by registering."""
     row = conn.execute(
-        """UPDATE unitvisor.hosts h SET state = %s FROM (SELECT id, state FROM unitvisor.hosts WHERE id = %s
-                                                       FOR UPDATE) old
+        """UPDATE unitvisor.hosts h SET state = CASE WHEN old.state = 'dead' THEN 'dead' ELSE %s END
+           FROM (SELECT id, state FROM unitvisor.hosts WHERE id = %s FOR UPDATE) old
            WHERE h.id = old.id RETURNING old.state""", (state, host_id)).fetchone()
     return row[0] if row else None
 
 
+def forget_host(conn: Connection, host_id: str) -> tuple[str | None, int]:
+    """Remove a dead or stopped host's row once none of its attempts is open. Returns the host's state
+    (None: no such host) and how many of its attempts are still open (then nothing was removed)."""
+    with conn.transaction():
+        row = conn.execute("SELECT state FROM unitvisor.hosts WHERE id = %s FOR UPDATE", (host_id,)).fetchone()
+        if row is None:
+            return None, 0
+        open_count = conn.execute("SELECT count(*) FROM unitvisor.attempts WHERE host_id = %s AND outcome IS NULL",
+                                  (host_id,)).fetchone()[0]
+        if row[0] in ("dead", "stopped") and open_count == 0:
+            conn.execute("DELETE FROM unitvisor.hosts WHERE id = %s", (host_id,))
+    return row[0], open_count
+
+
 @dataclass(frozen=True)
 class Probe:
-    host_state: str | None  # None: the host row is gone
-    claimable: bool  # a spawn job this host could claim is due
+    host_state: str
+    claimable: bool  # a spawn job this host would run is due
     cancels: bool  # an open attempt of this host has a cancel request
+    upkeep: bool  # fleet upkeep is due: a silent host to declare dead, or runs waiting long
 
 
-def probe(conn: Connection, host_id: str) -> Probe:
+def probe(conn: Connection, fence: Fence, waited: timedelta) -> Probe:
     """The heartbeat and the fallback poll in one statement: an idle daemon asks the database one
-    question per poll interval, and only claims or looks for cancels when there is something."""
+    question per poll interval, and only claims, looks for cancels or does fleet upkeep when there is
+    something. Raises Fenced when this host's epoch is over (declared dead, taken over, row deleted)."""
     row = conn.execute(
-        """UPDATE unitvisor.hosts h SET heartbeat_at = now() WHERE h.id = %(host)s
+        """UPDATE unitvisor.hosts h SET heartbeat_at = now()
+           WHERE h.id = %(host)s AND h.epoch = %(epoch)s AND h.state <> 'dead'
            RETURNING h.state,
                EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
                        WHERE j.state = 'available' AND j.scheduled_at <= now()
-                         AND (r.host_pin IS NULL OR r.host_pin = %(host)s)),
+                         AND (r.state <> 'queued' OR unitvisor.host_refusal(h, r) IS NULL)),
                EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
-                       WHERE a.host_id = %(host)s AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL)""",
-        {"host": host_id}).fetchone()
-    return Probe(row[0], row[1], row[2]) if row else Probe(None, True, True)
+                       WHERE a.host_id = %(host)s AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL),
+               EXISTS (SELECT 1 FROM unitvisor.hosts o
+                       WHERE o.id <> h.id AND o.state IN ('active', 'draining', 'stopped')
+                         AND o.heartbeat_at < now() - make_interval(secs => coalesce(o.dead_after_sec, 60))
+                         AND (o.state <> 'stopped' OR EXISTS (SELECT 1 FROM unitvisor.attempts a
+                                                              WHERE a.host_id = o.id AND a.outcome IS NULL)))
+               OR EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
+                          WHERE j.state = 'available' AND j.scheduled_at <= now() - %(waited)s)""",
+        {"host": fence.host_id, "epoch": fence.epoch, "waited": waited}).fetchone()
+    if row is None:
+        raise Fenced(f"host {fence.host_id} is fenced: its row is gone, or its epoch {fence.epoch} is over")
+    return Probe(row[0], row[1], row[2], row[3])
 
 
-def mark_host_stopped(conn: Connection, host_id: str) -> None:
+def mark_host_stopped(conn: Connection, fence: Fence) -> None:
     conn.execute("UPDATE unitvisor.hosts SET state = 'stopped', heartbeat_at = now() "
-                 "WHERE id = %s AND state = 'active'", (host_id,))
+                 "WHERE id = %s AND epoch = %s AND state = 'active'", (fence.host_id, fence.epoch))
+
+
+# -- fleet upkeep -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadHost:
+    host_id: str
+    silent: float  # seconds
+    dead_after: float  # seconds, the host's own host_dead_after
+
+
+def declare_dead_hosts(conn: Connection, fence: Fence, connected_for: float) -> list[DeadHost]:
+    """Inside the caller's transaction: mark every host silent for longer than its host_dead_after as
+    dead (one daemon of the fleet at a time; the others get []). Their open attempts are the caller's
+    to settle in the same transaction."""
+    with _fencing():
+        rows = conn.execute("SELECT host_id, silent_sec, dead_after_sec FROM unitvisor.declare_dead_hosts(%s, %s, %s)",
+                            (fence.host_id, fence.epoch, connected_for)).fetchall()
+    return [DeadHost(row[0], row[1], row[2]) for row in rows]
+
+
+def explain_waiting(conn: Connection, waited: timedelta) -> int:
+    """Record why each run due for longer than `waited` waits, when no live host accepts it; returns
+    how many runs got a new reason (each with an event)."""
+    return conn.execute("SELECT unitvisor.explain_waiting(%s)", (waited,)).fetchone()[0]
 
 
 # -- the daemon's queries -----------------------------------------------------------------------
 
-_CLAIM_SQL = """
-WITH usage AS (
-    SELECT count(*) AS in_flight, coalesce(sum(r.memory_max), 0) AS memory_used
-    FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
-    WHERE a.host_id = %(host)s AND a.outcome IS NULL
-),
-locked AS (
-    SELECT j.id, j.run_id, j.priority, j.scheduled_at
-    FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
-    WHERE j.state = 'available' AND j.scheduled_at <= now()
-      AND (r.host_pin IS NULL OR r.host_pin = %(host)s)
-    ORDER BY j.priority DESC, j.scheduled_at, j.id
-    LIMIT (SELECT greatest(least(%(batch)s, %(max_runs)s - in_flight), 0) FROM usage)
-    FOR UPDATE OF j SKIP LOCKED
-),
-candidates AS (
-    SELECT l.id AS job_id, l.run_id, r.state AS run_state,
-           sum(coalesce(r.memory_max, 0)) OVER (
-               PARTITION BY r.state = 'queued'
-               ORDER BY l.priority DESC, l.scheduled_at, l.id) AS memory_cum
-    FROM locked l JOIN unitvisor.runs r ON r.id = l.run_id
-),
-chosen AS (
-    SELECT c.job_id, c.run_id FROM candidates c, usage u
-    WHERE c.run_state = 'queued'
-      AND (%(budget)s::bigint IS NULL OR u.memory_used + c.memory_cum <= %(budget)s::bigint)
-),
-discarded AS (
-    UPDATE unitvisor.spawn_jobs j
-    SET state = 'discarded', claimed_by = %(host)s, claimed_at = now(), error = 'run is already ' || c.run_state
-    FROM candidates c WHERE j.id = c.job_id AND c.run_state <> 'queued'
-),
-claimed AS (
-    UPDATE unitvisor.spawn_jobs j SET state = 'claimed', claimed_by = %(host)s, claimed_at = now()
-    FROM chosen c WHERE j.id = c.job_id
-    RETURNING j.run_id
-),
-numbered AS (
-    SELECT c.run_id,
-           coalesce((SELECT max(a.attempt) FROM unitvisor.attempts a WHERE a.run_id = c.run_id), 0) + 1 AS attempt
-    FROM claimed c
-),
-moved AS (
-    UPDATE unitvisor.runs r SET state = 'starting', updated_at = now()
-    FROM numbered n WHERE r.id = n.run_id
-),
-events AS (
-    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
-    SELECT n.run_id, n.attempt, %(host)s, 'starting', 'claimed by host ' || %(host)s FROM numbered n
-),
-inserted AS (
-    INSERT INTO unitvisor.attempts (run_id, attempt, host_id, unit_name)
-    SELECT n.run_id, n.attempt, %(host)s, format(%(unit_format)s, n.run_id, n.attempt) FROM numbered n
-    RETURNING *
-)
--- The run rows come back with the attempts (one round trip); as the statement's snapshot saw them,
--- that is before `moved` set their state to starting.
-SELECT i.*, r.* FROM inserted i JOIN unitvisor.runs r ON r.id = i.run_id
-"""
-_ATTEMPT_FIELDS = [f.name for f in fields(Attempt)]
-_RUN_FIELDS = [f.name for f in fields(Run)]
 
-
-def claim(conn: Connection, host_id: str, batch: int, max_runs: int, memory_budget: int | None,
-          unit_format: str) -> list[tuple[Run, Attempt]]:
-    """Claim up to `batch` spawn jobs within the host's free capacity, in one statement: the job,
-    the new attempt row and the run's move to `starting` commit together."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(_CLAIM_SQL, {
-            "host": host_id, "batch": batch, "max_runs": max_runs, "budget": memory_budget,
-            "unit_format": unit_format}).fetchall()
-    return [(Run(**{**{k: row[k] for k in _RUN_FIELDS}, "state": "starting"}),
-             Attempt(**{k: row[k] for k in _ATTEMPT_FIELDS})) for row in rows]
+def claim(conn: Connection, fence: Fence, batch: int, unit_format: str) -> list[tuple[Run, Attempt]]:
+    """Claim up to `batch` spawn jobs that this host accepts, within its free capacity, memory budget
+    and fair share (unitvisor.claim_jobs): each job, its new attempt row and the run's move to
+    `starting` commit together, in one round trip."""
+    with _fencing(), conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            f"""SELECT c.run_id AS claimed_run, c.attempt AS claimed_attempt, c.unit_name AS claimed_unit,
+                       c.claimed_at AS claimed_claimed_at, {_RUN_COLUMNS}
+                FROM unitvisor.claim_jobs(%s, %s, %s, %s) c JOIN unitvisor.runs r ON r.id = c.run_id""",
+            (fence.host_id, fence.epoch, batch, unit_format)).fetchall()
+    # The run rows are as the statement's snapshot saw them: before claim_jobs set them to starting.
+    return [(Run(**{**{k: row[k] for k in _RUN_FIELDS}, "state": "starting", "wait_reason": None}),
+             Attempt(run_id=row["claimed_run"], attempt=row["claimed_attempt"], host_id=fence.host_id,
+                     unit_name=row["claimed_unit"], claimed_at=row["claimed_claimed_at"])) for row in rows]
 
 
 def open_attempts(conn: Connection, host_id: str, unit_names: Sequence[str] | None = None,
                   cancel_requested: bool = False) -> list[tuple[Run, Attempt]]:
-    """This host's attempts without an outcome, with their runs: all of them, those of the named
-    units, or those whose run an operator asked to cancel."""
+    """A host's attempts without an outcome, with their runs: all of them, those of the named units,
+    or those whose run an operator asked to cancel."""
     with conn.cursor(row_factory=class_row(Attempt)) as cur:
         attempts = cur.execute(
-            """SELECT a.* FROM unitvisor.attempts a
+            f"""SELECT {_ATTEMPT_COLUMNS} FROM unitvisor.attempts a
                WHERE a.host_id = %(host)s AND a.outcome IS NULL
                  AND (%(names)s::text[] IS NULL OR a.unit_name = ANY(%(names)s::text[]))
                  AND (NOT %(cancel)s OR EXISTS (SELECT 1 FROM unitvisor.runs r
@@ -444,48 +545,62 @@ def unclaimed_attempts(conn: Connection, attempts: Sequence[tuple[uuid.UUID, int
     return {(row[0], row[1]) for row in rows}
 
 
-def settled_unit_names(conn: Connection, unit_names: Sequence[str]) -> set[str]:
-    """Which of these unit names belong to attempts that already have an outcome."""
-    rows = conn.execute(
-        "SELECT unit_name FROM unitvisor.attempts WHERE unit_name = ANY(%s) AND outcome IS NOT NULL",
-        (list(unit_names),)).fetchall()
-    return {row[0] for row in rows}
+@dataclass(frozen=True)
+class UnitOwner:
+    """Who the attempt of a unit name belongs to, as the database says now."""
+
+    host_id: str
+    outcome: str | None  # None: still open
 
 
-def mark_started(conn: Connection, attempt: Attempt, invocation_id: str | None, reason: str | None = None) -> None:
+def unit_owners(conn: Connection, unit_names: Sequence[str]) -> dict[str, UnitOwner]:
+    """The attempt rows behind these unit names (names with no row are absent). Read after the units
+    were listed, so that an attempt claimed while the listing ran is seen as its host's, not as gone."""
+    rows = conn.execute("SELECT unit_name, host_id, outcome FROM unitvisor.attempts WHERE unit_name = ANY(%s)",
+                        (list(unit_names),)).fetchall()
+    return {row[0]: UnitOwner(row[1], row[2]) for row in rows}
+
+
+def mark_started(conn: Connection, fence: Fence, attempt: Attempt, invocation_id: str | None,
+                 reason: str | None = None) -> None:
     """The unit exists: the run is running. Idempotent (adoption calls it again); the event with
     `reason` is written once, when the run moves to running. One statement: it is on every run's path."""
-    conn.execute(
-        """WITH started AS (
-               UPDATE unitvisor.attempts
-               SET started_at = coalesce(started_at, now()), invocation_id = coalesce(invocation_id, %(inv)s)
-               WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL RETURNING run_id),
-           moved AS (
-               UPDATE unitvisor.runs SET state = 'running', updated_at = now()
-               WHERE id IN (SELECT run_id FROM started) AND state = 'starting' RETURNING id)
-           INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
-           SELECT id, %(attempt)s, %(host)s, 'running', %(reason)s FROM moved""",
-        {"inv": invocation_id or None, "run": attempt.run_id, "attempt": attempt.attempt, "host": attempt.host_id,
-         "reason": reason or f"unit {attempt.unit_name} started"})
+    with _fencing():
+        conn.execute(
+            """WITH started AS (
+                   UPDATE unitvisor.attempts
+                   SET started_at = coalesce(started_at, now()), invocation_id = coalesce(invocation_id, %(inv)s)
+                   WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL
+                     AND (SELECT unitvisor.check_fence(%(host)s, %(epoch)s)) RETURNING run_id),
+               moved AS (
+                   UPDATE unitvisor.runs SET state = 'running', updated_at = now()
+                   WHERE id IN (SELECT run_id FROM started) AND state = 'starting' RETURNING id)
+               INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+               SELECT id, %(attempt)s, %(host)s, 'running', %(reason)s FROM moved""",
+            {"inv": invocation_id or None, "run": attempt.run_id, "attempt": attempt.attempt,
+             "host": fence.host_id, "epoch": fence.epoch, "reason": reason or f"unit {attempt.unit_name} started"})
 
 
-def record_outcome(conn: Connection, attempt: Attempt, outcome: Outcome, next_state: str,
+def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Outcome, next_state: str,
                    retry_delay: timedelta | None = None, invocation_id: str | None = None) -> bool:
-    """Write an attempt's outcome and move its run to `next_state`, in one transaction.
+    """Write an attempt's outcome and move its run to `next_state`, in one transaction, as `fence`'s
+    host (the attempt's own host, or a host taking over a dead one's attempts).
 
     With a retry_delay the run goes back to `queued` and a new spawn job, scheduled after the delay,
     is created in this same transaction. Returns False, changing nothing, when the attempt already
-    had an outcome: a recorded outcome is never overwritten.
+    had an outcome: a recorded outcome is never overwritten. Raises Fenced when the writer's epoch is over.
     """
-    with conn.transaction():
+    with _fencing(), conn.transaction():
         row = conn.execute(
             """UPDATE unitvisor.attempts SET outcome = %(outcome)s, exit_status = %(status)s, reason = %(reason)s,
                    ended_at = now(), invocation_id = coalesce(invocation_id, %(inv)s),
                    -- a unit seen only once it had ended (adopted after a crash) did start
                    started_at = CASE WHEN %(inv)s::text IS NULL THEN started_at ELSE coalesce(started_at, now()) END
-               WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL RETURNING 1""",
+               WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL
+                 AND (SELECT unitvisor.check_fence(%(host)s, %(epoch)s)) RETURNING 1""",
             {"outcome": outcome.outcome, "status": outcome.exit_status, "reason": outcome.reason,
-             "inv": invocation_id or None, "run": attempt.run_id, "attempt": attempt.attempt}).fetchone()
+             "inv": invocation_id or None, "run": attempt.run_id, "attempt": attempt.attempt,
+             "host": fence.host_id, "epoch": fence.epoch}).fetchone()
         if row is None:
             return False
         latest = conn.execute("SELECT max(attempt) FROM unitvisor.attempts WHERE run_id = %s",
@@ -509,7 +624,7 @@ def record_outcome(conn: Connection, attempt: Attempt, outcome: Outcome, next_st
             """UPDATE unitvisor.runs SET state = %(state)s, updated_at = now(),
                    finished_at = CASE WHEN %(state)s IN ('succeeded', 'failed', 'cancelled') THEN now() END
                WHERE id = %(id)s""", {"state": next_state, "id": attempt.run_id})
-        _event(conn, attempt.run_id, next_state, detail, attempt.attempt, attempt.host_id)
+        _event(conn, attempt.run_id, next_state, detail, attempt.attempt, fence.host_id)
     return True
 
 

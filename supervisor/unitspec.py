@@ -8,7 +8,6 @@ database type guarantees it, and `unit_name` takes a `uuid.UUID`), so no run id 
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import uuid
@@ -63,12 +62,32 @@ def _check_executable(argv: list[str], allowed: tuple[str, ...]) -> None:
         raise Refused(f"executable {path} is not in this host's allowed_executables")
 
 
+def glob_regex(pattern: str) -> str:
+    """An allowlist glob as an anchored regular expression that means the same in Python's `re` and in
+    PostgreSQL's `~`, so that the claim filter in the database and the check here cannot disagree.
+
+    Shell-style, one path component at a time: `*` is any run of characters but `/`, `?` one
+    character but `/` (so `/usr/bin/*` allows /usr/bin/env, not /usr/bin/sub/x). Every other
+    character is literal: an ASCII character that is not a letter or a digit is escaped with a
+    backslash, which both engines read as that character. Character classes are refused by config.
+    """
+    parts = ["^"]
+    for char in pattern:
+        if char == "*":
+            parts.append("[^/]*")
+        elif char == "?":
+            parts.append("[^/]")
+        elif char.isascii() and not char.isalnum():
+            parts.append("\\" + char)
+        else:
+            parts.append(char)
+    parts.append("$")
+    return "".join(parts)
+
+
 def _path_matches(path: str, pattern: str) -> bool:
-    """Shell-style, one path component at a time: `/usr/bin/*` allows /usr/bin/env but not
-    /usr/bin/sub/x, as a shell glob would. (fnmatch alone lets `*` cross `/`.)"""
-    parts, wanted = path.split("/"), pattern.split("/")
-    return len(parts) == len(wanted) and all(
-        fnmatch.fnmatchcase(part, want) for part, want in zip(parts, wanted, strict=True))
+    # fullmatch: Python's `$` would also match before a trailing newline.
+    return re.fullmatch(glob_regex(pattern)[1:-1], path) is not None
 
 
 def _environment(env: Any) -> list[bytes]:

@@ -1,0 +1,361 @@
+-- unitvisor schema, version 2: a fleet of hosts on one database.
+--
+-- What a host may run is registered in its row, so that the claim (and the explanation of why a run
+-- waits) is decided by the database from the same facts for every host; every write a host makes
+-- carries its (host id, epoch), which the database checks, so that a host that was declared dead
+-- cannot record, claim or start anything for what was taken over. See docs/fleet.md.
+--
+-- Expand only: every column added here has a default, and nothing a version-1 daemon reads or
+-- writes changed shape, so version-1 daemons keep working against this schema.
+
+-- -- hosts: capability, ownership, fencing ------------------------------------------------------
+
+ALTER TABLE unitvisor.hosts
+    -- Bumped whenever ownership of the host id changes hands: declared dead, or registered by a
+    -- different machine (instance). A write carrying an older epoch is refused (check_fence).
+    ADD COLUMN epoch bigint NOT NULL DEFAULT 1,
+    -- Which machine and boot holds this id now (a hash of machine id and boot id): a restart on the
+    -- same machine keeps the epoch, another machine with the same id is a conflict.
+    ADD COLUMN instance text,
+    -- What this host may run, as its daemon registered it (the claim filters on these).
+    ADD COLUMN can_start boolean NOT NULL DEFAULT true,
+    ADD COLUMN cannot_start_reason text,
+    ADD COLUMN allowed_executables text[] NOT NULL DEFAULT '{}',  -- the globs, for people
+    ADD COLUMN executable_patterns text[] NOT NULL DEFAULT '{}',  -- the same, as anchored regexes
+    ADD COLUMN run_user text NOT NULL DEFAULT '',                 -- '' is a DynamicUser per run
+    ADD COLUMN allowed_users text[] NOT NULL DEFAULT '{}',
+    -- Timing the host runs with: others declare it dead by its own host_dead_after, which its
+    -- stop_runs_when_cut_off timing was computed from.
+    ADD COLUMN poll_interval_sec double precision,
+    ADD COLUMN dead_after_sec double precision,
+    ADD COLUMN dead_at timestamptz,
+    ADD COLUMN dead_reason text,
+    -- The last time a second daemon tried to use this id while it was held (a cloned machine id, a
+    -- reused [host] id), and who it was.
+    ADD COLUMN conflict_at timestamptz,
+    ADD COLUMN conflict_detail text;
+
+ALTER TABLE unitvisor.hosts DROP CONSTRAINT hosts_state_valid;
+ALTER TABLE unitvisor.hosts ADD CONSTRAINT hosts_state_valid
+    CHECK (state IN ('active', 'draining', 'stopped', 'dead'));
+
+-- Why a queued run waits when no live host accepts it (NULL: some live host would take it).
+ALTER TABLE unitvisor.runs ADD COLUMN wait_reason text;
+
+-- A path that is not normalised ('/usr/bin/../x', '//x', '/x/./y', '/x/') can never pass a host's
+-- allowlist, which compares normalised paths: refuse it at submit time instead of letting it wait.
+-- NOT VALID: rows submitted before this migration are not re-checked (a host refuses them).
+ALTER TABLE unitvisor.runs ADD CONSTRAINT runs_argv0_normalised
+    CHECK (argv[1] !~ '(//|/\./|/\.\./|/\.\.?$|./$)') NOT VALID;
+
+-- -- fencing --------------------------------------------------------------------------------------
+
+-- The session-level advisory lock a live daemon holds on its host id (on its main connection): a
+-- second daemon with the same id cannot take it. 64 bits of hash, so two distinct ids practically
+-- never share a lock.
+CREATE FUNCTION unitvisor.host_lock_key(host_id text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('unitvisor-host:' || host_id, 0) $$;
+
+-- Every write a host makes calls this first: it holds a share lock on the host's row for the rest of
+-- the transaction, so a concurrent declaration of death (which updates the row) either waits for
+-- the write to commit, or commits first and the write is refused. SQLSTATE UV001: fenced.
+CREATE FUNCTION unitvisor.check_fence(host_id text, host_epoch bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    current unitvisor.hosts;
+BEGIN
+    SELECT * INTO current FROM unitvisor.hosts h WHERE h.id = check_fence.host_id FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'host % is fenced: its row is gone', check_fence.host_id
+            USING ERRCODE = 'UV001', HINT = 'the daemon registers again';
+    END IF;
+    IF current.epoch <> check_fence.host_epoch OR current.state = 'dead' THEN
+        RAISE EXCEPTION 'host % is fenced: epoch % is over (now %, %)', check_fence.host_id,
+            check_fence.host_epoch, current.epoch, current.state
+            USING ERRCODE = 'UV001', HINT = 'the daemon registers again';
+    END IF;
+    RETURN true;
+END $$;
+
+-- A host is live while it is active and has been heard from within its own host_dead_after.
+CREATE FUNCTION unitvisor.host_is_live(h unitvisor.hosts) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT h.state = 'active' AND h.can_start
+       AND h.heartbeat_at >= now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
+$$;
+
+-- Why host h would not run run r, or NULL when it would. The claim, the probe and the explanation of
+-- a waiting run all ask this one function, so they cannot disagree.
+CREATE FUNCTION unitvisor.host_refusal(h unitvisor.hosts, r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN r.host_pin IS NOT NULL AND r.host_pin <> h.id THEN 'pinned to host ' || r.host_pin
+        WHEN NOT h.can_start THEN 'cannot start units (' || coalesce(h.cannot_start_reason, 'unknown') || ')'
+        WHEN NOT EXISTS (SELECT 1 FROM unnest(h.executable_patterns) AS p(pattern) WHERE r.argv[1] ~ p.pattern)
+            THEN 'executable ' || r.argv[1] || ' is not allowed'
+        WHEN r.run_user IS NOT NULL AND r.run_user <> h.run_user AND NOT r.run_user = ANY (h.allowed_users)
+            THEN 'user ' || r.run_user || ' is not allowed'
+        WHEN r.memory_max IS NOT NULL AND h.memory_budget IS NOT NULL AND r.memory_max > h.memory_budget
+            THEN 'memory_max ' || r.memory_max || ' bytes is over the memory budget'
+    END
+$$;
+
+-- -- registration ---------------------------------------------------------------------------------
+
+-- register_host: called by a daemon on its main connection after every (re)connect. It takes the
+-- host id's lock for the session, and the host row for this instance, unless another live daemon
+-- holds it: then it changes nothing but conflict_at/conflict_detail and returns registered = false.
+CREATE FUNCTION unitvisor.register_host(
+    host_id text, host_name text, host_instance text, max_runs integer, memory_budget bigint,
+    host_version text, host_boot_id text, allowed_executables text[], executable_patterns text[],
+    run_user text, allowed_users text[], can_start boolean, cannot_start_reason text,
+    poll_interval_sec double precision, dead_after_sec double precision)
+RETURNS TABLE (registered boolean, state text, epoch bigint, detail text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    old unitvisor.hosts;
+    new_epoch bigint;
+    who text := format('%s (instance %s, backend pid %s)', register_host.host_name, register_host.host_instance,
+                       pg_backend_pid());
+BEGIN
+    IF NOT pg_try_advisory_lock(unitvisor.host_lock_key(register_host.host_id)) THEN
+        UPDATE unitvisor.hosts h SET conflict_at = now(), conflict_detail = 'refused a second daemon: ' || who
+        WHERE h.id = register_host.host_id;
+        RETURN QUERY SELECT false, NULL::text, NULL::bigint,
+            format('host id %s is held by another live daemon (its database session holds the host lock)',
+                   register_host.host_id);
+        RETURN;
+    END IF;
+    SELECT * INTO old FROM unitvisor.hosts h WHERE h.id = register_host.host_id FOR UPDATE;
+    IF FOUND AND old.instance IS DISTINCT FROM register_host.host_instance
+            AND old.state IN ('active', 'draining')
+            AND old.heartbeat_at >= now() - make_interval(secs => coalesce(old.dead_after_sec, 60)) THEN
+        -- Another machine held it moments ago (it may be reconnecting): let it have it back.
+        PERFORM pg_advisory_unlock(unitvisor.host_lock_key(register_host.host_id));
+        UPDATE unitvisor.hosts h SET conflict_at = now(), conflict_detail = 'refused a second daemon: ' || who
+        WHERE h.id = register_host.host_id;
+        RETURN QUERY SELECT false, NULL::text, NULL::bigint,
+            format('host id %s is in use by instance %s, heard from %s s ago', register_host.host_id,
+                   old.instance, round(extract(epoch FROM now() - old.heartbeat_at)::numeric, 1));
+        RETURN;
+    END IF;
+    IF NOT FOUND THEN
+        INSERT INTO unitvisor.hosts (id, name, max_runs, memory_budget, version, boot_id, instance, can_start,
+            cannot_start_reason, allowed_executables, executable_patterns, run_user, allowed_users,
+            poll_interval_sec, dead_after_sec)
+        VALUES (register_host.host_id, register_host.host_name, register_host.max_runs, register_host.memory_budget,
+            register_host.host_version, register_host.host_boot_id, register_host.host_instance,
+            register_host.can_start, register_host.cannot_start_reason, register_host.allowed_executables,
+            register_host.executable_patterns, register_host.run_user, register_host.allowed_users,
+            register_host.poll_interval_sec, register_host.dead_after_sec);
+        RETURN QUERY SELECT true, 'active'::text, 1::bigint, 'registered'::text;
+        RETURN;
+    END IF;
+    -- Same machine (a restart, a reconnect): same epoch, its attempts are its own. A dead host, or
+    -- another machine taking over a silent id: a new epoch, so that the old owner's writes fail.
+    new_epoch := CASE WHEN old.state = 'dead' OR old.instance IS DISTINCT FROM register_host.host_instance
+                      THEN old.epoch + 1 ELSE old.epoch END;
+    UPDATE unitvisor.hosts h SET name = register_host.host_name, max_runs = register_host.max_runs,
+        memory_budget = register_host.memory_budget, version = register_host.host_version,
+        boot_id = register_host.host_boot_id, instance = register_host.host_instance,
+        can_start = register_host.can_start, cannot_start_reason = register_host.cannot_start_reason,
+        allowed_executables = register_host.allowed_executables,
+        executable_patterns = register_host.executable_patterns, run_user = register_host.run_user,
+        allowed_users = register_host.allowed_users, poll_interval_sec = register_host.poll_interval_sec,
+        dead_after_sec = register_host.dead_after_sec, epoch = new_epoch, started_at = now(),
+        heartbeat_at = now(), dead_at = NULL, dead_reason = NULL,
+        state = CASE WHEN old.state = 'draining' THEN 'draining' ELSE 'active' END
+    WHERE h.id = register_host.host_id;
+    RETURN QUERY SELECT true, CASE WHEN old.state = 'draining' THEN 'draining' ELSE 'active' END, new_epoch,
+        CASE WHEN old.state = 'dead' THEN format('rejoined after being declared dead (%s)', old.dead_reason)
+             WHEN new_epoch <> old.epoch THEN format('took over the id from instance %s', old.instance)
+             ELSE 'registered' END;
+END $$;
+
+-- -- the claim ------------------------------------------------------------------------------------
+
+-- claim_jobs: one host claims spawn jobs it can run, in one transaction with the attempts it creates.
+--
+-- Order: priority, then when the job became due. Policies (docs/fleet.md):
+-- * Only runs this host accepts (host_refusal): a run another host could run is never claimed and
+--   failed here; it waits for that host.
+-- * Backfill: a run whose memory does not fit the budget now is skipped and smaller ones behind it
+--   are claimed. Starvation guard: once a run has been due for longer than starve_after, it reserves
+--   the host: nothing behind it is claimed here until enough memory is free for it (its memory_max
+--   is within the budget, or host_refusal would have excluded it, so it fits once runs end).
+-- * Spread: of the jobs due for less than spread_grace, a host takes only its fair share, in
+--   proportion to its max_runs among the live hosts, of the fleet's runs in flight plus the jobs
+--   waiting; jobs due for longer are anyone's, so a share never leaves work waiting for long.
+CREATE FUNCTION unitvisor.claim_jobs(
+    host_id text, host_epoch bigint, batch integer, unit_format text,
+    starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')
+RETURNS TABLE (run_id uuid, attempt integer, unit_name text, claimed_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    me unitvisor.hosts;
+    in_flight integer;
+    memory_used bigint;
+    free integer;
+    capacity bigint;
+    busy bigint;
+    waiting bigint;
+    share bigint;
+    taken integer := 0;
+    looked integer := 0;
+    job record;
+    next_attempt integer;
+    name text;
+BEGIN
+    PERFORM unitvisor.check_fence(claim_jobs.host_id, claim_jobs.host_epoch);
+    SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = claim_jobs.host_id;
+    IF me.state <> 'active' OR NOT me.can_start THEN
+        RETURN;
+    END IF;
+    SELECT count(*), coalesce(sum(r.memory_max), 0) INTO in_flight, memory_used
+    FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
+    WHERE a.host_id = claim_jobs.host_id AND a.outcome IS NULL;
+    free := least(claim_jobs.batch, me.max_runs - in_flight);
+    IF free <= 0 THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(sum(h.max_runs), 0) INTO capacity FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h);
+    SELECT count(*) INTO busy FROM unitvisor.attempts a JOIN unitvisor.hosts h ON h.id = a.host_id
+    WHERE a.outcome IS NULL AND unitvisor.host_is_live(h);
+    SELECT count(*) INTO waiting FROM (
+        SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+        WHERE j.state = 'available' AND j.scheduled_at <= now() AND r.state = 'queued'
+          AND unitvisor.host_refusal(me, r) IS NULL
+        LIMIT greatest(capacity, 1)) w;
+    share := CASE WHEN capacity <= me.max_runs THEN free
+                  ELSE ceil((busy + waiting)::numeric * me.max_runs / capacity)::bigint - in_flight END;
+    FOR job IN
+        SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max
+        FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+        WHERE j.state = 'available' AND j.scheduled_at <= now()
+          AND (r.host_pin IS NULL OR r.host_pin = claim_jobs.host_id)
+          AND (r.state <> 'queued' OR unitvisor.host_refusal(me, r) IS NULL)
+        ORDER BY j.priority DESC, j.scheduled_at, j.id
+        FOR UPDATE OF j SKIP LOCKED
+    LOOP
+        looked := looked + 1;
+        IF job.run_state <> 'queued' THEN
+            -- A job whose run moved on (cancelled, or started by a job claimed before it): it can
+            -- only ever start the run twice, so it is discarded, not claimed.
+            UPDATE unitvisor.spawn_jobs j SET state = 'discarded', claimed_by = claim_jobs.host_id,
+                claimed_at = now(), error = 'run is already ' || job.run_state
+            WHERE j.id = job.id;
+            CONTINUE;
+        END IF;
+        EXIT WHEN taken >= free OR looked > 4 * claim_jobs.batch;
+        IF taken >= share AND job.scheduled_at > now() - claim_jobs.spread_grace THEN
+            CONTINUE;  -- another host's share, for now
+        END IF;
+        IF me.memory_budget IS NOT NULL AND memory_used + coalesce(job.memory_max, 0) > me.memory_budget THEN
+            EXIT WHEN job.scheduled_at < now() - claim_jobs.starve_after;  -- it reserves the host
+            CONTINUE;  -- backfill: a smaller run behind it may fit
+        END IF;
+        UPDATE unitvisor.spawn_jobs j SET state = 'claimed', claimed_by = claim_jobs.host_id, claimed_at = now()
+        WHERE j.id = job.id;
+        SELECT coalesce(max(a.attempt), 0) + 1 INTO next_attempt FROM unitvisor.attempts a WHERE a.run_id = job.run_id;
+        name := format(claim_jobs.unit_format, job.run_id, next_attempt);
+        UPDATE unitvisor.runs r SET state = 'starting', wait_reason = NULL, updated_at = now() WHERE r.id = job.run_id;
+        INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+        VALUES (job.run_id, next_attempt, claim_jobs.host_id, 'starting', 'claimed by host ' || claim_jobs.host_id);
+        INSERT INTO unitvisor.attempts AS a (run_id, attempt, host_id, unit_name)
+        VALUES (job.run_id, next_attempt, claim_jobs.host_id, name)
+        RETURNING a.run_id, a.attempt, a.unit_name, a.claimed_at
+        INTO claim_jobs.run_id, claim_jobs.attempt, claim_jobs.unit_name, claim_jobs.claimed_at;
+        RETURN NEXT;
+        taken := taken + 1;
+        memory_used := memory_used + coalesce(job.memory_max, 0);
+    END LOOP;
+END $$;
+
+-- -- dead hosts -----------------------------------------------------------------------------------
+
+-- declare_dead_hosts: one live daemon at a time (a transaction-level advisory lock; the others skip)
+-- marks as dead every host silent for longer than its own host_dead_after, bumping its epoch so that
+-- none of its writes is accepted any more, and returns them. The caller settles their open attempts
+-- as lost in the same transaction. A host that stopped cleanly with nothing open stays 'stopped'.
+--
+-- connected_for: how long the declaring daemon has itself been connected without interruption. A
+-- host is only declared dead by a daemon that has been connected for at least that host's
+-- host_dead_after: after a database outage or failover every host's heartbeat is old, and the first
+-- daemon back must not declare the others dead before they had their chance to reconnect.
+CREATE FUNCTION unitvisor.declare_dead_hosts(declarer text, declarer_epoch bigint,
+                                             connected_for double precision)
+RETURNS TABLE (host_id text, silent_sec double precision, dead_after_sec double precision)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(declare_dead_hosts.declarer, declare_dead_hosts.declarer_epoch);
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-fleet-upkeep', 0)) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    UPDATE unitvisor.hosts h SET state = 'dead', epoch = h.epoch + 1, dead_at = now(),
+        dead_reason = format('silent for %s s (its host_dead_after is %s s); declared dead by host %s',
+                             round(extract(epoch FROM now() - h.heartbeat_at)::numeric),
+                             coalesce(h.dead_after_sec, 60), declare_dead_hosts.declarer)
+    WHERE h.id <> declare_dead_hosts.declarer
+      AND h.heartbeat_at < now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
+      AND coalesce(h.dead_after_sec, 60) <= declare_dead_hosts.connected_for
+      AND (h.state IN ('active', 'draining')
+           OR (h.state = 'stopped' AND EXISTS (SELECT 1 FROM unitvisor.attempts a
+                                               WHERE a.host_id = h.id AND a.outcome IS NULL)))
+    RETURNING h.id, extract(epoch FROM now() - h.heartbeat_at)::double precision,
+              coalesce(h.dead_after_sec, 60);
+END $$;
+
+-- -- why a run waits ------------------------------------------------------------------------------
+
+-- Why no live host accepts run r (the fleet's view), or NULL when one does.
+CREATE FUNCTION unitvisor.fleet_refusal(r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM unitvisor.hosts h
+                     WHERE unitvisor.host_is_live(h) AND unitvisor.host_refusal(h, r) IS NULL) THEN NULL
+        WHEN r.host_pin IS NOT NULL THEN (
+            SELECT coalesce(
+                (SELECT CASE
+                    WHEN p.state = 'dead' THEN format('pinned to host %s, which is dead (%s)', p.id, p.dead_reason)
+                    WHEN p.state <> 'active' THEN format('pinned to host %s, which is %s', p.id, p.state)
+                    WHEN NOT unitvisor.host_is_live(p) AND p.can_start THEN format(
+                        'pinned to host %s, which has been silent for %s s', p.id,
+                        round(extract(epoch FROM now() - p.heartbeat_at)::numeric))
+                    ELSE format('pinned to host %s, which does not accept it: %s', p.id,
+                                unitvisor.host_refusal(p, r))
+                 END FROM unitvisor.hosts p WHERE p.id = r.host_pin),
+                format('pinned to host %s, which is not known (see unitvisor hosts)', r.host_pin)))
+        WHEN NOT EXISTS (SELECT 1 FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h))
+            THEN 'no live host (every host is dead, stopped, draining or silent)'
+        ELSE 'no live host accepts it: ' || (
+            SELECT string_agg(reason, '; ' ORDER BY reason) FROM (
+                SELECT format('%s (%s)', reason, string_agg(h.id, ', ' ORDER BY h.id)) AS reason
+                FROM (SELECT h.id, unitvisor.host_refusal(h, r) AS reason
+                      FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h)) h
+                GROUP BY h.reason) reasons)
+    END
+$$;
+
+-- explain_waiting: for runs whose job has been due for longer than min_wait, store why they wait in
+-- runs.wait_reason, and write an event when the reason appears or changes (not at every pass).
+CREATE FUNCTION unitvisor.explain_waiting(min_wait interval, max_runs integer DEFAULT 1000)
+RETURNS integer LANGUAGE sql AS $$
+    WITH waiting AS (
+        SELECT r.id, unitvisor.fleet_refusal(r) AS reason
+        FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+        WHERE j.state = 'available' AND j.scheduled_at <= now() - explain_waiting.min_wait AND r.state = 'queued'
+        ORDER BY j.scheduled_at LIMIT explain_waiting.max_runs
+    ),
+    changed AS (
+        UPDATE unitvisor.runs r SET wait_reason = w.reason
+        FROM waiting w WHERE r.id = w.id AND r.wait_reason IS DISTINCT FROM w.reason
+        RETURNING r.id, w.reason
+    ),
+    events AS (
+        INSERT INTO unitvisor.run_events (run_id, state, reason)
+        SELECT c.id, 'queued', 'waiting: ' || c.reason FROM changed c WHERE c.reason IS NOT NULL
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM events
+$$;
