@@ -77,11 +77,11 @@ BEGIN
     RETURN true;
 END $$;
 
--- A host is live while it is active and has been heard from within its own host_dead_after.
+-- A host is live while it is active and has been heard from within its own host_dead_after (whether
+-- it can start units is host_refusal's to say, so that a waiting run names the reason).
 CREATE FUNCTION unitvisor.host_is_live(h unitvisor.hosts) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT h.state = 'active' AND h.can_start
-       AND h.heartbeat_at >= now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
+    SELECT h.state = 'active' AND h.heartbeat_at >= now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
 $$;
 
 -- Why host h would not run run r, or NULL when it would. The claim, the probe and the explanation of
@@ -218,9 +218,10 @@ BEGIN
     IF free <= 0 THEN
         RETURN;
     END IF;
-    SELECT coalesce(sum(h.max_runs), 0) INTO capacity FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h);
+    SELECT coalesce(sum(h.max_runs), 0) INTO capacity FROM unitvisor.hosts h
+    WHERE unitvisor.host_is_live(h) AND h.can_start;
     SELECT count(*) INTO busy FROM unitvisor.attempts a JOIN unitvisor.hosts h ON h.id = a.host_id
-    WHERE a.outcome IS NULL AND unitvisor.host_is_live(h);
+    WHERE a.outcome IS NULL AND unitvisor.host_is_live(h) AND h.can_start;
     SELECT count(*) INTO waiting FROM (
         SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now() AND r.state = 'queued'
@@ -319,7 +320,7 @@ LANGUAGE sql STABLE AS $$
                 (SELECT CASE
                     WHEN p.state = 'dead' THEN format('pinned to host %s, which is dead (%s)', p.id, p.dead_reason)
                     WHEN p.state <> 'active' THEN format('pinned to host %s, which is %s', p.id, p.state)
-                    WHEN NOT unitvisor.host_is_live(p) AND p.can_start THEN format(
+                    WHEN NOT unitvisor.host_is_live(p) THEN format(
                         'pinned to host %s, which has been silent for %s s', p.id,
                         round(extract(epoch FROM now() - p.heartbeat_at)::numeric))
                     ELSE format('pinned to host %s, which does not accept it: %s', p.id,

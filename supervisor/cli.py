@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import click
 
-from supervisor import __version__, config, store
+from supervisor import __version__, config, fleet, store
 from supervisor.journal import log_command
 from supervisor.model import RUN_STATES, TERMINAL_STATES, Attempt, Run
 from supervisor.quantities import QuantityError, format_duration, format_size, parse_duration, parse_percent, parse_size
@@ -216,6 +216,7 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]]) ->
         "limits": {key: data[key] for key in
                    ("memory_max", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
         "max_attempts": run.max_attempts, "cancel_requested_at": _iso(run.cancel_requested_at),
+        "wait_reason": run.wait_reason if run.state == "queued" else None,
         "created_at": _iso(run.created_at), "finished_at": _iso(run.finished_at),
         "attempts": [_attempt_json(a) for a in attempts],
         "events": [{"at": _iso(e["at"]), "attempt": e["attempt"], "host": e["host_id"], "state": e["state"],
@@ -245,6 +246,10 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     lines = [
         f"run {data['id']}",
         f"  state:     {run.state}",
+    ]
+    if data["wait_reason"]:
+        lines.append(f"  waiting:   {data['wait_reason']}")
+    lines += [
         f"  command:   {_command_text(run.argv)}",
         f"  limits:    memory={format_size(limits['memory_max'])} cpu="
         f"{str(limits['cpu_quota_percent']) + '%' if limits['cpu_quota_percent'] else '-'} "
@@ -307,7 +312,7 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
 
 _COLOURS = {"succeeded": "green", "ok": "green", "active": "green", "running": "cyan", "starting": "cyan",
             "queued": "blue", "failed": "red", "fail": "red", "cancelled": "yellow", "warn": "yellow",
-            "draining": "yellow", "stopped": "bright_black"}
+            "draining": "yellow", "stopped": "bright_black", "dead": "red"}
 
 
 def _colour_wanted() -> bool:
@@ -402,9 +407,16 @@ def reconcile(ctx: Context, dry_run: bool) -> None:
     log.setup(ctx.debug)
     settings = ctx.settings
     with ctx.connect() as conn:
+        found = store.host_fence(conn, settings.host_id)
+        if found is None:
+            raise Failure(f"host {settings.host_id} is not registered: start the daemon (systemctl start unitvisor)")
+        state, fence = found
+        if state == "dead" and not dry_run:
+            raise Failure(f"host {settings.host_id} was declared dead and its runs taken over: start or restart the "
+                          "daemon, which registers again and stops what was taken over")
         systemd = Systemd()
         try:
-            reconciler = Reconciler(settings, settings.host_id, conn, systemd)
+            reconciler = Reconciler(settings, fence, conn, systemd)
             done = reconciler.plan() if dry_run else reconciler.reconcile_pass()
         except SystemdError as exc:
             raise Failure(str(exc)) from None
@@ -487,31 +499,76 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
     sys.exit(0 if run.state == "succeeded" else 1)
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@pass_ctx
-def hosts(ctx: Context, as_json: bool) -> None:
+@click.pass_context
+def hosts(click_ctx: click.Context, as_json: bool) -> None:
     """List hosts: state, heartbeat age, capacity and runs in flight.
+
+    STATE is active, draining, stopped or dead; `(stale)` once a host missed two heartbeats (before
+    the fleet declares it dead), `(conflict)` while a second daemon with its id is being refused.
 
     \b
     Example:
       unitvisor hosts
+      unitvisor hosts forget web-7
     """
+    if click_ctx.invoked_subcommand is not None:
+        return
+    ctx: Context = click_ctx.obj
     with ctx.connect() as conn:
         rows = store.list_hosts(conn)
     if as_json:
         click.echo(json.dumps([{
-            "id": r["id"], "name": r["name"], "state": r["state"], "max_runs": r["max_runs"],
-            "memory_budget": r["memory_budget"], "version": r["version"], "started_at": _iso(r["started_at"]),
-            "heartbeat_at": _iso(r["heartbeat_at"]), "heartbeat_age_seconds": round(r["heartbeat_age"], 3),
-            "in_flight": r["in_flight"],
+            "id": r["id"], "name": r["name"], "state": r["state"], "display_state": fleet.host_display_state(r),
+            "max_runs": r["max_runs"], "memory_budget": r["memory_budget"], "version": r["version"],
+            "started_at": _iso(r["started_at"]), "heartbeat_at": _iso(r["heartbeat_at"]),
+            "heartbeat_age_seconds": round(r["heartbeat_age"], 3), "in_flight": r["in_flight"],
+            "epoch": r["epoch"], "instance": r["instance"], "can_start": r["can_start"],
+            "cannot_start_reason": r["cannot_start_reason"], "allowed_executables": r["allowed_executables"],
+            "run_user": r["run_user"], "allowed_users": r["allowed_users"],
+            "poll_interval_seconds": r["poll_interval_sec"], "host_dead_after_seconds": r["dead_after_sec"],
+            "dead_at": _iso(r["dead_at"]), "dead_reason": r["dead_reason"],
+            "conflict": r["conflict_detail"] if "conflict" in fleet.host_display_state(r) else None,
         } for r in rows], indent=2))
         return
     table = [("HOST", "NAME", "STATE", "HEARTBEAT", "RUNS", "MAX", "MEMORY BUDGET", "VERSION")]
+    notes = []
     for r in rows:
-        table.append((r["id"], r["name"], _state(r["state"]), format_duration(r["heartbeat_age"]) + " ago",
+        shown = fleet.host_display_state(r)
+        table.append((r["id"], r["name"], _state(r["state"], shown), format_duration(r["heartbeat_age"]) + " ago",
                       str(r["in_flight"]), str(r["max_runs"]), format_size(r["memory_budget"]), r["version"] or "-"))
+        if r["state"] == "dead" and r["dead_reason"]:
+            notes.append(f"{r['id']}: dead: {r['dead_reason']}")
+        if "conflict" in shown:
+            notes.append(f"{r['id']}: conflict: {r['conflict_detail']}")
+        if not r["can_start"]:
+            notes.append(f"{r['id']}: claims nothing: {r['cannot_start_reason']}")
     _print_table(table)
+    for note in notes:
+        click.echo(note)
+
+
+@hosts.command()
+@click.argument("host")
+@pass_ctx
+def forget(ctx: Context, host: str) -> None:
+    """Remove a dead (or stopped) host from the database once none of its runs is open.
+
+    \b
+    Example:
+      unitvisor hosts forget web-7
+    """
+    with ctx.connect() as conn:
+        state, open_count = store.forget_host(conn, host)
+    if state is None:
+        raise Failure(f"no host {host} (see `unitvisor hosts`)")
+    if open_count:
+        raise Failure(f"host {host} still has {open_count} open attempt(s); they are taken over once it is "
+                      "declared dead")
+    if state not in ("dead", "stopped"):
+        raise Failure(f"host {host} is {state}: only a dead or stopped host can be forgotten (drain and stop it first)")
+    click.echo(f"host {host} forgotten")
 
 
 def _set_host_state(ctx: Context, host: str | None, state: str) -> None:

@@ -29,6 +29,7 @@ in UTC; absent values are `null`.
 | `limits` | `memory_max` (bytes), `cpu_quota_percent`, `tasks_max`, `io_weight`, `runtime_max_sec` |
 | `max_attempts` | attempts in all |
 | `cancel_requested_at`, `created_at`, `finished_at` | times |
+| `wait_reason` | while queued: why no live host accepts the run (`null` when one does) |
 | `attempts` | list, oldest first: `attempt`, `host`, `unit`, `invocation_id`, `claimed_at`, `started_at`, \
 `ended_at`, `outcome`, `exit_status`, `reason` |
 | `events` | the recent history, oldest first: `at`, `attempt`, `host`, `state`, `reason` |
@@ -40,9 +41,12 @@ in UTC; absent values are `null`.
 `unitvisor runs --json`: a list, newest first, of `id`, `state`, `host`, `attempt`, `created_at`,
 `started_at`, `ended_at`, `outcome`, `exit_status`, `argv` (the latest attempt's values).
 
-`unitvisor hosts --json`: a list of `id`, `name`, `state` (`active`, `draining`, `stopped`),
-`max_runs`, `memory_budget`, `version`, `started_at`, `heartbeat_at`, `heartbeat_age_seconds`,
-`in_flight`.
+`unitvisor hosts --json`: a list of `id`, `name`, `state` (`active`, `draining`, `stopped`, `dead`),
+`display_state` (the state with `(stale)` or `(conflict)`), `max_runs`, `memory_budget`, `version`,
+`started_at`, `heartbeat_at`, `heartbeat_age_seconds`, `in_flight`, `epoch`, `instance`, `can_start`,
+`cannot_start_reason`, `allowed_executables`, `run_user`, `allowed_users`, `poll_interval_seconds`,
+`host_dead_after_seconds`, `dead_at`, `dead_reason`, `conflict` (what a refused second daemon said,
+while it lasts).
 
 ## Exit codes
 
@@ -60,6 +64,10 @@ def render() -> str:
         command = cli.commands[name]
         sub = click.Context(command, info_name=name, parent=root, terminal_width=100, max_content_width=100)
         parts += [f"## unitvisor {name}", "", "```", command.get_help(sub), "```", ""]
+        for sub_name in sorted(getattr(command, "commands", {})):
+            leaf = command.commands[sub_name]
+            leaf_ctx = click.Context(leaf, info_name=sub_name, parent=sub, terminal_width=100, max_content_width=100)
+            parts += [f"## unitvisor {name} {sub_name}", "", "```", leaf.get_help(leaf_ctx), "```", ""]
     return "\n".join(parts) + "\n" + JSON_FORMATS
 
 

@@ -10,7 +10,7 @@ import os
 import re
 import socket
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +223,11 @@ def parse(text: str, source: str = "<string>") -> Settings:
         raise ConfigError(f"{source}: unknown section [{sorted(unknown)[0]}] (known: {', '.join(_SECTIONS)})")
     try:
         sections = {name: _section(cls, name, data.get(name, {})) for name, cls in _SECTIONS.items()}
+        fleet_table = data.get("fleet", {})
+        if "host_dead_after" not in fleet_table and 3 * sections["daemon"].poll_interval > FleetSettings.host_dead_after:
+            # A longer poll interval stretches the default with it, rather than failing validation
+            # over a key its author never set.
+            sections["fleet"] = replace(sections["fleet"], host_dead_after=3 * sections["daemon"].poll_interval)
         settings = Settings(**sections, source=source)
         _validate(settings)
     except ConfigError as exc:

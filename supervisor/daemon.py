@@ -9,20 +9,21 @@ watchdog. Nothing is kept in memory that cannot be rebuilt from PostgreSQL and s
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 
 import psycopg
 import sdnotify
 
-from supervisor import __version__, faults, store, unitspec
-from supervisor.config import UNIT_PREFIX, ConfigError, Settings
+from supervisor import __version__, faults, fleet, store, unitspec
+from supervisor.config import UNIT_PREFIX, ConfigError, Settings, cut_off_after, machine_id
+from supervisor.guard import Guard, GuardedConnection
 from supervisor.log import event
 from supervisor.model import Attempt, Run
 from supervisor.reconciler import Reconciler
@@ -31,13 +32,9 @@ from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, Watche
 log = logging.getLogger("unitvisor")
 
 _BACKOFF_MAX = 30.0
-
-
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+# A database call that waits longer than this has met a silent network, not a slow statement: the
+# server ends any statement after its statement_timeout (store.SESSION_SETTINGS, 15 s) first.
+STALL_AFTER = 20.0
 
 
 @dataclass
@@ -45,11 +42,17 @@ class Timers:
     """Monotonic deadlines of the periodic work."""
 
     claim: float = 0.0
+    reclaim: float = math.inf  # a claim soon after a burst, for the jobs left to other hosts' shares
     reconcile: float = 0.0
+    upkeep: float = 0.0
     watchdog: float = 0.0
 
     def nearest(self, now: float, cap: float) -> float:
-        return max(0.0, min(self.claim, self.reconcile, self.watchdog, now + cap) - now)
+        return max(0.0, min(self.claim, self.reclaim, self.reconcile, self.watchdog, now + cap) - now)
+
+
+class Conflict(Exception):
+    """Another live daemon holds this host id: this one does nothing until it is gone."""
 
 
 class Daemon:
@@ -60,6 +63,12 @@ class Daemon:
         self.dsn_source = dsn_source
         self.dsn = ""
         self.host_id = settings.host_id
+        self.fence: store.Fence | None = None
+        self.is_root = os.geteuid() == 0
+        self.instance = fleet.instance_id(machine_id(), fleet.boot_id())
+        self.connected_since = 0.0
+        self.guard = Guard(STALL_AFTER, cut_off_after(settings) if settings.fleet.stop_runs_when_cut_off else None,
+                           _stop_running_units)
         self.systemd = Systemd()
         self.watcher = Watcher(UNIT_PREFIX)
         self.conn: store.Connection | None = None
@@ -72,6 +81,7 @@ class Daemon:
         self.reconciler: Reconciler | None = None
         self.problem = ""  # what is wrong right now, for STATUS=
         self.backoff = 1.0
+        self.error_backoff = 1.0
         watchdog_usec = _watchdog_usec()
         self.watchdog_interval = watchdog_usec / 2e6 if watchdog_usec else 0.0
         self.wakeup_r = -1
@@ -87,8 +97,13 @@ class Daemon:
         signal.set_wakeup_fd(wakeup_w)
         if not self.settings.runs.allowed_executables:
             event("allowlist-empty", level=logging.WARNING,
-                  detail="[runs] allowed_executables is empty: every run will be refused")
-        event("starting", host=self.host_id, version=__version__, config=self.settings.source)
+                  detail="[runs] allowed_executables is empty: this host claims no run")
+        if not self.is_root:
+            event("not-root", level=logging.WARNING,
+                  detail="the daemon is not root: systemd would refuse its units, so it claims no run")
+        event("starting", host=self.host_id, version=__version__, config=self.settings.source,
+              instance=self.instance)
+        self.guard.start()
         ready = False
         while not self.stopping:
             if not self._connected():
@@ -106,17 +121,20 @@ class Daemon:
                 self.backoff = 1.0
                 # After every (re)connect, before anything else: repair what changed while we
                 # were not looking.
-                self.reconciler = Reconciler(self.settings, self.host_id, self.conn, self.systemd)
+                self.reconciler = Reconciler(self.settings, self.fence, self.conn, self.systemd,
+                                             cut_off_units=self.guard.cut_off_units)
                 if not self._guard(self._reconcile):
                     continue
                 if not ready:
                     self.notifier.notify("READY=1")
                     event("ready", host=self.host_id)
                     ready = True
-            self._guard(self._iteration)
+            if self._guard(self._iteration):
+                self.error_backoff = 1.0
         self.notifier.notify("STOPPING=1")
         event("stopping", host=self.host_id, detail="runs keep running; they are adopted on the next start")
-        self._guard(lambda: store.mark_host_stopped(self.conn, self.host_id) if self.conn else None)
+        self._guard(lambda: store.mark_host_stopped(self.conn, self.fence) if self.conn and self.fence else None)
+        self.guard.stop()
         self._disconnect()
         return 0
 
@@ -138,23 +156,29 @@ class Daemon:
             if self.conn is None or self.listen_conn is None:
                 self._close_db()
                 self.dsn = self.dsn_source()
-                self.conn = store.connect(self.dsn)
+                conn = store.connect(self.dsn, GuardedConnection)
+                conn.guard = self.guard
+                self.conn = conn
                 self.listen_conn = store.connect(self.dsn)
                 store.listen(self.listen_conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
                 pending = store.pending_migrations(self.conn)
                 if pending:
                     raise store.DatabaseError(
                         f"the database schema is not current (missing {', '.join(pending)}): run `unitvisor migrate`")
-                self.host_state = store.register_host(
-                    self.conn, self.host_id, self.settings.host_name, self.settings.host.max_runs,
-                    self.settings.host.memory_budget, __version__, boot_id())
-                event("database-connected", host=self.host_id, db=store.dsn_location(self.dsn))
+                self._register()
+                event("database-connected", host=self.host_id, db=store.dsn_location(self.dsn),
+                      epoch=self.fence.epoch if self.fence else None)
             if not self.systemd.connected or not self.watcher.connected:
                 self.watcher.connect()
                 self.systemd.connect()
                 event("systemd-connected", host=self.host_id)
         except ConfigError as exc:
             self._trouble(f"waiting for a database: {exc}")
+            return False
+        except Conflict as exc:
+            self._close_db()
+            self._trouble(f"not working: {exc}; this daemon claims, starts and stops nothing while it lasts")
+            self.backoff = self.settings.daemon.poll_interval
             return False
         except (store.DatabaseError, psycopg.Error) as exc:
             self._close_db()
@@ -168,6 +192,27 @@ class Daemon:
         self.problem = ""
         return True
 
+    def _register(self) -> None:
+        """Take this host id for this daemon (or learn that another live daemon has it), then renew."""
+        assert self.conn is not None
+        # A session whose client went silent (a black hole) ends on the server after this long, so
+        # that it does not hold this host's lock for ever; a live daemon speaks every poll interval.
+        store.set_idle_session_timeout(self.conn, self.settings.fleet.host_dead_after)
+        profile = fleet.host_profile(self.settings, __version__, self.instance, fleet.boot_id(), self.is_root)
+        sent = time.monotonic()
+        registration = store.register_host(self.conn, profile)
+        if not registration.registered:
+            event("host-id-conflict", level=logging.ERROR, host=self.host_id, instance=self.instance,
+                  detail=registration.detail)
+            raise Conflict(registration.detail)
+        assert registration.state is not None and registration.epoch is not None
+        self.fence = store.Fence(self.host_id, registration.epoch)
+        self.host_state = registration.state
+        self.guard.renewed(sent)
+        self.connected_since = time.monotonic()
+        event("registered", host=self.host_id, epoch=registration.epoch, state=registration.state,
+              detail=registration.detail)
+
     def _trouble(self, message: str) -> None:
         message = " ".join(message.split())
         if message != self.problem:
@@ -176,13 +221,14 @@ class Daemon:
         self._status()
 
     def _close_db(self) -> None:
-        for conn in (self.conn, self.listen_conn):
-            if conn is not None:
-                try:
-                    conn.close()
-                except psycopg.Error:
-                    pass
-        self.conn = self.listen_conn = None
+        with self.guard.closing():
+            for conn in (self.conn, self.listen_conn):
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except psycopg.Error:
+                        pass
+            self.conn = self.listen_conn = None
 
     def _disconnect(self) -> None:
         self._close_db()
@@ -190,10 +236,18 @@ class Daemon:
         self.watcher.close()
 
     def _guard(self, work: Callable[[], object]) -> bool:
-        """Run one piece of work; a lost database or bus drops the connection for a retry."""
+        """Run one piece of work; a lost database or bus drops the connection for a retry. Nothing
+        that goes wrong in it ends the daemon: it is logged as one event, and the loop goes on."""
         try:
             work()
-            return True
+        except store.Fenced as exc:
+            # Declared dead (or the id taken over, or the row deleted) while we were away: register
+            # again, for a new epoch. The reconcile pass after it stops every unit whose attempt was
+            # taken over; nothing of them is recorded, started or adopted here.
+            event("fenced", level=logging.WARNING, host=self.host_id, detail=str(exc))
+            self._close_db()
+            self._trouble(f"fenced: {exc}; registering again")
+            self.backoff = 1.0
         except store.CONNECTION_LOST as exc:
             self._close_db()
             self._trouble(f"database at {store.dsn_location(self.dsn)} unreachable: {store.one_line(exc)}")
@@ -201,6 +255,16 @@ class Daemon:
             self.systemd.close()
             self.watcher.close()
             self._trouble(str(exc))
+        except Exception as exc:  # a bug, or a database error nobody foresaw: contained, retried
+            log.debug("traceback", exc_info=True)
+            self._close_db()
+            self._trouble(f"internal error: {type(exc).__name__}: {store.one_line(exc)}")
+            # Backed off, so that an error that repeats costs a reconnect a while, not a busy loop.
+            self._sleep(self.error_backoff)
+            self.error_backoff = min(self.error_backoff * 2, _BACKOFF_MAX)
+            return False
+        else:
+            return True
         return False
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -225,11 +289,18 @@ class Daemon:
         # A settled run frees a slot: claim again now rather than at the next poll, or a backlog
         # larger than max_runs drains one batch per poll interval.
         wake_claim = wake_claim or self.reconciler.settled > settled_before
+        if now >= self.timers.reclaim:
+            wake_claim, self.timers.reclaim = True, math.inf
         if now >= self.timers.claim:
-            probe = store.probe(self.conn, self.host_id)
-            self.host_state = probe.host_state or self.host_state
+            sent = time.monotonic()
+            probe = store.probe(self.conn, self.fence, fleet.explain_after(self.settings))
+            self.guard.renewed(sent)
+            # Read before the claim: a drain takes effect before the next claim, not at the next poll.
+            self.host_state = probe.host_state
             wake_claim, wake_cancel = wake_claim or probe.claimable, wake_cancel or probe.cancels
             self.timers.claim = now + self.settings.daemon.poll_interval
+            if probe.upkeep and now >= self.timers.upkeep:
+                self._fleet_upkeep()
         if wake_cancel:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, cancel_requested=True))
         if wake_claim:
@@ -242,6 +313,13 @@ class Daemon:
     def _reconcile(self) -> None:
         self.reconciler.reconcile_pass()
         self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
+
+    def _fleet_upkeep(self) -> None:
+        """Declare silent hosts dead and take over their runs; say why runs wait that no host takes.
+        Every daemon tries at most once a poll interval; one at a time does it (the database decides)."""
+        self.reconciler.take_over_dead_hosts(time.monotonic() - self.connected_since)
+        self.reconciler.explain_waiting()
+        self.timers.upkeep = time.monotonic() + self.settings.daemon.poll_interval
 
     def _reconcile_attempts(self, pairs: list[tuple[Run, Attempt]]) -> None:
         for run, attempt in pairs:
@@ -273,6 +351,10 @@ class Daemon:
         text = f"runs in flight: {r.in_flight if r else 0}, claimed: {self.claimed}, settled: {r.settled if r else 0}"
         if self.host_state == "draining":
             text += "; draining"
+        if not self.is_root:
+            text += "; not root: claiming nothing"
+        if self.guard.cut_off:
+            text += "; cut off from the database: runs stopped (stop_runs_when_cut_off)"
         if self.problem:
             text = f"{self.problem}; retrying. {text}"
         self.notifier.notify(f"STATUS={text}")
@@ -280,15 +362,16 @@ class Daemon:
     # -- work -------------------------------------------------------------------------------------
 
     def _claim_and_spawn(self) -> None:
-        assert self.conn is not None
-        if self.host_state != "active" or self.stopping:
+        assert self.conn is not None and self.fence is not None
+        if self.host_state != "active" or self.stopping or not self.is_root:
             return
         daemon = self.settings.daemon
         while not self.stopping:
-            claimed = store.claim(self.conn, self.host_id, daemon.claim_batch, self.settings.host.max_runs,
-                                  self.settings.host.memory_budget, unitspec.UNIT_NAME_FORMAT)
+            claimed = store.claim(self.conn, self.fence, daemon.claim_batch, unitspec.UNIT_NAME_FORMAT)
             if not claimed:
                 return
+            # Jobs left to other hosts' fair shares are anyone's after the spread grace: look again then.
+            self.timers.reclaim = min(self.timers.reclaim, time.monotonic() + fleet.RECLAIM_AFTER)
             self.claimed += len(claimed)
             self.reconciler.in_flight += len(claimed)
             for run, attempt in claimed:
@@ -298,6 +381,21 @@ class Daemon:
                 self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.start(r, a))
             if len(claimed) < daemon.claim_batch:
                 return
+
+
+def _stop_running_units() -> list[str]:
+    """Stop every unit of ours whose process still runs, on a bus connection of its own (the guard's
+    thread calls it while the loop may be blocked on the other). Ended units keep their outcome."""
+    systemd = Systemd()
+    try:
+        units = systemd.list_units(unitspec.UNIT_GLOB)
+        stopped = []
+        for name, brief in units.items():
+            if brief.process_running and systemd.stop(name):
+                stopped.append(name)
+        return stopped
+    finally:
+        systemd.close()
 
 
 def _drain_pipe(fd: int) -> None:

@@ -3,11 +3,12 @@ what to do about it."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor import config, store
+from supervisor import config, fleet, store
 from supervisor.systemd import Systemd, SystemdError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -45,6 +46,9 @@ def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check
         checks.append(Check("allowlist", "ok", f"{len(settings.runs.allowed_executables)} allowed executables"))
     else:
         checks.append(Check("allowlist", "warn", "[runs] allowed_executables is empty: every run will be refused"))
+    if os.geteuid() != 0:
+        checks.append(Check("root", "warn", "not running as root: a daemon started like this claims no run "
+                            "(systemd starts units only for root)"))
     checks += _database_checks(settings, dsn_override)
     checks += _systemd_checks(settings)
     checks.append(cgroup_check())
@@ -57,6 +61,7 @@ def _database_checks(settings: config.Settings, dsn_override: str | None) -> lis
         with store.connect(dsn) as conn:
             pending = store.pending_migrations(conn)
             db_now = store.now(conn).timestamp()
+            hosts = {row["id"]: row for row in store.list_hosts(conn)} if not pending else {}
     except (config.ConfigError, store.DatabaseError) as exc:
         return [Check("database", "fail", str(exc))]
     checks = [Check("database", "ok", f"reachable at {store.dsn_location(dsn)}")]
@@ -64,10 +69,33 @@ def _database_checks(settings: config.Settings, dsn_override: str | None) -> lis
         checks.append(Check("schema", "fail", f"missing migrations {', '.join(pending)}: run `unitvisor migrate`"))
     else:
         checks.append(Check("schema", "ok", "current"))
+    if not pending:
+        checks.append(host_id_check(settings.host_id, hosts.get(settings.host_id),
+                                    fleet.instance_id(config.machine_id(), fleet.boot_id())))
     skew = abs(time.time() - db_now)
     checks.append(Check("clock", "ok" if skew < 1 else "warn",
                         f"{skew:.2f}s from the database's clock" + ("" if skew < 1 else "; run NTP on both")))
     return checks
+
+
+def host_id_check(host_id: str, row: dict | None, instance: str) -> Check:
+    """Whether this host's id is this machine's alone: a cloned machine id or a reused [host] id makes
+    two daemons share one id, and only one of them works."""
+    if row is None:
+        return Check("host id", "ok", f"{host_id} (not registered yet: the daemon registers it)")
+    state = fleet.host_display_state(row)
+    poll = row.get("poll_interval_sec") or 10.0
+    if "conflict" in state:
+        return Check("host id", "fail", f"{host_id}: {row['conflict_detail']} {row['conflict_age']:.0f}s ago; give "
+                     "each host its own [host] id (or machine id: systemd-machine-id-setup)")
+    if (row["instance"] not in (None, instance) and row["state"] in ("active", "draining")
+            and row["heartbeat_age"] < 3 * poll):
+        return Check("host id", "fail", f"{host_id} is in use by another machine or boot (instance {row['instance']}, "
+                     f"heard from {row['heartbeat_age']:.0f}s ago); give each host its own [host] id")
+    if row["state"] == "dead":
+        return Check("host id", "warn", f"{host_id} was declared dead ({row['dead_reason']}); the daemon registers "
+                     "it again when it runs, and stops what was taken over")
+    return Check("host id", "ok", f"{host_id} ({state}, epoch {row['epoch']})")
 
 
 def _systemd_checks(settings: config.Settings) -> list[Check]:

@@ -13,12 +13,19 @@ Decision table (every row has a unit test in tests/unit/test_reconciler.py):
 | any                                | unit, ended                 | SETTLE with the unit's outcome, release  |
 | started                            | no unit (reboot, reset)     | GONE: cancelled if requested, else the   |
 |                                    |                             | journal's outcome, else lost             |
-| outcome already recorded           | unit with our prefix        | RELEASE the unit (crash before release)  |
+| outcome already recorded           | unit ended                  | RELEASE the unit (crash before release)  |
+| outcome already recorded           | unit still running          | STOP_STALE: taken over while this host   |
+|                                    |                             | was cut off, or cancelled; stop it       |
+| open, on this host (claimed while  | unit with our prefix        | NOTHING: the next pass sees it as ours   |
+| the pass listed units)             |                             |                                          |
+| open, on another host              | unit with our prefix        | LEAVE it: never ours to stop             |
 | no attempt row yet, run in flight  | unit with the attempt's name| LEAVE it: the claim will adopt it        |
-| no row on this host                | unit with our prefix        | STOP_ORPHAN (or leave it, by config)     |
+| no attempt row at all              | unit with our prefix        | STOP_ORPHAN (or leave it, by config)     |
 
-Time alone never proves a run dead: an attempt is only settled from what systemd (or its absence)
-says about its unit.
+Time alone never proves a run of this host dead: an attempt is only settled from what systemd (or its
+absence) says about its unit. Across hosts, time is all there is: a host silent for longer than its
+host_dead_after is declared dead by the database (one live daemon at a time), and this module settles
+its open attempts as `lost` (take_over_dead_hosts); fencing makes sure the dead host cannot write over it.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from supervisor import faults, store, unitspec
+from supervisor import faults, fleet, store, unitspec
 from supervisor.config import Settings
 from supervisor.journal import Journal
 from supervisor.log import event
@@ -48,6 +55,7 @@ class Action(enum.Enum):
     RELEASE = "release"
     STOP_ORPHAN = "stop-orphan"
     LEAVE_ORPHAN = "leave-orphan"
+    STOP_STALE = "stop-stale"
 
 
 @dataclass(frozen=True)
@@ -87,9 +95,21 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
     return Decision(Action.NOTHING, name, "unit is running")
 
 
-def decide_orphan(unit_name: str, settled: bool, stop_orphans: bool, awaiting_claim: bool = False) -> Decision:
-    """A unit with our prefix and no open attempt on this host."""
-    if settled:
+def decide_orphan(unit_name: str, owner: store.UnitOwner | None, host_id: str, stop_orphans: bool,
+                  running: bool, awaiting_claim: bool = False) -> Decision:
+    """A unit with our prefix and no open attempt of this host in the pass's snapshot. `owner` is its
+    attempt row as read after the units were listed; `running` whether its process still runs."""
+    if owner is not None and owner.outcome is None:
+        if owner.host_id == host_id:
+            return Decision(Action.NOTHING, unit_name, "claimed by this host while the pass ran; the next pass "
+                            "looks at it")
+        # Never ours to stop, whatever made it appear here (a changed [host] id, a restored image): the
+        # host that owns the attempt decides, or the fleet declares that host dead.
+        return Decision(Action.LEAVE_ORPHAN, unit_name, f"its attempt is open on host {owner.host_id}; left running")
+    if owner is not None:
+        if running:
+            return Decision(Action.STOP_STALE, unit_name, f"its attempt already has an outcome ({owner.outcome}, "
+                            f"recorded by host {owner.host_id}) but the unit still runs; stopping it")
         return Decision(Action.RELEASE, unit_name, "outcome already recorded; releasing the unit")
     if awaiting_claim:
         # Stopping it would be the one wrong move: its run is still to be started, and the claim
@@ -97,9 +117,9 @@ def decide_orphan(unit_name: str, settled: bool, stop_orphans: bool, awaiting_cl
         return Decision(Action.LEAVE_ORPHAN, unit_name, "its run is in flight and this attempt not yet "
                         "claimed; the claim will adopt it")
     if stop_orphans:
-        return Decision(Action.STOP_ORPHAN, unit_name, "no open attempt on this host owns this unit")
-    return Decision(Action.LEAVE_ORPHAN, unit_name,
-                    "no open attempt on this host owns this unit; left running by config")
+        return Decision(Action.STOP_ORPHAN, unit_name, "no attempt in the database owns this unit")
+    return Decision(Action.LEAVE_ORPHAN, unit_name, "no attempt in the database owns this unit; left running by "
+                    "config")
 
 
 @dataclass(frozen=True)
@@ -116,11 +136,15 @@ class Reconciler:
     start of a name adopts it, a second outcome write changes nothing, so a pass that is cut short
     by a crash is simply run again."""
 
-    def __init__(self, settings: Settings, host_id: str, conn: store.Connection, systemd: Systemd,
-                 journal: Journal | None = None) -> None:
+    def __init__(self, settings: Settings, fence: store.Fence, conn: store.Connection, systemd: Systemd,
+                 journal: Journal | None = None, cut_off_units: set[str] | None = None) -> None:
+        """`cut_off_units`: units this host stopped itself while cut off from the database (the guard
+        fills it); their outcome is `lost`, whatever the stop made them exit with."""
         self.settings = settings
-        self.host_id = host_id
+        self.fence = fence
+        self.host_id = fence.host_id
         self.conn = conn
+        self.cut_off_units = cut_off_units if cut_off_units is not None else set()
         self.systemd = systemd
         self.journal = journal or Journal()
         self.random = random.Random()
@@ -148,11 +172,16 @@ class Reconciler:
 
     def _orphans(self, units: dict[str, UnitBrief], owned: set[str]) -> list[Decision]:
         loaded = [name for name in units if name not in owned]
-        settled = store.settled_unit_names(self.conn, loaded) if loaded else set()
+        if not loaded:
+            return []
+        # Read after the listing: an attempt claimed (and its unit started) while this pass ran is seen
+        # here as open on this host, never as an orphan, even from a pass run by hand beside the daemon.
+        owners = store.unit_owners(self.conn, loaded)
         parsed = {name: unitspec.parse_unit_name(name) for name in loaded}
-        unclaimed = store.unclaimed_attempts(self.conn, [p for p in parsed.values() if p])
-        return [decide_orphan(name, name in settled, self.settings.daemon.stop_orphans,
-                              awaiting_claim=parsed[name] in unclaimed) for name in loaded]
+        unclaimed = store.unclaimed_attempts(self.conn, [p for n, p in parsed.items() if p and n not in owners])
+        return [decide_orphan(name, owners.get(name), self.host_id, self.settings.daemon.stop_orphans,
+                              running=units[name].process_running, awaiting_claim=parsed[name] in unclaimed)
+                for name in loaded]
 
     # -- acting -----------------------------------------------------------------------------------
 
@@ -212,7 +241,7 @@ class Reconciler:
         if created:
             # A unit we just created is running (or about to fail, which its signals will say): no
             # need to read it back. Its invocation id is recorded with its outcome, or by the next pass.
-            store.mark_started(self.conn, attempt, None, f"unit {attempt.unit_name} started")
+            store.mark_started(self.conn, self.fence, attempt, None, f"unit {attempt.unit_name} started")
             return
         # An existing unit may be in any state, even ended: decide on what systemd says.
         decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
@@ -226,11 +255,11 @@ class Reconciler:
         if action is Action.START:
             self.start(run, attempt)
         elif action is Action.ADOPT:
-            store.mark_started(self.conn, attempt, decision.invocation_id, decision.reason)
+            store.mark_started(self.conn, self.fence, attempt, decision.invocation_id, decision.reason)
         elif action is Action.STOP:
-            store.mark_started(self.conn, attempt, decision.invocation_id, f"adopted: {decision.reason}")
+            store.mark_started(self.conn, self.fence, attempt, decision.invocation_id, f"adopted: {decision.reason}")
             if self.systemd.stop(attempt.unit_name):
-                store.record_event(self.conn, attempt, run.state, f"stopping unit {attempt.unit_name}: "
+                store.record_event(self.conn, self.fence, attempt, run.state, f"stopping unit {attempt.unit_name}: "
                                    f"{decision.reason} (SIGTERM, then SIGKILL after the grace)")
                 event("stopping-run", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
                       detail=decision.reason)
@@ -239,33 +268,67 @@ class Reconciler:
             outcome = decision.outcome
             if outcome.outcome == "lost":
                 outcome = self.journal.outcome(attempt.unit_name, attempt.invocation_id) or outcome
-            self.settle(run, attempt, outcome, unit_exists=False)
+            self.settle(run, attempt, self._cut_off(attempt, outcome), unit_exists=False)
         elif action is Action.SETTLE:
             assert decision.outcome is not None
-            self.settle(run, attempt, decision.outcome, unit_exists=attempt.started_at is not None
-                        or decision.invocation_id is not None, invocation_id=decision.invocation_id)
+            self.settle(run, attempt, self._cut_off(attempt, decision.outcome),
+                        unit_exists=attempt.started_at is not None or decision.invocation_id is not None,
+                        invocation_id=decision.invocation_id)
+
+    def _cut_off(self, attempt: Attempt, outcome: Outcome) -> Outcome:
+        if attempt.unit_name not in self.cut_off_units or outcome.outcome == "cancelled":
+            return outcome
+        return fleet.cut_off_outcome(outcome, self.settings.fleet.host_dead_after)
 
     def apply_orphan(self, decision: Decision) -> None:
         if decision.action is Action.RELEASE:
             self.systemd.release(decision.unit_name)
-        elif decision.action is Action.STOP_ORPHAN:
+        elif decision.action in (Action.STOP_ORPHAN, Action.STOP_STALE):
             self.systemd.stop(decision.unit_name)
             self.systemd.reset_failed(decision.unit_name)
+        if decision.action is Action.NOTHING:
+            return
         event(decision.action.value, unit=decision.unit_name, detail=decision.reason,
               level=logging.INFO if decision.action is Action.RELEASE else logging.WARNING)
 
     def settle(self, run: Run, attempt: Attempt, outcome: Outcome, unit_exists: bool = True,
                invocation_id: str | None = None) -> None:
         """Record an attempt's outcome (and the run's next step), then release its unit."""
-        delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
-        next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
-        faults.point("before-outcome")
-        if store.record_outcome(self.conn, attempt, outcome, next_state, delay, invocation_id):
+        if self._record(run, attempt, outcome, invocation_id):
             self.settled += 1
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
-            event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
-                  outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,
-                  detail=outcome.reason)
+        self.cut_off_units.discard(attempt.unit_name)
         # Released only once the outcome is committed: until then the unit is the only record of it.
         if unit_exists:
             self.systemd.release(attempt.unit_name)
+
+    def _record(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None) -> bool:
+        delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
+        next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
+        faults.point("before-outcome")
+        recorded = store.record_outcome(self.conn, self.fence, attempt, outcome, next_state, delay, invocation_id)
+        if recorded:
+            event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name, host=attempt.host_id,
+                  outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,
+                  detail=outcome.reason)
+        return recorded
+
+    # -- the fleet --------------------------------------------------------------------------------
+
+    def take_over_dead_hosts(self, connected_for: float) -> list[store.DeadHost]:
+        """Declare every silent host dead (when this daemon is the one of the fleet doing it now) and
+        settle its open attempts as lost, in one transaction: either a host is dead and all its attempts
+        are settled, or nothing changed. Its runs then retry elsewhere or fail, by their own policy."""
+        with self.conn.transaction():
+            dead = store.declare_dead_hosts(self.conn, self.fence, connected_for)
+            for host in dead:
+                pairs = store.open_attempts(self.conn, host.host_id)
+                for run, attempt in pairs:
+                    self._record(run, attempt, fleet.takeover_outcome(run, host, self.host_id))
+                event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=len(pairs),
+                      detail=f"silent for {host.silent:.0f}s (host_dead_after {host.dead_after:g}s)")
+        return dead
+
+    def explain_waiting(self) -> int:
+        """Say why runs wait that no live host accepts (in runs.wait_reason and one event each)."""
+        return store.explain_waiting(self.conn, fleet.explain_after(self.settings))

@@ -97,6 +97,11 @@ class UnitBrief:
     def plainly_running(self) -> bool:
         return self.active_state == "active" and self.sub_state == "running" and not self.job_pending
 
+    @property
+    def process_running(self) -> bool:
+        """Its process may still run: not ended (an exited unit with RemainAfterExit is `active/exited`)."""
+        return self.active_state in ("active", "activating", "deactivating", "reloading") and self.sub_state != "exited"
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -60,10 +60,12 @@ class Host:
         self.tb.write("/etc/unitvisor/dsn", self.dsn + "\n")
         (self.tb.root / "etc/unitvisor/dsn").chmod(0o600)
 
-    def install_units(self, environment: dict[str, str] | None = None) -> None:
+    def install_units(self, environment: dict[str, str] | None = None, user: str | None = None) -> None:
         for name in ("unitvisor.service", "unitvisor.slice"):
             self.tb.write(f"/etc/systemd/system/{name}", (REPO / "units" / name).read_text())
-        env_lines = "".join(f"Environment={k}={v}\n" for k, v in (environment or {}).items())
+        env_lines = "".join(f'Environment="{k}={v}"\n' for k, v in (environment or {}).items())
+        if user:
+            env_lines += f"User={user}\n"
         # The packaged unit runs /usr/bin/unitvisor; here the checkout's virtualenv stands in for the
         # package. Restart=no so that a drill decides when the daemon comes back. The checkout may be
         # anywhere (CI clones under /tmp or /root), which PrivateTmp= and ProtectHome= would hide:
@@ -73,10 +75,10 @@ class Host:
                       f"BindReadOnlyPaths={REPO}\n{env_lines}")
         self.tb.run("systemctl", "daemon-reload")
 
-    def start(self, environment: dict[str, str] | None = None, configure: bool = True) -> None:
+    def start(self, environment: dict[str, str] | None = None, configure: bool = True, user: str | None = None) -> None:
         if configure and not (self.tb.root / "etc/unitvisor/unitvisor.toml").exists():
             self.configure()
-        self.install_units(environment)
+        self.install_units(environment, user)
         result = self.tb.run("systemctl", "start", "unitvisor.service", check=False, timeout=120)
         if result.returncode != 0:
             raise AssertionError(f"unitvisor.service did not start: {result.stderr.strip()}\n{self.daemon_log()}")

@@ -14,6 +14,7 @@ def insert_raw(dsn: str, argv: list[str], environment: object) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_environment_valid")
         conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_argv_valid")
+        conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_argv0_normalised")
         run_id = conn.execute(
             "INSERT INTO unitvisor.runs (argv, environment) VALUES (%s, %s::jsonb) RETURNING id",
             (argv, json.dumps(environment))).fetchone()[0]
@@ -29,6 +30,10 @@ def test_malformed_rows_are_refused_and_the_daemon_goes_on(host: Host) -> None:
         "env newline": insert_raw(host.dsn, ["/bin/true"], {"OK": "a\nb"}),
         "env not an object": insert_raw(host.dsn, ["/bin/true"], ["A=1"]),
         "env value not a string": insert_raw(host.dsn, ["/bin/true"], {"N": 5}),
+        "dotted argv0 an allowlist glob matches": insert_raw(host.dsn, ["/usr/bin/.."], {}),
+    }
+    # No allowlist entry can match these, so no host claims them: they wait, and say why.
+    unmatched = {
         "relative argv0": insert_raw(host.dsn, ["true"], {}),
         "dotted argv0": insert_raw(host.dsn, ["/usr/bin/../../bin/true"], {}),
     }
@@ -38,6 +43,9 @@ def test_malformed_rows_are_refused_and_the_daemon_goes_on(host: Host) -> None:
         [attempt] = data["attempts"]
         assert attempt["outcome"] == "refused", what
         assert attempt["reason"], what
+    for what, run_id in unmatched.items():
+        data = wait_for(lambda r=run_id: (d := host.show(r))["wait_reason"] and d, timeout=30, what=what)
+        assert data["attempts"] == [] and "is not allowed" in data["wait_reason"], what
     assert host.wait_run(good_before)["state"] == "succeeded"
     assert host.wait_run(good_after)["state"] == "succeeded"
     assert daemon_active(host) == "active"
@@ -57,13 +65,14 @@ def test_status_reports_counts(host: Host) -> None:
              == "runs in flight: 0, claimed: 2, settled: 2", what="STATUS= to count the cancel")
 
 
-def test_empty_allowlist_refuses_everything_and_says_so(host: Host) -> None:
+def test_empty_allowlist_claims_nothing_and_says_so(host: Host) -> None:
+    """A freshly installed host (no allowlist yet) must not fail the fleet's runs: it claims none."""
     host.configure(config='[host]\nid = "testhost-1"\n[daemon]\npoll_interval = "2s"\n')
     host.start()
     run_id = host.submit("--", "/bin/true")
-    [attempt] = host.wait_run(run_id)["attempts"]
-    assert attempt["outcome"] == "refused"
-    assert "allowed_executables is empty" in attempt["reason"]
+    data = wait_for(lambda: (d := host.show(run_id))["wait_reason"] and d, timeout=30, what="the reason it waits")
+    assert data["attempts"] == []
+    assert data["wait_reason"] == "no live host accepts it: executable /bin/true is not allowed (testhost-1)"
     assert "allowlist-empty" in host.daemon_log()
 
 

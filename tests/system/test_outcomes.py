@@ -63,21 +63,28 @@ def test_unknown_run_user_is_start_failed(started: Host) -> None:
     assert "USER" in attempt["reason"]
 
 
-def test_user_not_allowed_is_refused(started: Host) -> None:
+def waiting_reason(host: Host, run_id: str) -> str:
+    """The reason a run that this host may not run waits, once the fleet upkeep recorded it."""
+    data = wait_for(lambda: (d := host.show(run_id))["wait_reason"] and d, timeout=30,
+                    what=f"run {run_id} to say why it waits")
+    assert data["state"] == "queued" and data["attempts"] == []
+    assert [e for e in data["events"] if e["reason"].startswith("waiting: ")]
+    return data["wait_reason"]
+
+
+def test_user_not_allowed_is_never_claimed_and_says_why_it_waits(started: Host) -> None:
     run_id = started.submit("--user", "root", "--", "/bin/true")
-    attempt = only_attempt(started.wait_run(run_id))
-    assert attempt["outcome"] == "refused"
-    assert "allowed_users" in attempt["reason"]
+    assert waiting_reason(started, run_id) == "no live host accepts it: user root is not allowed (testhost-1)"
 
 
-def test_executable_outside_allowlist_is_refused_and_starts_no_unit(started: Host) -> None:
+def test_executable_outside_allowlist_is_never_claimed_and_starts_no_unit(started: Host) -> None:
     run_id = started.submit("--", "/usr/sbin/nologin")
-    data = started.wait_run(run_id)
-    attempt = only_attempt(data)
-    assert attempt["outcome"] == "refused"
-    assert attempt["started_at"] is None
-    journal = started.tb.run("journalctl", "-u", attempt["unit"], "--no-pager", check=False).stdout
-    assert "Started" not in journal
+    reason = waiting_reason(started, run_id)
+    assert reason == "no live host accepts it: executable /usr/sbin/nologin is not allowed (testhost-1)"
+    assert started.loaded_run_units() == []
+    # A run this host may run still runs beside it: the waiting one blocks nothing.
+    assert started.wait_run(started.submit("--", "/bin/true"))["state"] == "succeeded"
+    assert started.show(run_id)["state"] == "queued"
 
 
 def test_cancel_while_running_is_cancelled(started: Host) -> None:

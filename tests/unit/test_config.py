@@ -143,7 +143,7 @@ def test_list_values_become_tuples():
 def test_unknown_section():
     with pytest.raises(ConfigError) as info:
         parse("[hosts]\nmax_runs = 3\n", "u.toml")
-    assert str(info.value) == "u.toml: unknown section [hosts] (known: database, host, daemon, systemd, runs)"
+    assert str(info.value) == "u.toml: unknown section [hosts] (known: database, host, daemon, systemd, runs, fleet)"
 
 
 def test_unknown_top_level_key_is_an_unknown_section():

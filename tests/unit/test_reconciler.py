@@ -9,6 +9,7 @@ import pytest
 
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import CLD_DUMPED, CLD_EXITED, CLD_KILLED, Outcome
+from supervisor import store
 from supervisor.reconciler import Action, Decision, decide, decide_orphan
 from supervisor.systemd import UnitState
 from supervisor.unitspec import unit_name
@@ -220,39 +221,71 @@ def test_every_decision_for_an_open_attempt_is_one_of_the_attempt_actions():
 
 # -- units that no open attempt owns ----------------------------------------------------------------
 
+SETTLED = store.UnitOwner("me", "exit-code")
+OPEN_HERE = store.UnitOwner("me", None)
+OPEN_ELSEWHERE = store.UnitOwner("other", None)
+
+
+def orphan(owner, stop_orphans=True, running=False, awaiting_claim=False):
+    return decide_orphan(NAME, owner, "me", stop_orphans, running, awaiting_claim)
+
+
 @pytest.mark.parametrize("stop_orphans", [True, False])
-def test_settled_attempts_unit_is_released(stop_orphans):
-    assert decide_orphan(NAME, settled=True, stop_orphans=stop_orphans) == Decision(
-        Action.RELEASE, NAME, "outcome already recorded; releasing the unit")
+def test_settled_attempts_ended_unit_is_released(stop_orphans):
+    assert orphan(SETTLED, stop_orphans) == Decision(Action.RELEASE, NAME, "outcome already recorded; releasing the unit")
 
 
-def test_orphan_is_stopped():
-    assert decide_orphan(NAME, settled=False, stop_orphans=True) == Decision(
-        Action.STOP_ORPHAN, NAME, "no open attempt on this host owns this unit")
+@pytest.mark.parametrize("stop_orphans", [True, False])
+def test_settled_attempts_running_unit_is_stopped_as_stale(stop_orphans):
+    """Taken over while this host was cut off (or cancelled and the stop not yet done): whatever the
+    config says about orphans, a unit whose attempt is settled must not keep running."""
+    d = orphan(store.UnitOwner("declarer", "lost"), stop_orphans, running=True)
+    assert d.action is Action.STOP_STALE
+    assert "lost" in d.reason and "declarer" in d.reason
+
+
+def test_orphan_with_no_row_is_stopped():
+    assert orphan(None) == Decision(Action.STOP_ORPHAN, NAME, "no attempt in the database owns this unit")
 
 
 def test_orphan_is_left_by_config():
-    assert decide_orphan(NAME, settled=False, stop_orphans=False) == Decision(
-        Action.LEAVE_ORPHAN, NAME, "no open attempt on this host owns this unit; left running by config")
+    assert orphan(None, stop_orphans=False) == Decision(
+        Action.LEAVE_ORPHAN, NAME, "no attempt in the database owns this unit; left running by config")
+
+
+@pytest.mark.parametrize("stop_orphans", [True, False])
+@pytest.mark.parametrize("running", [True, False])
+def test_a_unit_whose_attempt_is_open_on_another_host_is_never_stopped(stop_orphans, running):
+    d = orphan(OPEN_ELSEWHERE, stop_orphans, running)
+    assert d.action is Action.LEAVE_ORPHAN
+    assert "open on host other" in d.reason
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_a_unit_claimed_by_this_host_while_the_pass_listed_units_is_left_alone(running):
+    """The CLI's pass read the attempts, then the daemon claimed and started one, then the CLI listed
+    units: the owner read after the listing says it is ours and open, so nothing is done."""
+    assert orphan(OPEN_HERE, running=running).action is Action.NOTHING
 
 
 def test_orphan_decisions_carry_no_outcome():
-    for settled in (True, False):
+    for owner in (None, SETTLED, OPEN_HERE, OPEN_ELSEWHERE):
         for stop in (True, False):
-            d = decide_orphan("unitvisor-run-x.service", settled, stop)
-            assert d.unit_name == "unitvisor-run-x.service"
-            assert d.outcome is None
-            assert d.invocation_id is None
+            for running in (True, False):
+                d = decide_orphan("unitvisor-run-x.service", owner, "me", stop, running)
+                assert d.unit_name == "unitvisor-run-x.service"
+                assert d.outcome is None
+                assert d.invocation_id is None
 
 
 def test_action_values():
     assert {a.name: a.value for a in Action} == {
         "NOTHING": "nothing", "START": "start", "ADOPT": "adopt", "STOP": "stop", "SETTLE": "settle", "GONE": "gone",
-        "RELEASE": "release", "STOP_ORPHAN": "stop-orphan", "LEAVE_ORPHAN": "leave-orphan"}
+        "RELEASE": "release", "STOP_ORPHAN": "stop-orphan", "LEAVE_ORPHAN": "leave-orphan", "STOP_STALE": "stop-stale"}
 
 
 def test_unit_ahead_of_its_claim_is_left_for_adoption_even_when_orphans_are_stopped():
-    d = decide_orphan(NAME, settled=False, stop_orphans=True, awaiting_claim=True)
+    d = orphan(None, awaiting_claim=True, running=True)
     assert d.action is Action.LEAVE_ORPHAN
     assert "adopt" in d.reason
-    assert decide_orphan(NAME, settled=True, stop_orphans=True, awaiting_claim=True).action is Action.RELEASE
+    assert orphan(SETTLED, awaiting_claim=True).action is Action.RELEASE

@@ -1,0 +1,90 @@
+"""The fleet's own decisions: who this host is, what it tells the database it may run, what a run of a
+dead host ends with, and how the hosts' states read to an operator. Pure: no I/O, no clock.
+
+The database decides the rest from what hosts register (sql/002_fleet.sql): which host may claim
+which run (host_refusal), when a host is dead (declare_dead_hosts) and whose writes still count
+(check_fence). The reconciler is the one place that acts on a dead host's runs; the daemon registers.
+docs/fleet.md says what the fleet promises, and why each timeout is what it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+from pathlib import Path
+
+from supervisor import store, unitspec
+from supervisor.config import Settings
+from supervisor.model import Run
+from supervisor.outcomes import Outcome
+
+# A claim takes only its fair share of jobs that became due less than this long ago (the rest are
+# left for the other live hosts); the daemon claims again after it, so nothing waits on a share.
+SPREAD_GRACE = 1.0
+RECLAIM_AFTER = SPREAD_GRACE + 0.5
+
+
+def boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def instance_id(machine_id: str, boot: str) -> str:
+    """This machine in this boot. A daemon restarted on the same machine keeps its host's epoch and
+    adopts its runs; another machine with the same host id (a cloned machine id, a reused [host] id)
+    has another instance, and may not take the id while its holder is alive."""
+    return hashlib.sha256(f"{machine_id}\0{boot}".encode()).hexdigest()[:16]
+
+
+def host_profile(settings: Settings, version: str, instance: str, boot: str, is_root: bool) -> store.HostProfile:
+    """What this host registers: the claim in the database filters on exactly these facts."""
+    runs = settings.runs
+    return store.HostProfile(
+        host_id=settings.host_id, name=settings.host_name, instance=instance, max_runs=settings.host.max_runs,
+        memory_budget=settings.host.memory_budget, version=version, boot_id=boot,
+        allowed_executables=runs.allowed_executables,
+        executable_patterns=tuple(unitspec.glob_regex(p) for p in runs.allowed_executables),
+        run_user=runs.user, allowed_users=runs.allowed_users,
+        can_start=is_root,
+        cannot_start_reason=None if is_root else "the daemon is not root; systemd starts units only for root",
+        poll_interval=settings.daemon.poll_interval, dead_after=settings.fleet.host_dead_after)
+
+
+def explain_after(settings: Settings) -> timedelta:
+    """A run due for longer than this and still unclaimed gets its reason for waiting recorded: two
+    poll intervals, by which every live host that accepts it has had its chance to claim it."""
+    return timedelta(seconds=2 * settings.daemon.poll_interval)
+
+
+def takeover_outcome(run: Run, dead: store.DeadHost, declarer: str) -> Outcome:
+    """The outcome of an open attempt of a host declared dead. Time across hosts is all there is to go
+    on, so it is `lost` (retried by the run's retry_on and attempts, like any lost attempt), or
+    `cancelled` when a cancel was already requested: nobody is left to stop it, and it must not run again."""
+    silent = (f"host {dead.host_id} was silent for {dead.silent:.0f}s (its host_dead_after is "
+              f"{dead.dead_after:g}s); declared dead by host {declarer}")
+    if run.cancel_requested_at is not None:
+        return Outcome("cancelled", None, f"cancel requested; {silent}")
+    return Outcome("lost", None, silent)
+
+
+def cut_off_outcome(outcome: Outcome, seconds: float) -> Outcome:
+    """A unit this host stopped itself because it was cut off from the database: the run did not end
+    on its own, and it may have been retried elsewhere, so it is `lost`, whatever the stop made it exit with."""
+    return Outcome("lost", outcome.exit_status,
+                   f"stopped by this host after {seconds:.0f}s cut off from the database (stop_runs_when_cut_off)")
+
+
+def host_display_state(row: dict, now_age_factor: float = 2.0) -> str:
+    """A host's state for people: its state, `stale` once it missed two heartbeats (before others may
+    declare it dead), and `conflict` while a second daemon with its id keeps being refused."""
+    state = row["state"]
+    poll = row.get("poll_interval_sec") or 10.0
+    notes = []
+    if state in ("active", "draining") and row["heartbeat_age"] > now_age_factor * poll:
+        notes.append("stale")
+    conflict_age = row.get("conflict_age")
+    if conflict_age is not None and conflict_age < 3 * poll and state != "dead":
+        notes.append("conflict")
+    return f"{state} ({', '.join(notes)})" if notes else state
