@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import _unavailable
 from tests.harness import testbed as testbed_mod
-from tests.harness.fleet import Fleet
+from tests.harness.fleet import Fleet, servers
 from tests.harness.host import wait_for
 
 
@@ -117,3 +117,23 @@ def test_power_cut_then_destroy_and_stale_cleanup_of_an_orphaned_container(fleet
         orphan.proc = None
         cut.destroy()
         orphan.destroy()
+
+
+def test_a_proxied_host_gets_a_proxy_per_server_of_a_multi_host_dsn(fleet_dsn: str) -> None:
+    dsn = "host=127.0.0.1,127.0.0.1 port=5001,5002 dbname=x user=postgres target_session_attrs=read-write"
+    fleet = Fleet(dsn, size=2, proxied=[1])
+    try:
+        member = fleet[0]
+        assert [p.target for p in member.proxies] == [("127.0.0.1", 5001), ("127.0.0.1", 5002)]
+        ports = ",".join(str(p.port) for p in member.proxies)
+        assert servers(member.dsn) == [("127.0.0.1", p.port) for p in member.proxies]
+        assert f"port={ports}" in member.dsn and "target_session_attrs=read-write" in member.dsn
+        assert fleet[1].dsn == dsn
+        with pytest.raises(AttributeError):
+            _ = member.proxy  # two of them: .proxies
+        member.cut("blackhole")
+        assert all(p.mode == "blackhole" for p in member.proxies)
+        member.heal()
+    finally:
+        fleet.destroy()
+    assert not any(p._thread.is_alive() for p in member.proxies)
