@@ -3,6 +3,10 @@
 
 As root, the cluster runs as the `postgres` user (initdb refuses root), which Debian's postgresql
 package creates.
+
+A streaming standby of a running cluster, for failover drills: `standby = primary.make_standby()`,
+then `standby.promote()`, and `multi_host_dsn(primary, standby)` for clients that must find whichever
+is the primary (see make_standby for what "synchronous" buys and costs).
 """
 
 from __future__ import annotations
@@ -10,12 +14,16 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+
+import psycopg
 
 
 def find_bindir() -> Path:
@@ -56,6 +64,12 @@ def owner_alive(owner_file: Path) -> bool:
     return True
 
 
+# A throwaway cluster need not survive a crash of the machine: no fsync, no full-page writes, commits
+# that do not wait for the disk. Settings given to Postgres() override these.
+FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "max_connections": "200"}
+_WAITING_COMMITS = ("on", "remote_write", "remote_apply")  # the values with which a commit waits for a standby
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,6 +94,10 @@ class Postgres:
             pw = pwd.getpwnam(self.user)
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
         self.running = False
+        self.primary: Postgres | None = None  # set on a standby: the cluster it streams from
+        self.application_name: str | None = None  # a standby's name in the primary's pg_stat_replication
+        self.standbys: list[Postgres] = []
+        self.sync_standbys: list[str] = []
 
     def _run(self, *args: str) -> None:
         subprocess.run([str(self.bindir / args[0]), *args[1:]], check=True, user=self.user,
@@ -98,9 +116,8 @@ class Postgres:
 
     def start(self) -> None:
         # fsync off: a test cluster need not survive a power cut, and it makes every commit cheap.
-        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
-        options += "".join(f" -c {key}={value}" for key, value in self.settings.items())
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir}"
+        options += "".join(f" -c {key}={value}" for key, value in {**FAST_SETTINGS, **self.settings}.items())
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
         self.running = True
 
@@ -117,3 +134,116 @@ class Postgres:
             self.stop_server()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def restart(self) -> None:
+        self.stop_server()
+        self.start()
+
+    def connect(self, dbname: str = "postgres", **kwargs: object) -> psycopg.Connection:
+        return psycopg.connect(self.dsn_for(dbname), autocommit=True, connect_timeout=10, **kwargs)
+
+    def in_recovery(self) -> bool:
+        with self.connect() as conn:
+            return conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]
+
+    # -- streaming replication --------------------------------------------------------------------
+
+    def make_standby(self, synchronous: bool = True, name: str | None = None, timeout: float = 60) -> Postgres:
+        """A streaming standby of this running cluster, started on its own free port and caught up.
+
+        `pg_basebackup -R` copies the cluster (as the postgres user, like initdb) and writes
+        standby.signal and primary_conninfo; a physical replication slot named after the standby keeps
+        the WAL it still needs. The standby's name (its cluster_name, which the walreceiver uses as its
+        application_name) is what the primary's pg_stat_replication and synchronous_standby_names show.
+        The standby gets this cluster's extra settings too. Stop it with stop(), like any cluster; it has
+        its own directory and owner file, so cleanup_stale() removes it after an interrupted session.
+
+        Synchronous (the default): this cluster's synchronous_standby_names names the standby and its
+        synchronous_commit is `on` (the harness otherwise starts clusters with synchronous_commit=off,
+        under which a commit waits for nobody). A commit then returns only once the standby has the WAL,
+        so a failover to the standby loses no committed claim or outcome: what a client was told is
+        committed is on the new primary. If synchronous_commit was off, this cluster is restarted to
+        turn it on (its clients are disconnected once); pass settings={"synchronous_commit": "on"} to
+        Postgres() to avoid that.
+
+        The cost: while the synchronous standby is not streaming (stopped, or promoted), every commit
+        on this cluster blocks. After standby.promote() the old primary must therefore be stopped, as
+        the drills do; a client still connected to it hangs on COMMIT (statement_timeout does not end
+        that wait: it is disarmed before the commit), and if the wait is cancelled (a cancel request,
+        pg_cancel_backend) PostgreSQL reports success with only a WARNING ("the transaction has already
+        committed locally, but might not have been replicated"): a row the new primary does not have.
+        Asynchronous (synchronous=False): commits never wait, and the last ones before a failover may be
+        lost.
+        """
+        if not self.running:
+            raise RuntimeError("make_standby needs a running primary")
+        index = len(self.standbys) + 1
+        name = name or f"standby{index}"
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", name):
+            raise ValueError(f"bad standby name {name!r}")
+        if synchronous and self.settings.get("synchronous_commit", FAST_SETTINGS["synchronous_commit"]) \
+                not in _WAITING_COMMITS:
+            # synchronous_commit is on the server's command line, which ALTER SYSTEM cannot override.
+            self.settings["synchronous_commit"] = "on"
+            self.restart()
+        standby = Postgres(settings={**self.settings, "cluster_name": name})
+        standby.primary = self
+        standby.application_name = name
+        try:
+            subprocess.run([str(self.bindir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port),
+                            "-U", "postgres", "-D", str(standby.data), "-R", "-X", "stream", "-c", "fast",
+                            "-C", "-S", name, "--no-sync"],
+                           check=True, user=self.user, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=120)
+            # The copy has this cluster's postgresql.auto.conf: a synchronous_standby_names set there for
+            # an earlier standby would make the promoted standby wait for a standby of its own, forever.
+            auto = standby.data / "postgresql.auto.conf"
+            auto.write_text("".join(line for line in auto.read_text().splitlines(keepends=True)
+                                    if not line.startswith("synchronous_standby_names")))
+            standby.start()
+            self.standbys.append(standby)
+            if synchronous:
+                self.sync_standbys.append(name)
+                with self.connect() as conn:
+                    # Priority order: the first one streaming is the synchronous one.
+                    conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{','.join(self.sync_standbys)}'")
+                    conn.execute("SELECT pg_reload_conf()")
+            self._wait_streaming(name, synchronous, timeout)
+        except BaseException:
+            if standby in self.standbys:
+                self.standbys.remove(standby)
+            standby.stop()
+            raise
+        return standby
+
+    def _wait_streaming(self, name: str, synchronous: bool, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.connect() as conn:
+            while True:
+                row = conn.execute("SELECT state, sync_state FROM pg_stat_replication WHERE application_name = %s",
+                                   (name,)).fetchone()
+                if row and row[0] == "streaming" and (not synchronous or row[1] in ("sync", "quorum")):
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"standby {name} is not streaming (pg_stat_replication: {row})")
+                time.sleep(0.05)
+
+    def promote(self, timeout: float = 60) -> None:
+        """Make this standby a primary, and return once it accepts writes."""
+        if self.primary is None:
+            raise RuntimeError("promote() is for a standby")
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", str(int(timeout)), "promote")
+        deadline = time.monotonic() + timeout
+        while self.in_recovery():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the promoted standby is still in recovery")
+            time.sleep(0.05)
+
+
+def multi_host_dsn(*servers: Postgres, dbname: str = "postgres") -> str:
+    """One libpq DSN naming every server, which connects to whichever of them accepts writes now:
+    `host=127.0.0.1,127.0.0.1 port=P1,P2 ... target_session_attrs=read-write`. libpq tries them in
+    order, so a stopped server only costs a refused connect."""
+    hosts = ",".join("127.0.0.1" for _ in servers)
+    ports = ",".join(str(server.port) for server in servers)
+    return f"host={hosts} port={ports} dbname={dbname} user=postgres target_session_attrs=read-write"

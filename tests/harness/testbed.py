@@ -162,6 +162,34 @@ class Testbed:
             raise TestbedError("the container did not power off for the reboot") from exc
         self.boot(timeout)
 
+    def power_cut(self, timeout: float = 30) -> None:
+        """Pull the plug: SIGKILL to the container's PID 1 (with it the kernel kills every process of
+        its PID namespace at once) and to the nspawn process. Nothing is stopped cleanly, no unit runs
+        its ExecStop, the journal keeps only what journald had written. The disk (the tmpfs upper layer)
+        stays, so boot() again is the host coming back after the outage. (SIGTERM to nspawn, as
+        destroy() sends, is a clean power-off instead: systemd stops every unit first.)"""
+        if self.proc is None or self.proc.poll() is not None or not self.leader:
+            raise TestbedError("the container is not running")
+        namespace = _pid_namespace(self.leader)
+        _kill_container(self.proc.pid, self.leader)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TestbedError("systemd-nspawn survived SIGKILL") from exc
+        self.proc = None
+        self.leader = 0
+        if namespace:
+            deadline = time.monotonic() + timeout
+            while _namespace_members(namespace):
+                if time.monotonic() > deadline:
+                    raise TestbedError(f"processes of the container outlived its power cut: "
+                                       f"{_namespace_members(namespace)}")
+                time.sleep(0.02)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def _stop_container(self) -> None:
         if self.proc is None:
             return
@@ -170,9 +198,11 @@ class Testbed:
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                # nspawn's child (the container's PID 1) does not die with nspawn: kill both.
+                _kill_container(self.proc.pid, self.leader)
                 self.proc.wait(timeout=10)
         self.proc = None
+        self.leader = 0
 
     def destroy(self) -> None:
         """Power off and remove every trace: no process, no mount, no directory left."""
@@ -218,8 +248,71 @@ def cleanup_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _pid_namespace(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def _namespace_members(namespace: str) -> list[int]:
+    """The live processes of a PID namespace. Zombies do not count: the killed container's PID 1 is
+    an orphan once nspawn is dead, and it is for the machine's init to reap it, which may take a while."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and _pid_namespace(int(entry.name)) == namespace:
+            with contextlib.suppress(OSError, IndexError):
+                if Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _kill_container(nspawn_pid: int, leader: int) -> None:
+    """SIGKILL a container's PID 1 and its nspawn process. Killing nspawn alone is not enough: its
+    child, the container's systemd, does not die with it (no parent-death signal) and would run on,
+    orphaned, with every service in it. The PID 1 is signalled through a pidfd, and only while it is
+    still nspawn's child, so that a reused PID is never hit."""
+    if leader:
+        with contextlib.suppress(OSError):
+            pidfd = os.pidfd_open(leader)
+            try:
+                if _parent(leader) == nspawn_pid:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            finally:
+                os.close(pidfd)
+    with contextlib.suppress(OSError):
+        os.killpg(nspawn_pid, signal.SIGKILL)  # nspawn runs in a session (and group) of its own
+    with contextlib.suppress(OSError):
+        os.kill(nspawn_pid, signal.SIGKILL)
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _container_inits(path: Path) -> list[int]:
+    """PID 1s of containers booted on this test bed directory's overlay, seen from outside, whether
+    their nspawn is alive or not: a namespace's init whose root mount is that overlay."""
+    signature = f"upperdir={path}/upper,".encode()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            nspid = next(line for line in Path(f"/proc/{entry.name}/status").read_text().splitlines()
+                         if line.startswith("NSpid:")).split()[1:]
+            if len(nspid) > 1 and nspid[-1] == "1" and signature in Path(f"/proc/{entry.name}/mountinfo").read_bytes():
+                pids.append(int(entry.name))
+    return pids
+
+
 def cleanup_stale() -> None:
-    """Remove what an interrupted earlier session left behind (its nspawn processes and mounts)."""
+    """Remove what an interrupted earlier session left behind: its nspawn processes, the containers
+    they ran (also those whose nspawn is already gone), and their mounts."""
     for path in Path("/tmp").glob(PREFIX + "*"):
         if owner_alive(Path(str(path).removesuffix(".log").removesuffix(".owner") + ".owner")):
             continue  # another test session's, still running
@@ -235,5 +328,8 @@ def cleanup_stale() -> None:
                 cmdline = (pid_dir / "cmdline").read_bytes().split(b"\0")
                 if cmdline and cmdline[0].endswith(b"systemd-nspawn") and root.encode() in cmdline:
                     os.kill(int(pid_dir.name), signal.SIGKILL)
+        for pid in _container_inits(path):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)  # the kernel kills the rest of its PID namespace with it
         time.sleep(0.2)
         cleanup_dir(path)
