@@ -223,11 +223,11 @@ def parse(text: str, source: str = "<string>") -> Settings:
         raise ConfigError(f"{source}: unknown section [{sorted(unknown)[0]}] (known: {', '.join(_SECTIONS)})")
     try:
         sections = {name: _section(cls, name, data.get(name, {})) for name, cls in _SECTIONS.items()}
-        fleet_table = data.get("fleet", {})
-        if "host_dead_after" not in fleet_table and 3 * sections["daemon"].poll_interval > FleetSettings.host_dead_after:
+        three_polls = 3 * sections["daemon"].poll_interval
+        if "host_dead_after" not in data.get("fleet", {}) and three_polls > FleetSettings.host_dead_after:
             # A longer poll interval stretches the default with it, rather than failing validation
             # over a key its author never set.
-            sections["fleet"] = replace(sections["fleet"], host_dead_after=3 * sections["daemon"].poll_interval)
+            sections["fleet"] = replace(sections["fleet"], host_dead_after=three_polls)
         settings = Settings(**sections, source=source)
         _validate(settings)
     except ConfigError as exc:

@@ -177,8 +177,8 @@ class Daemon:
             return False
         except Conflict as exc:
             self._close_db()
+            self.backoff = self.settings.daemon.poll_interval  # before _trouble, whose event says it
             self._trouble(f"not working: {exc}; this daemon claims, starts and stops nothing while it lasts")
-            self.backoff = self.settings.daemon.poll_interval
             return False
         except (store.DatabaseError, psycopg.Error) as exc:
             self._close_db()
@@ -391,8 +391,15 @@ def _stop_running_units() -> list[str]:
         units = systemd.list_units(unitspec.UNIT_GLOB)
         stopped = []
         for name, brief in units.items():
-            if brief.process_running and systemd.stop(name):
-                stopped.append(name)
+            if not brief.process_running:
+                continue
+            try:
+                if systemd.stop(name):
+                    stopped.append(name)
+            except SystemdUnavailable:
+                raise  # the bus is gone: the guard tries the whole stop again at its next check
+            except SystemdError as exc:  # one unit's refusal must not keep the others running
+                event("cut-off-stop-failed", level=logging.ERROR, unit=name, detail=str(exc))
         return stopped
     finally:
         systemd.close()

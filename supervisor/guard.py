@@ -120,8 +120,10 @@ class Guard:
         renewed = self._renewed_at
         if (self.cut_off_after is not None and renewed is not None and not self.cut_off
                 and now - renewed >= self.cut_off_after):
-            self.cut_off = True
+            # Marked done only once the stop went through: a bus that is briefly unreachable makes
+            # the stop fail, and the next check (CHECK_EVERY later) tries again.
             names = self._stop_units()
+            self.cut_off = True
             self.cut_off_units.update(names)
             event("cut-off", level=logging.ERROR, runs=len(names),
                   detail=f"heartbeat not renewed for {now - renewed:.0f}s: stopped this host's runs before any "

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from supervisor import faults, fleet, store, unitspec
-from supervisor.config import Settings
+from supervisor.config import Settings, cut_off_after
 from supervisor.journal import Journal
 from supervisor.log import event
 from supervisor.model import Attempt, Run
@@ -213,8 +213,8 @@ class Reconciler:
         pass tries again. A lost database or bus still aborts the whole pass (the caller reconnects)."""
         try:
             work()
-        except (SystemdUnavailable, *store.CONNECTION_LOST):
-            raise
+        except (SystemdUnavailable, store.Fenced, *store.CONNECTION_LOST):
+            raise  # the whole pass ends: reconnect (and, when fenced, register again) first
         except SystemdError as exc:
             event("systemd-error", level=logging.ERROR, run=run.id, attempt=attempt.attempt,
                   unit=attempt.unit_name, detail=str(exc))
@@ -278,7 +278,7 @@ class Reconciler:
     def _cut_off(self, attempt: Attempt, outcome: Outcome) -> Outcome:
         if attempt.unit_name not in self.cut_off_units or outcome.outcome == "cancelled":
             return outcome
-        return fleet.cut_off_outcome(outcome, self.settings.fleet.host_dead_after)
+        return fleet.cut_off_outcome(outcome, cut_off_after(self.settings))
 
     def apply_orphan(self, decision: Decision) -> None:
         if decision.action is Action.RELEASE:
