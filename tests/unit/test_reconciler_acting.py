@@ -215,8 +215,10 @@ def test_a_cut_off_unit_that_ended_settles_as_lost_and_leaves_the_set(rec, st, s
     assert decision.action is Action.SETTLE and decision.outcome.outcome == "signal"
     ((got_attempt, outcome, state),) = recorded(st)
     assert got_attempt == attempt
-    assert outcome == fleet.cut_off_outcome(decision.outcome, rec.settings.fleet.host_dead_after)
     assert (outcome.outcome, outcome.exit_status) == ("lost", "signal:TERM")
+    # the seconds in it are the subject of test_the_cut_off_reason_names_the_time_after_which_the_guard_stopped_it
+    assert outcome.reason.startswith("stopped by this host after ")
+    assert outcome.reason.endswith("s cut off from the database (stop_runs_when_cut_off)")
     assert state == "failed"
     assert rec.cut_off_units == {"unitvisor-run-other-1.service"}
     systemd.release.assert_called_once_with(attempt.unit_name)
