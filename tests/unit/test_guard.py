@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from types import SimpleNamespace
 from unittest import mock
 
@@ -141,9 +142,14 @@ def test_the_socket_is_shut_down_while_holding_the_closing_lock(clock, mocker):
 def test_check_waits_for_a_close_in_progress(clock, shutdown):
     guard, _ = make_guard()
     guard.busy(FakeConn())
+    checker = threading.Thread(target=guard.check, args=(200.0,))
     with guard.closing():
-        assert guard.closing().acquire(blocking=False) is False
-    guard.check(200.0)
+        checker.start()
+        checker.join(timeout=0.05)
+        assert checker.is_alive()  # blocked on the lock the loop holds while it closes
+        shutdown.assert_not_called()
+    checker.join(timeout=5)
+    assert not checker.is_alive()
     shutdown.assert_called_once()
 
 

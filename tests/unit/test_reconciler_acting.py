@@ -77,9 +77,15 @@ def st(mocker, log):
     patched = {}
     defaults = {"open_attempts": [], "unit_owners": {}, "unclaimed_attempts": set(), "record_outcome": True,
                 "mark_started": None, "record_event": None, "declare_dead_hosts": [], "explain_waiting": 0}
+    def logged(name, fake):
+        def call(conn, *args, **kwargs):
+            log.append((name, args, kwargs))
+            return fake.return_value  # read at call time: a test may set it after the fixture
+        return call
+
     for name, value in defaults.items():
         fake = mocker.patch.object(store, name, return_value=value)
-        fake.side_effect = (lambda n, f: lambda *a, **k: (log.append((n, a[1:], k)), f.return_value)[1])(name, fake)
+        fake.side_effect = logged(name, fake)
         patched[name] = fake
     return mock.Mock(**patched)
 
