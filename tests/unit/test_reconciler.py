@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from supervisor import store
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import CLD_DUMPED, CLD_EXITED, CLD_KILLED, Outcome
-from supervisor import store
 from supervisor.reconciler import Action, Decision, decide, decide_orphan
 from supervisor.systemd import UnitState
 from supervisor.unitspec import unit_name
@@ -232,7 +232,8 @@ def orphan(owner, stop_orphans=True, running=False, awaiting_claim=False):
 
 @pytest.mark.parametrize("stop_orphans", [True, False])
 def test_settled_attempts_ended_unit_is_released(stop_orphans):
-    assert orphan(SETTLED, stop_orphans) == Decision(Action.RELEASE, NAME, "outcome already recorded; releasing the unit")
+    assert orphan(SETTLED, stop_orphans) == Decision(Action.RELEASE, NAME,
+                                                     "outcome already recorded; releasing the unit")
 
 
 @pytest.mark.parametrize("stop_orphans", [True, False])

@@ -1,0 +1,474 @@
+"""supervisor.daemon.Daemon: registration, one daemon per host id, containment of what goes wrong in the
+loop, and claiming. systemd, the watcher, sd_notify and every store function are mocks: no socket, no
+bus, no database. The thread of the guard is never started."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import uuid
+from datetime import UTC, datetime
+from unittest import mock
+
+import psycopg
+import pytest
+
+from supervisor import __version__, fleet, store
+from supervisor import daemon as daemon_mod
+from supervisor.config import DaemonSettings, FleetSettings, HostSettings, RunSettings, Settings
+from supervisor.daemon import Conflict, Daemon
+from supervisor.guard import GuardedConnection
+from supervisor.model import Attempt, Run
+from supervisor.reconciler import Reconciler
+from supervisor.systemd import SystemdError, SystemdUnavailable, UnitBrief
+from supervisor.unitspec import unit_name
+
+DSN = "host=db.example port=5433 dbname=unitvisor user=uv password=secret"
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def make_settings(**fleet_values) -> Settings:
+    return dataclasses.replace(Settings(), host=HostSettings(id="h1", name="host-1"),
+                               runs=RunSettings(allowed_executables=("/bin/*",)),
+                               fleet=FleetSettings(**fleet_values))
+
+
+@pytest.fixture
+def events(mocker):
+    return mocker.patch.object(daemon_mod, "event")
+
+
+@pytest.fixture
+def boundaries(mocker, monkeypatch):
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    return mock.Mock(Systemd=mocker.patch.object(daemon_mod, "Systemd"),
+                     Watcher=mocker.patch.object(daemon_mod, "Watcher"),
+                     sdnotify=mocker.patch.object(daemon_mod, "sdnotify"))
+
+
+@pytest.fixture
+def make(boundaries, events):
+    def build(settings=None, is_root=True, connected=True):
+        d = Daemon(settings or make_settings(), lambda: DSN)
+        d.is_root = is_root
+        d._sleep = mock.Mock()
+        if connected:
+            d.conn, d.listen_conn = mock.Mock(name="conn"), mock.Mock(name="listen_conn")
+            d.dsn = DSN
+            d.fence = store.Fence("h1", 4)
+        return d
+    return build
+
+
+def event_names(events):
+    return [c.args[0] for c in events.call_args_list]
+
+
+def statuses(d):
+    return [c.args[0] for c in d.notifier.notify.call_args_list if c.args[0].startswith("STATUS=")]
+
+
+# -- construction ---------------------------------------------------------------------------------
+
+def test_construction_touches_no_bus_and_no_database(make, boundaries):
+    d = make(connected=False)
+    boundaries.Systemd.assert_called_once_with()
+    boundaries.Systemd.return_value.connect.assert_not_called()
+    boundaries.Watcher.assert_called_once_with("unitvisor-run-")
+    assert d.conn is None and d.listen_conn is None and d.fence is None
+    assert d.guard._thread is None
+
+
+def test_the_guard_cuts_off_only_when_configured(make):
+    assert make().guard.cut_off_after is None
+    assert make(make_settings(stop_runs_when_cut_off=True)).guard.cut_off_after == 48.0
+    assert make().guard.stall_after == daemon_mod.STALL_AFTER
+    assert make().guard._stop_units is daemon_mod._stop_running_units
+
+
+# -- _guard: nothing that goes wrong ends the daemon ------------------------------------------------
+
+def boom(exc):
+    def work():
+        raise exc
+    return work
+
+
+def assert_db_closed(d, conn, listen_conn):
+    assert d.conn is None and d.listen_conn is None
+    conn.close.assert_called_once_with()
+    listen_conn.close.assert_called_once_with()
+
+
+def test_guard_success_returns_true_and_touches_nothing(make, events):
+    d = make()
+    conn = d.conn
+    assert d._guard(lambda: None) is True
+    assert d.conn is conn
+    events.assert_not_called()
+
+
+def test_guard_turns_fenced_into_a_closed_db_a_fenced_event_and_a_quick_retry(make, events):
+    d = make()
+    conn, listen_conn = d.conn, d.listen_conn
+    d.backoff = 16.0
+    assert d._guard(boom(store.Fenced("host h1 is fenced: its row is gone, or its epoch 4 is over"))) is False
+    assert_db_closed(d, conn, listen_conn)
+    assert d.backoff == 1.0
+    fenced = [c for c in events.call_args_list if c.args[0] == "fenced"]
+    assert len(fenced) == 1
+    assert fenced[0].kwargs["level"] == logging.WARNING
+    assert fenced[0].kwargs["detail"] == "host h1 is fenced: its row is gone, or its epoch 4 is over"
+    assert d.problem == "fenced: host h1 is fenced: its row is gone, or its epoch 4 is over; registering again"
+    assert statuses(d)[-1].startswith(f"STATUS={d.problem}; retrying. ")
+    d._sleep.assert_not_called()
+    assert d.error_backoff == 1.0
+
+
+@pytest.mark.parametrize("exc", [
+    store.DatabaseUnavailable("cannot connect to the database at db.example:5433: timeout"),
+    psycopg.OperationalError("server closed the connection unexpectedly\n\tThis probably means..."),
+    psycopg.InterfaceError("the connection is closed"),
+])
+def test_guard_turns_a_lost_connection_into_a_closed_db_and_a_status_problem(make, events, exc):
+    d = make()
+    conn, listen_conn = d.conn, d.listen_conn
+    assert d._guard(boom(exc)) is False
+    assert_db_closed(d, conn, listen_conn)
+    assert d.problem == f"database at db.example:5433 unreachable: {store.one_line(exc)}"
+    assert "secret" not in d.problem
+    assert statuses(d)[-1].startswith(f"STATUS={d.problem}; retrying. ")
+    assert event_names(events) == ["degraded"]
+    d._sleep.assert_not_called()
+
+
+def test_guard_turns_a_lost_bus_into_closed_bus_connections_only(make, events):
+    d = make()
+    conn = d.conn
+    assert d._guard(boom(SystemdUnavailable("listing: systemd is not reachable over D-Bus"))) is False
+    d.systemd.close.assert_called_once_with()
+    d.watcher.close.assert_called_once_with()
+    assert d.conn is conn
+    conn.close.assert_not_called()
+    assert d.problem == "listing: systemd is not reachable over D-Bus"
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("boom"), KeyError("state"), store.DatabaseError("odd"), psycopg.errors.UndefinedColumn("no column"),
+    SystemdError("refused"),
+])
+def test_guard_contains_any_other_exception_with_a_closed_db_and_a_backoff(make, events, exc):
+    d = make()
+    conn, listen_conn = d.conn, d.listen_conn
+    assert d._guard(boom(exc)) is False
+    assert_db_closed(d, conn, listen_conn)
+    assert d.problem == f"internal error: {type(exc).__name__}: {store.one_line(exc)}"
+    assert statuses(d)[-1].startswith(f"STATUS={d.problem}; retrying. ")
+    d._sleep.assert_called_once_with(1.0)
+    assert d.error_backoff == 2.0
+
+
+def test_guard_error_backoff_doubles_up_to_30s(make):
+    d = make(connected=False)
+    for _ in range(8):
+        d._guard(boom(RuntimeError("again")))
+    assert [c.args[0] for c in d._sleep.call_args_list] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert d.error_backoff == 30.0
+
+
+def test_a_problem_repeated_is_one_event(make, events):
+    d = make(connected=False)
+    for _ in range(3):
+        d._guard(boom(psycopg.OperationalError("gone")))
+    assert event_names(events) == ["degraded"]
+    assert len(statuses(d)) == 3
+
+
+def test_closing_the_db_holds_the_guards_lock(make):
+    d = make()
+    held = []
+    d.conn.close.side_effect = lambda: held.append(d.guard.closing().locked())
+    d._close_db()
+    assert held == [True]
+
+
+def test_a_close_that_fails_still_forgets_the_connections(make):
+    d = make()
+    d.conn.close.side_effect = psycopg.OperationalError("already broken")
+    listen_conn = d.listen_conn
+    d._close_db()
+    assert d.conn is None and d.listen_conn is None
+    listen_conn.close.assert_called_once_with()
+
+
+# -- registration -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def st(mocker):
+    """The store functions _connect and _register call."""
+    fakes = {name: mocker.patch.object(store, name) for name in
+             ("connect", "listen", "pending_migrations", "set_idle_session_timeout", "register_host", "claim")}
+    made = []
+
+    def connect(dsn, cls=psycopg.Connection):
+        made.append(mock.Mock(name=f"conn-{cls.__name__}"))
+        return made[-1]
+    fakes["connect"].side_effect = connect
+    fakes["pending_migrations"].return_value = []
+    fakes["register_host"].return_value = store.Registration(True, "active", 5, "registered")
+    fakes["claim"].return_value = []
+    return mock.Mock(made=made, **fakes)
+
+
+def test_register_refused_raises_conflict_with_the_detail(make, st, events):
+    d = make()
+    d.fence = None
+    detail = "host id h1 is held by instance 0a1b2c3d4e5f6a7b (heartbeat 3s ago)"
+    st.register_host.return_value = store.Registration(False, None, None, detail)
+    with pytest.raises(Conflict) as info:
+        d._register()
+    assert str(info.value) == detail
+    assert d.fence is None
+    assert d.guard._renewed_at is None  # nothing was renewed: the cut-off clock does not start
+    events.assert_called_once_with("host-id-conflict", level=logging.ERROR, host="h1", instance=d.instance,
+                                   detail=detail)
+
+
+def test_register_sets_the_fence_state_and_renews_the_guard(make, st, events, mocker):
+    d = make()
+    clock = mocker.patch.object(daemon_mod, "time")
+    clock.monotonic.side_effect = [1000.0, 1000.5]
+    st.register_host.return_value = store.Registration(True, "draining", 9, "epoch kept")
+    d._register()
+    assert d.fence == store.Fence("h1", 9)
+    assert d.host_state == "draining"
+    assert d.guard._renewed_at == 1000.0  # measured from before the statement was sent
+    assert d.connected_since == 1000.5
+    st.set_idle_session_timeout.assert_called_once_with(d.conn, 60.0)
+    st.register_host.assert_called_once_with(d.conn, fleet.host_profile(d.settings, __version__, d.instance,
+                                                                         fleet.boot_id(), True))
+    events.assert_called_once_with("registered", host="h1", epoch=9, state="draining", detail="epoch kept")
+
+
+def test_register_tells_the_database_a_daemon_without_root_cannot_start(make, st):
+    d = make(is_root=False)
+    d._register()
+    profile = st.register_host.call_args.args[1]
+    assert profile.can_start is False and "not root" in profile.cannot_start_reason
+
+
+def test_register_clears_a_cut_off(make, st):
+    d = make(make_settings(stop_runs_when_cut_off=True))
+    d.guard.cut_off = True
+    d._register()
+    assert d.guard.cut_off is False
+
+
+def test_connect_on_conflict_waits_a_poll_interval_and_does_nothing(make, st, events):
+    d = make(make_settings(), connected=False)
+    d.settings = dataclasses.replace(d.settings, daemon=DaemonSettings(poll_interval=12.0))
+    st.register_host.return_value = store.Registration(False, None, None, "held by another instance")
+    assert d._connect() is False
+    assert d.backoff == 12.0
+    assert d.conn is None and d.listen_conn is None
+    assert len(st.made) == 2
+    for conn in st.made:  # both sessions closed: the host lock is not held by a daemon that does nothing
+        conn.close.assert_called_once_with()
+    assert d.problem == ("not working: held by another instance; this daemon claims, starts and stops nothing "
+                         "while it lasts")
+    d.systemd.connect.assert_not_called()
+    d.watcher.connect.assert_not_called()
+    assert "host-id-conflict" in event_names(events)
+
+
+def test_connect_success_registers_and_connects_the_bus(make, st, events):
+    d = make(connected=False)
+    d.systemd.connected = False
+    d.problem = "earlier trouble"
+    assert d._connect() is True
+    assert st.connect.call_args_list == [mock.call(DSN, GuardedConnection), mock.call(DSN)]
+    assert d.conn.guard is d.guard
+    st.listen.assert_called_once_with(d.listen_conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
+    assert d.fence == store.Fence("h1", 5)
+    d.watcher.connect.assert_called_once_with()
+    d.systemd.connect.assert_called_once_with()
+    assert d.problem == ""
+    assert event_names(events) == ["registered", "database-connected", "systemd-connected"]
+
+
+def test_connect_refuses_a_schema_that_is_not_current(make, st):
+    d = make(connected=False)
+    st.pending_migrations.return_value = ["002_fleet"]
+    assert d._connect() is False
+    st.register_host.assert_not_called()
+    assert d.conn is None
+    assert d.problem == "the database schema is not current (missing 002_fleet): run `unitvisor migrate`"
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: Daemon._connect calls _trouble (which logs `degraded ... retry_in=`) "
+                   "before setting backoff to the poll interval on a Conflict, so the event says retry_in=1s while "
+                   "the daemon sleeps 10s")
+def test_the_conflict_event_says_when_the_daemon_tries_again(make, st, events):
+    d = make(connected=False)
+    st.register_host.return_value = store.Registration(False, None, None, "held by another instance")
+    d._connect()
+    (degraded,) = [c for c in events.call_args_list if c.args[0] == "degraded"]
+    assert degraded.kwargs["retry_in"] == "10s"
+
+
+# -- claiming ---------------------------------------------------------------------------------------
+
+def claimed_pair(n):
+    run_id = uuid.UUID(f"00000000-0000-4000-8000-{n:012d}")
+    return (Run(id=run_id, argv=["/bin/true"], state="starting"),
+            Attempt(run_id=run_id, attempt=1, host_id="h1", unit_name=unit_name(run_id, 1), claimed_at=T0))
+
+
+@pytest.mark.parametrize(("is_root", "state", "stopping"), [
+    (False, "active", False), (True, "draining", False), (True, "dead", False), (True, "active", True),
+])
+def test_claim_and_spawn_claims_nothing_unless_root_and_active(make, st, is_root, state, stopping):
+    d = make(is_root=is_root)
+    d.host_state, d.stopping = state, stopping
+    d.reconciler = mock.Mock()
+    d._claim_and_spawn()
+    st.claim.assert_not_called()
+    d.reconciler.isolated.assert_not_called()
+    assert d.timers.reclaim == math.inf
+
+
+def test_claim_and_spawn_starts_each_claimed_run_and_sets_the_reclaim_timer(make, st, events, mocker):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=3)
+    pairs = [claimed_pair(1), claimed_pair(2)]
+    st.claim.return_value = pairs
+    mocker.patch.object(daemon_mod, "time").monotonic.return_value = 500.0
+    d._claim_and_spawn()
+    st.claim.assert_called_once_with(d.conn, d.fence, 32, "unitvisor-run-%s-%s.service")
+    assert d.timers.reclaim == 500.0 + fleet.RECLAIM_AFTER
+    assert d.claimed == 2 and d.reconciler.in_flight == 5
+    assert [c.args[:2] for c in d.reconciler.isolated.call_args_list] == pairs
+    assert event_names(events) == ["claimed", "claimed"]
+
+
+def test_claim_and_spawn_keeps_an_earlier_reclaim(make, st, mocker):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=0)
+    d.timers.reclaim = 100.0
+    st.claim.return_value = [claimed_pair(1)]
+    mocker.patch.object(daemon_mod, "time").monotonic.return_value = 500.0
+    d._claim_and_spawn()
+    assert d.timers.reclaim == 100.0
+
+
+def test_an_empty_claim_sets_no_reclaim(make, st):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=0)
+    d._claim_and_spawn()
+    st.claim.assert_called_once()
+    assert d.timers.reclaim == math.inf
+
+
+def test_a_full_batch_claims_again(make, st):
+    d = make(dataclasses.replace(make_settings(), daemon=DaemonSettings(claim_batch=2)))
+    d.reconciler = mock.Mock(in_flight=0)
+    st.claim.side_effect = [[claimed_pair(1), claimed_pair(2)], [claimed_pair(3)]]
+    d._claim_and_spawn()
+    assert st.claim.call_count == 2
+    assert d.claimed == 3
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: Reconciler.isolated contains store.Fenced, so a host declared dead "
+                   "between its claim and its starts goes on starting the rest of the batch (start_transient runs "
+                   "the command) for attempts already taken over and retried elsewhere")
+def test_a_fenced_start_starts_nothing_more_of_the_batch(make, st, mocker):
+    d = make()
+    systemd = mock.Mock(start_transient=mock.Mock(return_value=True))
+    d.reconciler = Reconciler(d.settings, d.fence, d.conn, systemd)
+    mocker.patch.object(store, "mark_started", side_effect=store.Fenced("host h1 is fenced: its epoch 4 is over"))
+    st.claim.return_value = [claimed_pair(1), claimed_pair(2), claimed_pair(3)]
+    with pytest.raises(store.Fenced):
+        d._claim_and_spawn()
+    assert systemd.start_transient.call_count == 1
+
+
+# -- STATUS= ----------------------------------------------------------------------------------------
+
+def test_status_of_a_daemon_without_root_says_it_claims_nothing(make):
+    d = make(is_root=False)
+    d._status()
+    assert statuses(d) == ["STATUS=runs in flight: 0, claimed: 0, settled: 0; not root: claiming nothing"]
+
+
+def test_status_of_root_does_not_mention_root(make):
+    d = make()
+    d._status()
+    assert statuses(d) == ["STATUS=runs in flight: 0, claimed: 0, settled: 0"]
+
+
+def test_status_says_draining_cut_off_and_the_problem(make):
+    d = make(is_root=False)
+    d.reconciler = mock.Mock(in_flight=4, settled=9)
+    d.claimed = 12
+    d.host_state = "draining"
+    d.guard.cut_off = True
+    d.problem = "database at db.example:5433 unreachable: gone"
+    d._status()
+    assert statuses(d) == [
+        "STATUS=database at db.example:5433 unreachable: gone; retrying. runs in flight: 4, claimed: 12, settled: 9; "
+        "draining; not root: claiming nothing; cut off from the database: runs stopped (stop_runs_when_cut_off)"]
+
+
+# -- fleet upkeep -----------------------------------------------------------------------------------
+
+def test_fleet_upkeep_passes_how_long_this_daemon_has_been_connected(make, mocker):
+    d = make()
+    d.reconciler = mock.Mock()
+    d.connected_since = 1000.0
+    mocker.patch.object(daemon_mod, "time").monotonic.return_value = 1075.0
+    d._fleet_upkeep()
+    d.reconciler.take_over_dead_hosts.assert_called_once_with(75.0)
+    d.reconciler.explain_waiting.assert_called_once_with()
+    assert d.timers.upkeep == 1085.0
+
+
+# -- the guard's stop: on a bus connection of its own ------------------------------------------------
+
+def test_stop_running_units_stops_only_units_whose_process_runs(boundaries):
+    bus = boundaries.Systemd.return_value
+    bus.list_units.return_value = {
+        "unitvisor-run-a-1.service": UnitBrief("active", "running", False),
+        "unitvisor-run-b-1.service": UnitBrief("active", "exited", False),
+        "unitvisor-run-c-1.service": UnitBrief("activating", "start", True),
+        "unitvisor-run-d-1.service": UnitBrief("failed", "failed", False),
+        "unitvisor-run-e-1.service": UnitBrief("active", "running", False),
+    }
+    bus.stop.side_effect = lambda name: name != "unitvisor-run-e-1.service"  # e vanished meanwhile
+    assert daemon_mod._stop_running_units() == ["unitvisor-run-a-1.service", "unitvisor-run-c-1.service"]
+    bus.list_units.assert_called_once_with("unitvisor-run-*.service")
+    assert [c.args[0] for c in bus.stop.call_args_list] == [
+        "unitvisor-run-a-1.service", "unitvisor-run-c-1.service", "unitvisor-run-e-1.service"]
+    bus.close.assert_called_once_with()
+
+
+def test_stop_running_units_closes_its_bus_when_listing_fails(boundaries):
+    bus = boundaries.Systemd.return_value
+    bus.list_units.side_effect = SystemdUnavailable("not reachable")
+    with pytest.raises(SystemdUnavailable):
+        daemon_mod._stop_running_units()
+    bus.close.assert_called_once_with()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: _stop_running_units stops units one after the other and lets the first "
+                   "SystemdError escape: the units after it keep running, and the names already stopped are never "
+                   "recorded in cut_off_units (they then settle with their SIGTERM status instead of lost)")
+def test_stop_running_units_goes_on_after_one_unit_fails(boundaries):
+    bus = boundaries.Systemd.return_value
+    bus.list_units.return_value = {f"unitvisor-run-{x}-1.service": UnitBrief("active", "running", False)
+                                   for x in "abc"}
+    bus.stop.side_effect = [True, SystemdError("StopUnit: Transaction is destructive"), True]
+    stopped = daemon_mod._stop_running_units()
+    assert bus.stop.call_count == 3
+    assert stopped == ["unitvisor-run-a-1.service", "unitvisor-run-c-1.service"]
