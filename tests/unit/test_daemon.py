@@ -307,9 +307,6 @@ def test_connect_refuses_a_schema_that_is_not_current(make, st):
     assert d.problem == "the database schema is not current (missing 002_fleet): run `unitvisor migrate`"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Daemon._connect calls _trouble (which logs `degraded ... retry_in=`) "
-                   "before setting backoff to the poll interval on a Conflict, so the event says retry_in=1s while "
-                   "the daemon sleeps 10s")
 def test_the_conflict_event_says_when_the_daemon_tries_again(make, st, events):
     d = make(connected=False)
     st.register_host.return_value = store.Registration(False, None, None, "held by another instance")
@@ -380,9 +377,6 @@ def test_a_full_batch_claims_again(make, st):
     assert d.claimed == 3
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Reconciler.isolated contains store.Fenced, so a host declared dead "
-                   "between its claim and its starts goes on starting the rest of the batch (start_transient runs "
-                   "the command) for attempts already taken over and retried elsewhere")
 def test_a_fenced_start_starts_nothing_more_of_the_batch(make, st, mocker):
     d = make()
     systemd = mock.Mock(start_transient=mock.Mock(return_value=True))
@@ -461,9 +455,6 @@ def test_stop_running_units_closes_its_bus_when_listing_fails(boundaries):
     bus.close.assert_called_once_with()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _stop_running_units stops units one after the other and lets the first "
-                   "SystemdError escape: the units after it keep running, and the names already stopped are never "
-                   "recorded in cut_off_units (they then settle with their SIGTERM status instead of lost)")
 def test_stop_running_units_goes_on_after_one_unit_fails(boundaries):
     bus = boundaries.Systemd.return_value
     bus.list_units.return_value = {f"unitvisor-run-{x}-1.service": UnitBrief("active", "running", False)

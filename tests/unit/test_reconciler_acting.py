@@ -279,9 +279,6 @@ def test_the_cut_off_set_is_the_one_passed_in():
     assert Reconciler(Settings(), FENCE, mock.Mock(), mock.Mock(spec=Systemd)).cut_off_units == set()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Reconciler._cut_off passes host_dead_after (60s) to cut_off_outcome, "
-                   "so the reason says 'stopped by this host after 60s cut off' while the guard stops units after "
-                   "cut_off_after = host_dead_after - stop_grace - 2 = 48s")
 def test_the_cut_off_reason_names_the_time_after_which_the_guard_stopped_it(rec, st, systemd):
     run, attempt = pair(1)
     rec.cut_off_units.add(attempt.unit_name)
@@ -433,9 +430,6 @@ def test_a_pass_goes_on_after_one_runs_error(rec, st, systemd, events):
     assert names(events)[0] == "internal-error" and events.call_args_list[0].kwargs["run"] == r1.id
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Reconciler.isolated contains store.Fenced like any bug (logged as "
-                   "internal-error), so the daemon does not re-register and goes on acting with an epoch that is "
-                   "over; a fenced write must end the pass like a lost connection does")
 def test_fenced_ends_the_pass(rec, st, systemd):
     run, attempt = pair(1, started=False)
     st.mark_started.side_effect = store.Fenced("host me is fenced: its epoch 7 is over")
