@@ -317,7 +317,10 @@ class Daemon:
     def _fleet_upkeep(self) -> None:
         """Declare silent hosts dead and take over their runs; say why runs wait that no host takes.
         Every daemon tries at most once a poll interval; one at a time does it (the database decides)."""
-        self.reconciler.take_over_dead_hosts(time.monotonic() - self.connected_since)
+        if self.reconciler.take_over_dead_hosts(time.monotonic() - self.connected_since):
+            # The dead id may have been this very machine's (a changed [host] id): units of what was
+            # just taken over are stopped by the next pass, so it comes now, not at its interval.
+            self.timers.reconcile = 0.0
         self.reconciler.explain_waiting()
         self.timers.upkeep = time.monotonic() + self.settings.daemon.poll_interval
 

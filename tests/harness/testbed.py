@@ -55,6 +55,8 @@ def _mounted(path: Path) -> bool:
 class Testbed:
     """One booted container. Use as a context manager, or call boot() and destroy()."""
 
+    __test__ = False  # not a test class, whatever pytest makes of its name
+
     def __init__(self, name: str, binds: list[Path], lower: Path = Path("/"), masked: tuple[str, ...] = MASKED,
                  nspawn_args: list[str] | None = None) -> None:
         """`lower` is the OS tree to boot (default: this machine's own); it is never written to.
