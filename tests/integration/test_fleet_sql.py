@@ -905,6 +905,26 @@ def test_a_normalised_path_is_accepted(conn: psycopg.Connection, path: str) -> N
     unitspec._check_executable([path], ("/*", "/*/*", "/*/*/*"))
 
 
+@pytest.mark.xfail(strict=True, raises=psycopg.errors.CheckViolation, reason=(
+    "BUG: runs_argv0_normalised is NOT VALID, but PostgreSQL checks a CHECK constraint on every UPDATE of "
+    "a row: a run submitted before 002 with such an argv[0] makes every UPDATE of its row fail. While it "
+    "waits, explain_waiting fails for the whole fleet at every pass, cancel_run cannot cancel it, and the "
+    "claim of any host whose globs match it (/*/* matches //x) fails as a whole; in flight, its outcome "
+    "cannot be recorded."))
+def test_a_run_from_before_002_with_a_path_not_normalised_breaks_nothing(empty_dsn: str, tmp_path) -> None:
+    (tmp_path / "001_schema.sql").write_text((store.SQL_DIR / "001_schema.sql").read_text())
+    with store.connect(empty_dsn) as conn:
+        assert store.migrate(conn, tmp_path) == ["001_schema"]
+        legacy = [submit(conn, "//x"), submit(conn, "/usr/bin/../x")]  # both accepted by version 1
+        assert store.migrate(conn) == ["002_fleet"]
+        fine = submit(conn, "/a/b/c/d")
+        register(conn, "h0", allowed=("/bin/*",))
+        assert store.explain_waiting(conn, timedelta(0)) == 3  # no host accepts any of them
+        assert store.cancel_run(conn, legacy[0]) == store.Transition("cancelled", True)
+        h1 = register(conn, "h1", allowed=("/*/*/*/*",))  # accepts /usr/bin/../x as well as /a/b/c/d
+        assert fine in claim(conn, h1)
+
+
 # -- 11. session limits ------------------------------------------------------------------------
 
 
