@@ -641,6 +641,17 @@ def test_registration_after_the_holder_disconnected(conn: psycopg.Connection, ds
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: the row a version-1 daemon registered has no instance, and register_host counts NULL as another "
+    "machine: the version-2 daemon that replaces it on the same machine (a package upgrade) is refused as "
+    "'in use by instance , heard from 0.0 s ago' until host_dead_after has passed, then takes over."))
+def test_a_daemon_upgraded_from_version_1_registers_at_once(conn: psycopg.Connection) -> None:
+    # What version 1's register_host wrote, moments before its daemon stopped for the upgrade.
+    conn.execute("INSERT INTO unitvisor.hosts (id, name, max_runs, memory_budget, version, boot_id) "
+                 "VALUES ('h1', 'box-h1', 8, NULL, '0.1.0', 'boot-test')")
+    assert store.register_host(conn, host_profile("h1")).registered
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "BUG: a drained host that stops cleanly (mark_host_stopped keeps 'draining') and stays down longer than "
     "host_dead_after is declared dead although nothing of it is open, and register_host brings a dead host "
     "back 'active': the operator's drain is lost across a maintenance reboot."))
