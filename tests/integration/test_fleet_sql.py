@@ -484,6 +484,9 @@ def test_a_dead_host_rejoins_with_a_new_epoch_and_its_old_fence_stays_refused(
         silence(conn, "h1", 120)
         with other.transaction():
             assert [d.host_id for d in store.declare_dead_hosts(other, h2, 3600)] == ["h1"]
+    # An operator cannot undrain it back to life: only registering does that.
+    assert store.set_host_state(conn, "h1", "active") == "dead"
+    assert host_row(conn, "h1")["state"] == "dead"
     registration = store.register_host(conn, host_profile("h1"))  # the same instance, after a reboot say
     assert registration.registered and registration.state == "active"
     assert registration.epoch == old.epoch + 2  # one for the death, one for the rejoin
