@@ -236,12 +236,17 @@ BEGIN
           AND (r.host_pin IS NULL OR r.host_pin = claim_jobs.host_id)
           AND (r.state <> 'queued' OR unitvisor.host_refusal(me, r) IS NULL)
         ORDER BY j.priority DESC, j.scheduled_at, j.id
-        FOR UPDATE OF j SKIP LOCKED
+        -- No FOR UPDATE here: the loop fetches rows ten at a time, and it would lock every job it
+        -- fetched, those it skips for a share or for memory too, until the claim commits; a
+        -- concurrent claim would skip them all. Each job is locked when it is discarded or claimed.
     LOOP
         looked := looked + 1;
         IF job.run_state <> 'queued' THEN
             -- A job whose run moved on (cancelled, or started by a job claimed before it): it can
             -- only ever start the run twice, so it is discarded, not claimed.
+            PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.id = job.id AND j.state = 'available'
+                FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;  -- another claim has it
             UPDATE unitvisor.spawn_jobs j SET state = 'discarded', claimed_by = claim_jobs.host_id,
                 claimed_at = now(), error = 'run is already ' || job.run_state
             WHERE j.id = job.id;
@@ -255,6 +260,8 @@ BEGIN
             EXIT WHEN job.scheduled_at < now() - claim_jobs.starve_after;  -- it reserves the host
             CONTINUE;  -- backfill: a smaller run behind it may fit
         END IF;
+        PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.id = job.id AND j.state = 'available' FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;  -- another claim has it, or took it since this loop's query began
         UPDATE unitvisor.spawn_jobs j SET state = 'claimed', claimed_by = claim_jobs.host_id, claimed_at = now()
         WHERE j.id = job.id;
         SELECT coalesce(max(a.attempt), 0) + 1 INTO next_attempt FROM unitvisor.attempts a WHERE a.run_id = job.run_id;

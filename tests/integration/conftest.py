@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from supervisor import store, unitspec
 from tests.conftest import throwaway_database
 from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
@@ -33,6 +34,56 @@ def assert_nothing_written(conn: psycopg.Connection) -> None:
 
 def table_exists(conn: psycopg.Connection, name: str) -> bool:
     return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()[0]
+
+
+# -- hosts: a host must be registered before it claims -------------------------------------------
+
+# Any absolute path of up to three components: /bin/true, /usr/bin/env, /usr/local/bin/x.
+ALLOW_ALL = ("/*", "/*/*", "/*/*/*")
+
+
+def host_profile(host: str = "h1", *, max_runs: int = 1000, budget: int | None = None,
+                 allowed: tuple[str, ...] = ALLOW_ALL, users: tuple[str, ...] = (), run_user: str = "",
+                 instance: str | None = None, can_start: bool = True, cannot_start_reason: str | None = None,
+                 poll_interval: float = 10.0, dead_after: float = 60.0, name: str | None = None,
+                 version: str = "0.0-test", boot_id: str = "boot-test") -> store.HostProfile:
+    """What a daemon would register, with the allowlist's regexes made as the daemon makes them."""
+    return store.HostProfile(
+        host_id=host, name=name or f"box-{host}", instance=instance or f"inst-{host}", max_runs=max_runs,
+        memory_budget=budget, version=version, boot_id=boot_id, allowed_executables=tuple(allowed),
+        executable_patterns=tuple(unitspec.glob_regex(p) for p in allowed), run_user=run_user,
+        allowed_users=tuple(users), can_start=can_start, cannot_start_reason=cannot_start_reason,
+        poll_interval=poll_interval, dead_after=dead_after)
+
+
+def register(conn: psycopg.Connection, host: str = "h1", **profile: object) -> store.Fence:
+    """Register (or re-register: same instance, same epoch) a host and return its fence.
+
+    register_host takes a session-level lock on the host id: use one connection per host id (or
+    the same connection again), as a daemon does."""
+    registration = store.register_host(conn, host_profile(host, **profile))  # type: ignore[arg-type]
+    assert registration.registered, registration.detail
+    return store.Fence(host, registration.epoch)
+
+
+def fence_of(conn: psycopg.Connection, host: str) -> store.Fence:
+    """The host's current fence, as the database holds it (without registering again)."""
+    found = store.host_fence(conn, host)
+    assert found is not None, f"host {host} is not registered"
+    return found[1]
+
+
+def silence(conn: psycopg.Connection, host: str, seconds: float) -> None:
+    """Pretend the host was last heard from `seconds` ago (by the database's clock)."""
+    conn.execute("UPDATE unitvisor.hosts SET heartbeat_at = now() - make_interval(secs => %s) WHERE id = %s",
+                 (seconds, host))
+
+
+def age_jobs(conn: psycopg.Connection, seconds: float = 60.0) -> None:
+    """Make every available job due since `seconds` ago: older than spread_grace, so that a claim is
+    not held to its host's fair share (and younger than starve_after, so backfill is unchanged)."""
+    conn.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now() - make_interval(secs => %s) "
+                 "WHERE state = 'available'", (seconds,))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import pytest
 from supervisor import store, unitspec
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome
+from tests.integration.conftest import age_jobs, fence_of, register
 
 MiB = 1 << 20
 FAILED = Outcome("exit-code", "exit:1", "exited with status 1")
@@ -26,7 +27,16 @@ def submit(conn: psycopg.Connection, **values: object) -> uuid.UUID:
 
 def claim(conn: psycopg.Connection, host: str = "h1", batch: int = 100, max_runs: int = 1000,
           budget: int | None = None) -> list[tuple[Run, Attempt]]:
-    return store.claim(conn, host, batch, max_runs, budget, unitspec.UNIT_NAME_FORMAT)
+    """Claim as `host`, registered (again: same instance, same epoch) with this max_runs and budget
+    first: capacity and budget come from the host's row."""
+    return store.claim(conn, register(conn, host, max_runs=max_runs, budget=budget), batch,
+                       unitspec.UNIT_NAME_FORMAT)
+
+
+def settle(conn: psycopg.Connection, attempt: Attempt, outcome: Outcome, next_state: str,
+           retry_delay: timedelta | None = None) -> bool:
+    """record_outcome as the attempt's own host."""
+    return store.record_outcome(conn, fence_of(conn, attempt.host_id), attempt, outcome, next_state, retry_delay)
 
 
 def claimed_ids(pairs: list[tuple[Run, Attempt]]) -> set[uuid.UUID]:
@@ -132,7 +142,7 @@ def test_claim_respects_max_runs_minus_this_hosts_open_attempts(conn: psycopg.Co
 
     # An attempt with an outcome is no longer open: h1 gets one slot back.
     _, attempt = h1_first[0]
-    assert store.record_outcome(conn, attempt, SUCCEEDED, "succeeded")
+    assert settle(conn, attempt, SUCCEEDED, "succeeded")
     h1_third = claim(conn, host="h1", batch=10, max_runs=3)
     assert len(h1_third) == 1
     assert claim(conn, host="h1", batch=10, max_runs=3) == []
@@ -159,9 +169,9 @@ def test_claim_respects_the_memory_budget(conn: psycopg.Connection) -> None:
     assert claimed_ids(claim(conn, host="h2", batch=10, budget=budget)) == {r_h2}
 
     attempts = {a.run_id: a for _, a in first}
-    assert store.record_outcome(conn, attempts[r200], SUCCEEDED, "succeeded")
+    assert settle(conn, attempts[r200], SUCCEEDED, "succeeded")
     assert claim(conn, batch=10, budget=budget) == []  # 100M + 300M > 350M
-    assert store.record_outcome(conn, attempts[r100], SUCCEEDED, "succeeded")
+    assert settle(conn, attempts[r100], SUCCEEDED, "succeeded")
     assert claimed_ids(claim(conn, batch=10, budget=budget)) == {r300}  # 0 + 300M fits
 
 
@@ -227,7 +237,7 @@ def test_a_second_job_for_a_starting_run_is_discarded(conn: psycopg.Connection) 
     assert store.get_run(conn, run_id).state == "starting"
 
     # The same for a running run.
-    store.mark_started(conn, first, "inv")
+    store.mark_started(conn, fence_of(conn, "h1"), first, "inv")
     conn.execute("INSERT INTO unitvisor.spawn_jobs (run_id) VALUES (%s)", (run_id,))
     assert claim(conn, host="h2") == []
     assert job_states(conn, run_id)[-1] == ("discarded", "h2", "run is already running")
@@ -236,8 +246,11 @@ def test_a_second_job_for_a_starting_run_is_discarded(conn: psycopg.Connection) 
 
 def test_a_claim_skips_jobs_locked_by_another_claim(conn: psycopg.Connection, dsn: str) -> None:
     ids = {submit(conn) for _ in range(6)}
+    age_jobs(conn)  # older than spread_grace: this is about locks, not about each host's share
     with store.connect(dsn) as other:
         other.execute("SET statement_timeout = '10s'")
+        register(conn, "h1")
+        register(other, "h2")  # one connection per host id, as daemons do
         with conn.transaction():
             mine = claim(conn, host="h1", batch=2)  # still uncommitted: its two jobs stay locked
             assert len(mine) == 2
@@ -251,6 +264,7 @@ def test_a_claim_skips_jobs_locked_by_another_claim(conn: psycopg.Connection, ds
 def test_concurrent_claims_never_claim_a_job_twice(conn: psycopg.Connection, dsn: str) -> None:
     total = 200
     ids = {submit(conn) for _ in range(total)}
+    age_jobs(conn)  # older than spread_grace: this is about locks, not about each host's share
     barrier = threading.Barrier(2)
     results: dict[str, list[uuid.UUID]] = {"h1": [], "h2": []}
     errors: list[BaseException] = []
@@ -299,8 +313,8 @@ def test_concurrent_claims_never_claim_a_job_twice(conn: psycopg.Connection, dsn
 def test_a_retry_claims_attempt_two(conn: psycopg.Connection) -> None:
     run_id = submit(conn, max_attempts=3, priority=4)
     [(_, first)] = claim(conn, host="h1")
-    store.mark_started(conn, first, "inv-1")
-    assert store.record_outcome(conn, first, FAILED, "queued", retry_delay=timedelta(0))
+    store.mark_started(conn, fence_of(conn, "h1"), first, "inv-1")
+    assert settle(conn, first, FAILED, "queued", retry_delay=timedelta(0))
     assert store.get_run(conn, run_id).state == "queued"
 
     [(run, second)] = claim(conn, host="h2")
@@ -315,6 +329,6 @@ def test_a_retry_claims_attempt_two(conn: psycopg.Connection) -> None:
     assert jobs == [("claimed", "h1", 4), ("claimed", "h2", 4)]
 
     # And a third time, after the second one fails too.
-    assert store.record_outcome(conn, second, FAILED, "queued", retry_delay=timedelta(0))
+    assert settle(conn, second, FAILED, "queued", retry_delay=timedelta(0))
     [(_, third)] = claim(conn, host="h1")
     assert (third.attempt, third.unit_name) == (3, unitspec.unit_name(run_id, 3))

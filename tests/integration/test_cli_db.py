@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from supervisor import store, unitspec
-from tests.integration.conftest import assert_nothing_written, table_counts, table_exists
+from tests.integration.conftest import assert_nothing_written, register, table_counts, table_exists
 
 HOSTILE = "'; DROP TABLE unitvisor.runs; --"
 
@@ -154,7 +154,7 @@ def test_show_json(cli, dsn: str, conn: psycopg.Connection) -> None:
     assert [e["state"] for e in data["events"]] == ["queued"]
 
     # Once a host has claimed it, the attempt shows up.
-    [(_, attempt)] = store.claim(conn, "h1", 1, 10, None, unitspec.UNIT_NAME_FORMAT)
+    [(_, attempt)] = store.claim(conn, register(conn, "h1", max_runs=10), 1, unitspec.UNIT_NAME_FORMAT)
     data = json.loads(cli("show", "--json", str(run_id), dsn=dsn).stdout)
     assert data["state"] == "starting"
     [shown] = data["attempts"]
@@ -225,7 +225,7 @@ def test_runs_filters_by_host_and_age(cli, dsn: str, conn: psycopg.Connection) -
     old = submit(cli, dsn, "--", "/bin/true")
     new = submit(cli, dsn, "--", "/bin/true")
     conn.execute("UPDATE unitvisor.runs SET created_at = now() - interval '2 hours' WHERE id = %s", (old,))
-    store.claim(conn, "h1", 10, 10, None, unitspec.UNIT_NAME_FORMAT)
+    store.claim(conn, register(conn, "h1", max_runs=10), 10, unitspec.UNIT_NAME_FORMAT)
     recent = json.loads(cli("runs", "--json", "--since", "1h", dsn=dsn).stdout)
     assert [r["id"] for r in recent] == [str(new)]
     on_h1 = json.loads(cli("runs", "--json", "--host", "h1", dsn=dsn).stdout)
@@ -250,8 +250,8 @@ def test_cancel_a_queued_run_then_again(cli, dsn: str, conn: psycopg.Connection)
 
 def test_cancel_a_running_run_asks_its_host(cli, dsn: str, conn: psycopg.Connection) -> None:
     run_id = submit(cli, dsn, "--", "/bin/true")
-    [(_, attempt)] = store.claim(conn, "h1", 1, 10, None, unitspec.UNIT_NAME_FORMAT)
-    store.mark_started(conn, attempt, "inv")
+    [(_, attempt)] = store.claim(conn, register(conn, "h1", max_runs=10), 1, unitspec.UNIT_NAME_FORMAT)
+    store.mark_started(conn, store.Fence("h1", 1), attempt, "inv")
     result = cli("cancel", str(run_id), dsn=dsn)
     assert result.returncode == 0, result.stderr
     assert "cancel requested" in result.stdout

@@ -14,7 +14,7 @@ import pytest
 from supervisor import store, unitspec
 from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
-from tests.integration.conftest import wait_notifies
+from tests.integration.conftest import fence_of, host_profile, register, silence, wait_notifies
 
 SUCCEEDED = Outcome("success", "exit:0", "exited 0")
 FAILED = Outcome("exit-code", "exit:3", "exited with status 3")
@@ -26,9 +26,26 @@ def submit(conn: psycopg.Connection, **values: object) -> uuid.UUID:
     return store.submit_run(conn, **values)
 
 
+def claim(conn: psycopg.Connection, host: str = "h1", batch: int = 10, max_runs: int = 1000) -> list:
+    """Claim as `host`, registered (again: same instance, same epoch) with this max_runs first."""
+    return store.claim(conn, register(conn, host, max_runs=max_runs), batch, unitspec.UNIT_NAME_FORMAT)
+
+
 def claim_one(conn: psycopg.Connection, host: str = "h1") -> Attempt:
-    [(_, attempt)] = store.claim(conn, host, 1, 1000, None, unitspec.UNIT_NAME_FORMAT)
+    [(_, attempt)] = claim(conn, host, batch=1)
     return attempt
+
+
+def mark_started(conn: psycopg.Connection, attempt: Attempt, invocation_id: str | None,
+                 reason: str | None = None) -> None:
+    """store.mark_started as the attempt's own host."""
+    store.mark_started(conn, fence_of(conn, attempt.host_id), attempt, invocation_id, reason)
+
+
+def record_outcome(conn: psycopg.Connection, attempt: Attempt, outcome: Outcome, next_state: str,
+                   retry_delay: timedelta | None = None) -> bool:
+    """store.record_outcome as the attempt's own host."""
+    return store.record_outcome(conn, fence_of(conn, attempt.host_id), attempt, outcome, next_state, retry_delay)
 
 
 def started(conn: psycopg.Connection, host: str = "h1", **values: object) -> tuple[uuid.UUID, Attempt]:
@@ -36,7 +53,7 @@ def started(conn: psycopg.Connection, host: str = "h1", **values: object) -> tup
     run_id = submit(conn, **values)
     attempt = claim_one(conn, host)
     assert attempt.run_id == run_id
-    store.mark_started(conn, attempt, f"inv-{run_id.hex[:8]}")
+    mark_started(conn, attempt, f"inv-{run_id.hex[:8]}")
     return run_id, attempt
 
 
@@ -74,7 +91,7 @@ def test_mark_started_moves_starting_to_running_once(conn: psycopg.Connection) -
     attempt = claim_one(conn)
     assert store.get_run(conn, run_id).state == "starting"
 
-    store.mark_started(conn, attempt, "invocation-1")
+    mark_started(conn, attempt, "invocation-1")
     run = store.get_run(conn, run_id)
     [row] = store.get_attempts(conn, run_id)
     assert run.state == "running"
@@ -86,8 +103,8 @@ def test_mark_started_moves_starting_to_running_once(conn: psycopg.Connection) -
 
     # Again (adoption after a daemon restart): nothing changes, no second event.
     before = snapshot(conn, run_id)
-    store.mark_started(conn, attempt, "invocation-2")
-    store.mark_started(conn, attempt, None)
+    mark_started(conn, attempt, "invocation-2")
+    mark_started(conn, attempt, None)
     assert snapshot(conn, run_id) == before
     assert events(conn, run_id).count("running") == 1
 
@@ -95,11 +112,11 @@ def test_mark_started_moves_starting_to_running_once(conn: psycopg.Connection) -
 def test_mark_started_fills_in_a_missing_invocation_id(conn: psycopg.Connection) -> None:
     run_id = submit(conn)
     attempt = claim_one(conn)
-    store.mark_started(conn, attempt, "")  # empty: unknown, stored as NULL
+    mark_started(conn, attempt, "")  # empty: unknown, stored as NULL
     [row] = store.get_attempts(conn, run_id)
     assert row.invocation_id is None and row.started_at is not None
     first_start = row.started_at
-    store.mark_started(conn, attempt, "inv-later")
+    mark_started(conn, attempt, "inv-later")
     [row] = store.get_attempts(conn, run_id)
     assert (row.invocation_id, row.started_at) == ("inv-later", first_start)
     assert events(conn, run_id).count("running") == 1
@@ -108,9 +125,9 @@ def test_mark_started_fills_in_a_missing_invocation_id(conn: psycopg.Connection)
 def test_mark_started_after_the_outcome_changes_nothing(conn: psycopg.Connection) -> None:
     run_id = submit(conn)
     attempt = claim_one(conn)
-    assert store.record_outcome(conn, attempt, Outcome("start-failed", None, "no such binary"), "failed")
+    assert record_outcome(conn, attempt, Outcome("start-failed", None, "no such binary"), "failed")
     before = snapshot(conn, run_id)
-    store.mark_started(conn, attempt, "late")
+    mark_started(conn, attempt, "late")
     assert snapshot(conn, run_id) == before
     assert store.get_run(conn, run_id).state == "failed"
 
@@ -126,7 +143,7 @@ def test_mark_started_after_the_outcome_changes_nothing(conn: psycopg.Connection
 def test_record_outcome_writes_the_attempt_and_moves_the_run(conn: psycopg.Connection, outcome: Outcome,
                                                              next_state: str) -> None:
     run_id, attempt = started(conn)
-    assert store.record_outcome(conn, attempt, outcome, next_state) is True
+    assert record_outcome(conn, attempt, outcome, next_state) is True
 
     [row] = store.get_attempts(conn, run_id)
     assert (row.outcome, row.exit_status, row.reason) == (outcome.outcome, outcome.exit_status, outcome.reason)
@@ -145,10 +162,10 @@ def test_record_outcome_writes_the_attempt_and_moves_the_run(conn: psycopg.Conne
 
 def test_a_recorded_outcome_is_never_overwritten(conn: psycopg.Connection) -> None:
     run_id, attempt = started(conn)
-    assert store.record_outcome(conn, attempt, FAILED, "failed")
+    assert record_outcome(conn, attempt, FAILED, "failed")
     before = snapshot(conn, run_id)
-    assert store.record_outcome(conn, attempt, SUCCEEDED, "succeeded") is False
-    assert store.record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(0)) is False
+    assert record_outcome(conn, attempt, SUCCEEDED, "succeeded") is False
+    assert record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(0)) is False
     assert snapshot(conn, run_id) == before
     [row] = store.get_attempts(conn, run_id)
     assert (row.outcome, row.exit_status) == ("exit-code", "exit:3")
@@ -158,7 +175,7 @@ def test_a_recorded_outcome_is_never_overwritten(conn: psycopg.Connection) -> No
 def test_record_outcome_with_a_retry_delay_requeues_the_run(conn: psycopg.Connection, listener) -> None:
     run_id, attempt = started(conn, max_attempts=2, priority=3)
     store.listen(listener, store.SPAWN_CHANNEL)
-    assert store.record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(minutes=5))
+    assert record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(minutes=5))
 
     run = store.get_run(conn, run_id)
     assert run.state == "queued"
@@ -174,7 +191,7 @@ def test_record_outcome_with_a_retry_delay_requeues_the_run(conn: psycopg.Connec
     assert last["state"] == "queued" and "retry in 300s" in last["reason"]
     # The new job wakes the daemons, but is not claimable before its time.
     assert [n.channel for n in wait_notifies(listener)] == [store.SPAWN_CHANNEL]
-    assert store.claim(conn, "h1", 10, 10, None, unitspec.UNIT_NAME_FORMAT) == []
+    assert claim(conn, "h1", 10, max_runs=10) == []
 
 
 def test_a_late_outcome_of_an_older_attempt_does_not_move_the_run(conn: psycopg.Connection) -> None:
@@ -183,7 +200,7 @@ def test_a_late_outcome_of_an_older_attempt_does_not_move_the_run(conn: psycopg.
     conn.execute("INSERT INTO unitvisor.attempts (run_id, attempt, host_id, unit_name) VALUES (%s, 2, 'h2', %s)",
                  (run_id, unitspec.unit_name(run_id, 2)))
     before_events = events(conn, run_id)
-    assert store.record_outcome(conn, first, FAILED, "failed") is True
+    assert record_outcome(conn, first, FAILED, "failed") is True
     assert store.get_run(conn, run_id).state == "running"
     assert events(conn, run_id) == before_events
     assert [a.outcome for a in store.get_attempts(conn, run_id)] == ["exit-code", None]
@@ -194,7 +211,7 @@ def test_a_retry_does_not_requeue_a_run_whose_cancel_was_requested(conn: psycopg
     # The daemon read the run (no cancel yet), saw the unit fail and decided to retry; meanwhile an
     # operator cancels the run.
     assert cancel(conn, run_id) == ("running", True)
-    store.record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(0))
+    record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(0))
     available = conn.execute("SELECT count(*) FROM unitvisor.spawn_jobs WHERE run_id = %s AND state = 'available'",
                              (run_id,)).fetchone()[0]
     assert (store.get_run(conn, run_id).state, available) == ("cancelled", 0)
@@ -217,7 +234,7 @@ def test_cancel_a_queued_run_cancels_at_once_and_notifies(conn: psycopg.Connecti
     [note] = wait_notifies(listener)
     assert (note.channel, note.payload) == (store.CANCEL_CHANNEL, str(run_id))
     # Nothing to claim any more.
-    assert store.claim(conn, "h1", 10, 10, None, unitspec.UNIT_NAME_FORMAT) == []
+    assert claim(conn, "h1", 10, max_runs=10) == []
     assert store.get_attempts(conn, run_id) == []
 
 
@@ -239,7 +256,7 @@ def test_cancel_notification_received_through_pgconn(conn: psycopg.Connection, l
 
 def test_cancel_a_waiting_retry_removes_its_job(conn: psycopg.Connection) -> None:
     run_id, attempt = started(conn, max_attempts=3)
-    store.record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(minutes=10))
+    record_outcome(conn, attempt, FAILED, "queued", retry_delay=timedelta(minutes=10))
     assert cancel(conn, run_id) == ("cancelled", True)
     states = conn.execute("SELECT state FROM unitvisor.spawn_jobs WHERE run_id = %s", (run_id,)).fetchall()
     assert states == [("claimed",)]
@@ -251,7 +268,7 @@ def test_cancel_a_starting_or_running_run_marks_it(conn: psycopg.Connection, lis
     run_id = submit(conn)
     attempt = claim_one(conn)
     if state == "running":
-        store.mark_started(conn, attempt, "inv")
+        mark_started(conn, attempt, "inv")
     store.listen(listener, store.CANCEL_CHANNEL)
 
     assert cancel(conn, run_id) == (state, True)
@@ -277,7 +294,7 @@ def test_cancel_a_starting_or_running_run_marks_it(conn: psycopg.Connection, lis
 def test_cancel_a_finished_run_changes_nothing(conn: psycopg.Connection, listener, outcome: Outcome,
                                                final: str) -> None:
     run_id, attempt = started(conn)
-    store.record_outcome(conn, attempt, outcome, final)
+    record_outcome(conn, attempt, outcome, final)
     before = snapshot(conn, run_id)
     store.listen(listener, store.CANCEL_CHANNEL)
     assert cancel(conn, run_id) == (final, False)
@@ -305,8 +322,9 @@ def test_cancel_during_a_claim_waits_and_then_asks_the_host(conn: psycopg.Connec
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
+    fence = register(conn, "h1", max_runs=10)
     with conn.transaction():
-        [(_, attempt)] = store.claim(conn, "h1", 1, 10, None, unitspec.UNIT_NAME_FORMAT)
+        [(_, attempt)] = store.claim(conn, fence, 1, unitspec.UNIT_NAME_FORMAT)
         thread = threading.Thread(target=cancel_in_thread)
         thread.start()
         with store.connect(dsn) as observer:
@@ -334,12 +352,13 @@ def test_a_claim_during_a_cancel_skips_the_run(conn: psycopg.Connection, dsn: st
     run_id = submit(conn)
     with store.connect(dsn) as other:
         other.execute("SET statement_timeout = '10s'")
+        fence = register(other, "h1", max_runs=10)
         with conn.transaction():
             assert cancel(conn, run_id) == ("cancelled", True)  # not committed yet
-            assert store.claim(other, "h1", 10, 10, None, unitspec.UNIT_NAME_FORMAT) == []
+            assert store.claim(other, fence, 10, unitspec.UNIT_NAME_FORMAT) == []
     assert store.get_run(conn, run_id).state == "cancelled"
     assert store.get_attempts(conn, run_id) == []
-    assert store.claim(conn, "h1", 10, 10, None, unitspec.UNIT_NAME_FORMAT) == []
+    assert store.claim(conn, fence, 10, unitspec.UNIT_NAME_FORMAT) == []
 
 
 # -- the spawn notification ---------------------------------------------------------------------
@@ -399,10 +418,13 @@ def test_open_attempts_filters(conn: psycopg.Connection) -> None:
     assert store.open_attempts(conn, "h1", unit_names=[mine[0].unit_name], cancel_requested=True) == []
 
     # An attempt with an outcome is no longer open.
-    store.record_outcome(conn, mine[1], CANCELLED, "cancelled")
+    record_outcome(conn, mine[1], CANCELLED, "cancelled")
     assert [a for _, a in store.open_attempts(conn, "h1")] == [mine[0], mine[2]]
     assert store.open_attempts(conn, "h1", cancel_requested=True) == []
-    assert store.settled_unit_names(conn, [a.unit_name for a in mine]) == {mine[1].unit_name}
+    owners = store.unit_owners(conn, [a.unit_name for a in mine])
+    assert owners == {mine[0].unit_name: store.UnitOwner("h1", None),
+                      mine[1].unit_name: store.UnitOwner("h1", "cancelled"),
+                      mine[2].unit_name: store.UnitOwner("h1", None)}
 
 
 # -- hosts --------------------------------------------------------------------------------------
@@ -413,60 +435,97 @@ def host_row(conn: psycopg.Connection, host_id: str) -> tuple:
                         "FROM unitvisor.hosts WHERE id = %s", (host_id,)).fetchone()
 
 
+def profile_row(conn: psycopg.Connection, host_id: str) -> tuple:
+    return conn.execute(
+        """SELECT instance, epoch, allowed_executables, executable_patterns, run_user, allowed_users, can_start,
+                  cannot_start_reason, poll_interval_sec, dead_after_sec
+           FROM unitvisor.hosts WHERE id = %s""", (host_id,)).fetchone()
+
+
+WEEK = timedelta(days=7)  # `waited` for probes that are not about fleet upkeep
+
+
 def test_register_host_inserts_then_updates(conn: psycopg.Connection) -> None:
-    assert store.register_host(conn, "h1", "box-1", 8, 1 << 30, "0.1.0", "boot-a") == "active"
+    first = host_profile("h1", name="box-1", max_runs=8, budget=1 << 30, version="0.1.0", boot_id="boot-a",
+                         allowed=("/usr/bin/*",), users=("nobody",), run_user="svc", dead_after=45.0,
+                         poll_interval=5.0)
+    assert store.register_host(conn, first) == store.Registration(True, "active", 1, "registered")
     name, state, max_runs, budget, version, boot, _, _ = host_row(conn, "h1")
     assert (name, state, max_runs, budget, version, boot) == ("box-1", "active", 8, 1 << 30, "0.1.0", "boot-a")
+    assert profile_row(conn, "h1") == ("inst-h1", 1, ["/usr/bin/*"], [unitspec.glob_regex("/usr/bin/*")], "svc",
+                                       ["nobody"], True, None, 5.0, 45.0)
 
-    assert store.register_host(conn, "h1", "box-1b", 16, None, "0.2.0", "boot-b") == "active"
+    # The same instance again (a restart, a reconnect): the same epoch, the row follows the profile.
+    second = host_profile("h1", name="box-1b", max_runs=16, budget=None, version="0.2.0", boot_id="boot-b",
+                          can_start=False, cannot_start_reason="no systemd")
+    assert store.register_host(conn, second) == store.Registration(True, "active", 1, "registered")
     name, state, max_runs, budget, version, boot, _, _ = host_row(conn, "h1")
     assert (name, state, max_runs, budget, version, boot) == ("box-1b", "active", 16, None, "0.2.0", "boot-b")
+    assert profile_row(conn, "h1") == ("inst-h1", 1, list(second.allowed_executables),
+                                       list(second.executable_patterns), "", [], False, "no systemd", 10.0, 60.0)
     assert conn.execute("SELECT count(*) FROM unitvisor.hosts").fetchone()[0] == 1
 
 
 def test_register_host_keeps_draining_and_revives_stopped(conn: psycopg.Connection) -> None:
-    store.register_host(conn, "h1", "box", 8, None, "0.1.0", "boot-a")
+    fence = register(conn, "h1", max_runs=8)
     conn.execute("UPDATE unitvisor.hosts SET state = 'draining' WHERE id = 'h1'")
-    assert store.register_host(conn, "h1", "box", 4, None, "0.1.0", "boot-b") == "draining"
+    registration = store.register_host(conn, host_profile("h1", max_runs=4))
+    assert registration == store.Registration(True, "draining", fence.epoch, "registered")
     assert host_row(conn, "h1")[1:3] == ("draining", 4)
 
-    store.mark_host_stopped(conn, "h1")  # a draining host stays draining
+    store.mark_host_stopped(conn, fence)  # a draining host stays draining
     assert host_row(conn, "h1")[1] == "draining"
 
     conn.execute("UPDATE unitvisor.hosts SET state = 'active' WHERE id = 'h1'")
-    store.mark_host_stopped(conn, "h1")
+    store.mark_host_stopped(conn, store.Fence("h1", fence.epoch + 1))  # not its epoch: nothing happens
+    assert host_row(conn, "h1")[1] == "active"
+    store.mark_host_stopped(conn, fence)
     assert host_row(conn, "h1")[1] == "stopped"
-    assert store.register_host(conn, "h1", "box", 4, None, "0.1.0", "boot-c") == "active"
+    assert store.register_host(conn, host_profile("h1")) == store.Registration(True, "active", fence.epoch,
+                                                                                 "registered")
 
 
 def test_probe_is_the_heartbeat(conn: psycopg.Connection) -> None:
-    store.register_host(conn, "h1", "box", 8, None, "0.1.0", "boot")
-    store.register_host(conn, "h2", "box2", 8, None, "0.1.0", "boot")
+    h1 = register(conn, "h1", max_runs=8)
+    register(conn, "h2", max_runs=8)
     conn.execute("UPDATE unitvisor.hosts SET heartbeat_at = now() - interval '1 hour'")
     old = host_row(conn, "h1")[7]
 
-    assert store.probe(conn, "h1") == store.Probe("active", False, False)
+    # upkeep: h2 has been silent for longer than its host_dead_after.
+    assert store.probe(conn, h1, WEEK) == store.Probe("active", False, False, True)
     new = host_row(conn, "h1")[7]
     assert new > old + timedelta(minutes=59)
     assert new <= store.now(conn)
     assert host_row(conn, "h2")[7] == old  # only the named host
+    silence(conn, "h2", 0)
+    assert store.probe(conn, h1, WEEK) == store.Probe("active", False, False, False)
     conn.execute("UPDATE unitvisor.hosts SET state = 'draining' WHERE id = 'h1'")
-    assert store.probe(conn, "h1").host_state == "draining"
-    assert store.probe(conn, "unknown").host_state is None
+    assert store.probe(conn, h1, WEEK).host_state == "draining"
+
+    # Not this host's epoch, or no such host: fenced, and no heartbeat is written.
+    silence(conn, "h1", 600)
+    stale = host_row(conn, "h1")[7]
+    with pytest.raises(store.Fenced):
+        store.probe(conn, store.Fence("h1", h1.epoch + 1), WEEK)
+    with pytest.raises(store.Fenced):
+        store.probe(conn, store.Fence("unknown", 1), WEEK)
+    assert host_row(conn, "h1")[7] == stale
 
 
 def test_probe_says_whether_there_is_work(conn: psycopg.Connection) -> None:
-    store.register_host(conn, "h1", "box", 8, None, "0.1.0", "boot")
+    fence = register(conn, "h1", max_runs=8)
     pinned_elsewhere = store.submit_run(conn, argv=["/bin/true"], host_pin="h2")
-    assert store.probe(conn, "h1") == store.Probe("active", False, False)
+    assert store.probe(conn, fence, WEEK) == store.Probe("active", False, False, False)
     store.submit_run(conn, argv=["/bin/true"])
-    assert store.probe(conn, "h1").claimable is True
+    assert store.probe(conn, fence, WEEK).claimable is True
     conn.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now() + interval '1 hour'")
-    assert store.probe(conn, "h1").claimable is False
+    assert store.probe(conn, fence, WEEK).claimable is False
     conn.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now()")
-    [(run, _)] = store.claim(conn, "h1", 5, 8, None, unitspec.UNIT_NAME_FORMAT)
+    [(run, _)] = store.claim(conn, fence, 5, unitspec.UNIT_NAME_FORMAT)
     assert run.id != pinned_elsewhere
     assert run.state == "starting"
-    assert store.probe(conn, "h1") == store.Probe("active", False, False)
+    assert store.probe(conn, fence, WEEK) == store.Probe("active", False, False, False)
     store.cancel_run(conn, run.id)
-    assert store.probe(conn, "h1").cancels is True
+    assert store.probe(conn, fence, WEEK).cancels is True
+    # upkeep: a job has waited for longer than `waited` (here: the one pinned to the unknown h2).
+    assert store.probe(conn, fence, timedelta(0)).upkeep is True
