@@ -40,35 +40,13 @@ import psycopg
 from bench.run import DB, RESULTS, database, loadavg, machine_facts, pct, say, versions
 from supervisor import store
 from tests.harness import testbed as testbed_mod
-from tests.harness.fleet import Fleet
+from tests.harness.fleet import Fleet, fleet_config, submit_many
 from tests.harness.host import wait_for
 from tests.harness.postgres import Postgres
 
 PREFIX = "uv-bfleet"  # the test beds' names, uv-bfleet-1..3: apart from the tests' uv-fleet-N
 HOST_IDS = ("fleet-1", "fleet-2", "fleet-3")
 TERMINAL = ("succeeded", "failed", "cancelled")
-# The drills' settings of tests/system/test_fleet.py (poll 1 s, stop_grace 1 s, reconcile 10 s), with
-# the benchmark's own host_dead_after, and only what the drills run allowed.
-CONFIG = """
-[host]
-id = "{host_id}"
-name = "{host_id}"
-
-[daemon]
-poll_interval = "{poll}s"
-reconcile_interval = "10s"
-
-[systemd]
-stop_grace = "1s"
-
-[fleet]
-host_dead_after = "{dead_after}s"
-
-[runs]
-allowed_executables = ["/bin/sleep"]
-"""
-
-
 @dataclass
 class Sizes:
     drills: int = 5
@@ -112,8 +90,10 @@ class Drill:
         with psycopg.connect(self.pg.dsn, autocommit=True) as admin:
             admin.execute(f"CREATE DATABASE {self.dbname} TEMPLATE {DB}")  # migrated: a copy of bench.run's
         dsn = self.pg.dsn_for(self.dbname)
-        configs = {host_id: CONFIG.format(host_id=host_id, poll=self.sizes.poll, dead_after=self.sizes.dead_after)
-                   for host_id in HOST_IDS}
+        # The drills' settings (tests/system/test_fleet.py), with the benchmark's own poll interval and
+        # host_dead_after, and only what the drills run allowed.
+        configs = {host_id: fleet_config(host_id, poll=self.sizes.poll, dead_after=self.sizes.dead_after,
+                                         allowed='["/bin/sleep"]') for host_id in HOST_IDS}
         with Fleet(dsn, size=3, prefix=PREFIX, configs=configs) as fleet, \
                 psycopg.connect(dsn, autocommit=True) as conn:
             self.fleet, self.conn = fleet, conn
@@ -131,11 +111,8 @@ class Drill:
         return cur.fetchall() if cur.description else []
 
     def submit(self, argv: list[str], count: int, **args: object) -> list[uuid.UUID]:
-        """`count` runs in one transaction (one statement), as a burst arrives."""
-        named = "".join(f", {name} => %({name})s" for name in args)
-        rows = self.sql(f"SELECT unitvisor.submit_run(%(argv)s{named}) FROM generate_series(1, %(count)s)",
-                        {"argv": argv, "count": count, **args})
-        return [row[0] for row in rows]
+        assert self.conn is not None
+        return submit_many(self.conn, argv, count, **args)
 
     def running(self, run_ids: list[uuid.UUID]) -> int:
         return self.sql("SELECT count(*) FROM unitvisor.runs WHERE id = ANY(%s) AND state = 'running'",
@@ -341,8 +318,9 @@ def run(sizes: Sizes, only: str | None = None) -> dict[str, Any]:
     testbed_mod.cleanup_stale()
     started = dt.datetime.now(dt.UTC)
     say("starting a throwaway PostgreSQL ...")
+    config = fleet_config(HOST_IDS[0], poll=sizes.poll, dead_after=sizes.dead_after, allowed='["/bin/sleep"]')
     r: dict[str, Any] = {"date": started.isoformat(timespec="seconds"), "machine": machine_facts(),
-                         "sizes": asdict(sizes), "config": CONFIG.strip(), "versions": {},
+                         "sizes": asdict(sizes), "config": config.strip(), "versions": {},
                          "loadavg": {"start": loadavg()}}
     with database() as pg:
         r["power_off"] = {"drills": []}

@@ -192,7 +192,11 @@ def cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
         return real_call(*a, **kw)
 
     systemd._call = counted  # type: ignore[method-assign]
-    reconciler = Reconciler(settings, args.host_id, conn, systemd)
+    found = store.host_fence(conn, args.host_id)  # the host registered by the daemon, as `unitvisor reconcile` does
+    if found is None:
+        raise SystemExit(f"host {args.host_id} is not registered")
+    fence = found[1]
+    reconciler = Reconciler(settings, fence, conn, systemd)
     stats.execute("SELECT pg_stat_statements_reset()")
     t0 = time.perf_counter()
     done = reconciler.plan() if args.mode == "plan" else reconciler.reconcile_pass()
@@ -210,7 +214,7 @@ def cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
 
         prof = cProfile.Profile()
         prof.enable()
-        Reconciler(settings, args.host_id, conn, systemd).plan()
+        Reconciler(settings, fence, conn, systemd).plan()
         prof.disable()
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(18)

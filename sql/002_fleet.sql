@@ -10,10 +10,14 @@
 
 -- -- hosts: capability, ownership, fencing ------------------------------------------------------
 
+-- Every epoch any host ever gets comes from here, so none is ever given twice: a host forgotten and
+-- registered again does not make its first life's fence valid again.
+CREATE SEQUENCE unitvisor.host_epochs;
+
 ALTER TABLE unitvisor.hosts
     -- Bumped whenever ownership of the host id changes hands: declared dead, or registered by a
     -- different machine (instance). A write carrying an older epoch is refused (check_fence).
-    ADD COLUMN epoch bigint NOT NULL DEFAULT 1,
+    ADD COLUMN epoch bigint NOT NULL DEFAULT nextval('unitvisor.host_epochs'),
     -- Which machine and boot holds this id now (a hash of machine id and boot id): a restart on the
     -- same machine keeps the epoch, another machine with the same id is a conflict.
     ADD COLUMN instance text,
@@ -29,6 +33,7 @@ ALTER TABLE unitvisor.hosts
     ADD COLUMN poll_interval_sec double precision,
     ADD COLUMN dead_after_sec double precision,
     ADD COLUMN dead_at timestamptz,
+    ADD COLUMN drained_before_death boolean NOT NULL DEFAULT false,  -- it comes back draining
     ADD COLUMN dead_reason text,
     -- The last time a second daemon tried to use this id while it was held (a cloned machine id, a
     -- reused [host] id), and who it was.
@@ -44,9 +49,21 @@ ALTER TABLE unitvisor.runs ADD COLUMN wait_reason text;
 
 -- A path that is not normalised ('/usr/bin/../x', '//x', '/x/./y', '/x/') can never pass a host's
 -- allowlist, which compares normalised paths: refuse it at submit time instead of letting it wait.
--- NOT VALID: rows submitted before this migration are not re-checked (a host refuses them).
-ALTER TABLE unitvisor.runs ADD CONSTRAINT runs_argv0_normalised
-    CHECK (argv[1] !~ '(//|/\./|/\.\./|/\.\.?$|./$)') NOT VALID;
+-- A trigger on new argv values, not a CHECK constraint: PostgreSQL re-checks a CHECK on every update
+-- of a row, even NOT VALID, so one such run submitted before this migration would make every later
+-- update of it fail (its state, its outcome, a cancel). Those old rows are refused by a host instead.
+CREATE FUNCTION unitvisor.refuse_unnormalised_argv0() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.argv[1] ~ '(//|/\./|/\.\./|/\.\.?$|./$)' THEN
+        RAISE EXCEPTION 'argv[0] is not a normalised absolute path'
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'runs_argv0_normalised',
+                  HINT = 'write it without //, /./, /../ or a trailing /';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER runs_argv0_normalised BEFORE INSERT OR UPDATE OF argv ON unitvisor.runs
+    FOR EACH ROW EXECUTE FUNCTION unitvisor.refuse_unnormalised_argv0();
 
 -- -- fencing --------------------------------------------------------------------------------------
 
@@ -100,6 +117,14 @@ LANGUAGE sql STABLE AS $$
     END
 $$;
 
+-- Whether another live host that can start units would also run r: only such runs are shared out.
+CREATE FUNCTION unitvisor.also_accepted(me unitvisor.hosts, r unitvisor.runs) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM unitvisor.hosts h
+                   WHERE h.id <> me.id AND h.can_start AND unitvisor.host_is_live(h)
+                     AND unitvisor.host_refusal(h, r) IS NULL)
+$$;
+
 -- -- registration ---------------------------------------------------------------------------------
 
 -- register_host: called by a daemon on its main connection after every (re)connect. It takes the
@@ -115,6 +140,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     old unitvisor.hosts;
     new_epoch bigint;
+    new_state text;
     who text := format('%s (instance %s, backend pid %s)', register_host.host_name, register_host.host_instance,
                        pg_backend_pid());
 BEGIN
@@ -127,7 +153,9 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO old FROM unitvisor.hosts h WHERE h.id = register_host.host_id FOR UPDATE;
-    IF FOUND AND old.instance IS DISTINCT FROM register_host.host_instance
+    -- (A NULL instance was registered by a version-1 daemon, which recorded none: the usual case is
+    -- this machine's own daemon before an upgrade, so it is not held against it.)
+    IF FOUND AND old.instance IS NOT NULL AND old.instance <> register_host.host_instance
             AND old.state IN ('active', 'draining')
             AND old.heartbeat_at >= now() - make_interval(secs => coalesce(old.dead_after_sec, 60)) THEN
         -- Another machine held it moments ago (it may be reconnecting): let it have it back.
@@ -147,14 +175,17 @@ BEGIN
             register_host.host_version, register_host.host_boot_id, register_host.host_instance,
             register_host.can_start, register_host.cannot_start_reason, register_host.allowed_executables,
             register_host.executable_patterns, register_host.run_user, register_host.allowed_users,
-            register_host.poll_interval_sec, register_host.dead_after_sec);
-        RETURN QUERY SELECT true, 'active'::text, 1::bigint, 'registered'::text;
+            register_host.poll_interval_sec, register_host.dead_after_sec)
+        RETURNING hosts.epoch INTO new_epoch;
+        RETURN QUERY SELECT true, 'active'::text, new_epoch, 'registered'::text;
         RETURN;
     END IF;
     -- Same machine (a restart, a reconnect): same epoch, its attempts are its own. A dead host, or
     -- another machine taking over a silent id: a new epoch, so that the old owner's writes fail.
     new_epoch := CASE WHEN old.state = 'dead' OR old.instance IS DISTINCT FROM register_host.host_instance
-                      THEN old.epoch + 1 ELSE old.epoch END;
+                      THEN nextval('unitvisor.host_epochs') ELSE old.epoch END;
+    new_state := CASE WHEN old.state = 'draining' OR (old.state = 'dead' AND old.drained_before_death)
+                      THEN 'draining' ELSE 'active' END;
     UPDATE unitvisor.hosts h SET name = register_host.host_name, max_runs = register_host.max_runs,
         memory_budget = register_host.memory_budget, version = register_host.host_version,
         boot_id = register_host.host_boot_id, instance = register_host.host_instance,
@@ -163,10 +194,9 @@ BEGIN
         executable_patterns = register_host.executable_patterns, run_user = register_host.run_user,
         allowed_users = register_host.allowed_users, poll_interval_sec = register_host.poll_interval_sec,
         dead_after_sec = register_host.dead_after_sec, epoch = new_epoch, started_at = now(),
-        heartbeat_at = now(), dead_at = NULL, dead_reason = NULL,
-        state = CASE WHEN old.state = 'draining' THEN 'draining' ELSE 'active' END
+        heartbeat_at = now(), dead_at = NULL, dead_reason = NULL, drained_before_death = false, state = new_state
     WHERE h.id = register_host.host_id;
-    RETURN QUERY SELECT true, CASE WHEN old.state = 'draining' THEN 'draining' ELSE 'active' END, new_epoch,
+    RETURN QUERY SELECT true, new_state, new_epoch,
         CASE WHEN old.state = 'dead' THEN format('rejoined after being declared dead (%s)', old.dead_reason)
              WHEN new_epoch <> old.epoch THEN format('took over the id from instance %s', old.instance)
              ELSE 'registered' END;
@@ -183,9 +213,10 @@ END $$;
 --   are claimed. Starvation guard: once a run has been due for longer than starve_after, it reserves
 --   the host: nothing behind it is claimed here until enough memory is free for it (its memory_max
 --   is within the budget, or host_refusal would have excluded it, so it fits once runs end).
--- * Spread: of the jobs due for less than spread_grace, a host takes only its fair share, in
---   proportion to its max_runs among the live hosts, of the fleet's runs in flight plus the jobs
---   waiting; jobs due for longer are anyone's, so a share never leaves work waiting for long.
+-- * Spread: of the jobs due for less than spread_grace that another live host would also take, a
+--   host takes only its fair share, in proportion to its max_runs among the live hosts, of the
+--   fleet's runs in flight plus those jobs; a job no other host would take is always taken, and jobs
+--   due for longer are anyone's, so a share never leaves work waiting for long.
 CREATE FUNCTION unitvisor.claim_jobs(
     host_id text, host_epoch bigint, batch integer, unit_format text,
     starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')
@@ -200,6 +231,7 @@ DECLARE
     busy bigint;
     waiting bigint;
     share bigint;
+    shared integer := 0;
     taken integer := 0;
     looked integer := 0;
     job record;
@@ -222,18 +254,23 @@ BEGIN
     WHERE unitvisor.host_is_live(h) AND h.can_start;
     SELECT count(*) INTO busy FROM unitvisor.attempts a JOIN unitvisor.hosts h ON h.id = a.host_id
     WHERE a.outcome IS NULL AND unitvisor.host_is_live(h) AND h.can_start;
-    SELECT count(*) INTO waiting FROM (
-        SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
-        WHERE j.state = 'available' AND j.scheduled_at <= now() AND r.state = 'queued'
-          AND unitvisor.host_refusal(me, r) IS NULL
-        LIMIT greatest(capacity, 1)) w;
-    share := CASE WHEN capacity <= me.max_runs THEN free
-                  ELSE ceil((busy + waiting)::numeric * me.max_runs / capacity)::bigint - in_flight END;
+    IF capacity > me.max_runs THEN
+        SELECT count(*) INTO waiting FROM (
+            SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+            WHERE j.state = 'available' AND j.scheduled_at <= now() AND r.state = 'queued'
+              AND unitvisor.host_refusal(me, r) IS NULL AND unitvisor.also_accepted(me, r)
+            LIMIT capacity) w;
+        share := ceil((busy + waiting)::numeric * me.max_runs / capacity)::bigint - in_flight;
+    ELSE
+        share := free;  -- no other live host: nothing to share
+    END IF;
     FOR job IN
-        SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max
+        -- Stale jobs (their run is not queued) of any pin are discarded by whoever meets them, so
+        -- that the probe's "claimable" and this loop agree.
+        SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max,
+               share < free AND r.state = 'queued' AND unitvisor.also_accepted(me, r) AS contested
         FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now()
-          AND (r.host_pin IS NULL OR r.host_pin = claim_jobs.host_id)
           AND (r.state <> 'queued' OR unitvisor.host_refusal(me, r) IS NULL)
         ORDER BY j.priority DESC, j.scheduled_at, j.id
         -- No FOR UPDATE here: the loop fetches rows ten at a time, and it would lock every job it
@@ -253,7 +290,7 @@ BEGIN
             CONTINUE;
         END IF;
         EXIT WHEN taken >= free OR looked > 4 * claim_jobs.batch;
-        IF taken >= share AND job.scheduled_at > now() - claim_jobs.spread_grace THEN
+        IF job.contested AND shared >= share AND job.scheduled_at > now() - claim_jobs.spread_grace THEN
             CONTINUE;  -- another host's share, for now
         END IF;
         IF me.memory_budget IS NOT NULL AND memory_used + coalesce(job.memory_max, 0) > me.memory_budget THEN
@@ -275,6 +312,7 @@ BEGIN
         INTO claim_jobs.run_id, claim_jobs.attempt, claim_jobs.unit_name, claim_jobs.claimed_at;
         RETURN NEXT;
         taken := taken + 1;
+        shared := shared + job.contested::integer;
         memory_used := memory_used + coalesce(job.memory_max, 0);
     END LOOP;
 END $$;
@@ -300,7 +338,8 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY
-    UPDATE unitvisor.hosts h SET state = 'dead', epoch = h.epoch + 1, dead_at = now(),
+    UPDATE unitvisor.hosts h SET state = 'dead', epoch = nextval('unitvisor.host_epochs'), dead_at = now(),
+        drained_before_death = (h.state = 'draining'),
         dead_reason = format('silent for %s s (its host_dead_after is %s s); declared dead by host %s',
                              round(extract(epoch FROM now() - h.heartbeat_at)::numeric),
                              coalesce(h.dead_after_sec, 60), declare_dead_hosts.declarer)
@@ -328,8 +367,8 @@ LANGUAGE sql STABLE AS $$
                     WHEN p.state = 'dead' THEN format('pinned to host %s, which is dead (%s)', p.id, p.dead_reason)
                     WHEN p.state <> 'active' THEN format('pinned to host %s, which is %s', p.id, p.state)
                     WHEN NOT unitvisor.host_is_live(p) THEN format(
-                        'pinned to host %s, which has been silent for %s s', p.id,
-                        round(extract(epoch FROM now() - p.heartbeat_at)::numeric))
+                        'pinned to host %s, which has been silent since %s', p.id,
+                        to_char(p.heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
                     ELSE format('pinned to host %s, which does not accept it: %s', p.id,
                                 unitvisor.host_refusal(p, r))
                  END FROM unitvisor.hosts p WHERE p.id = r.host_pin),

@@ -317,6 +317,10 @@ def cancel_run(conn: Connection, run_id: uuid.UUID) -> Transition:
             current = conn.execute("SELECT state FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
             return Transition(current[0] if current else None, False)
         state = row[0]
+        if state == "cancelled":
+            # A retry's job committed while this waited for the run's row lock (its outcome was being
+            # recorded): the run is cancelled now, so that job may never start it.
+            conn.execute("DELETE FROM unitvisor.spawn_jobs WHERE run_id = %s AND state = 'available'", (run_id,))
         _event(conn, run_id, state, "cancelled while queued" if state == "cancelled" else "cancel requested")
         conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, str(run_id)))
     return Transition(state, True)
@@ -334,7 +338,9 @@ def resume_run(conn: Connection, run_id: uuid.UUID) -> Transition:
         if row is None:
             current = conn.execute("SELECT state FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
             return Transition(current[0] if current else None, False)
-        conn.execute("INSERT INTO unitvisor.spawn_jobs (run_id, priority) VALUES (%s, %s)", (run_id, row[0]))
+        # A job left behind by an older race is the job this run needs: keep it, never fail on it.
+        conn.execute("""INSERT INTO unitvisor.spawn_jobs (run_id, priority) VALUES (%s, %s)
+                        ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING""", (run_id, row[0]))
         _event(conn, run_id, "queued", "resumed by an operator")
     return Transition("queued", True)
 
@@ -570,7 +576,7 @@ def mark_started(conn: Connection, fence: Fence, attempt: Attempt, invocation_id
             """WITH started AS (
                    UPDATE unitvisor.attempts
                    SET started_at = coalesce(started_at, now()), invocation_id = coalesce(invocation_id, %(inv)s)
-                   WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL
+                   WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL AND host_id = %(host)s
                      AND (SELECT unitvisor.check_fence(%(host)s, %(epoch)s)) RETURNING run_id),
                moved AS (
                    UPDATE unitvisor.runs SET state = 'running', updated_at = now()
@@ -597,7 +603,11 @@ def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Ou
                    -- a unit seen only once it had ended (adopted after a crash) did start
                    started_at = CASE WHEN %(inv)s::text IS NULL THEN started_at ELSE coalesce(started_at, now()) END
                WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL
-                 AND (SELECT unitvisor.check_fence(%(host)s, %(epoch)s)) RETURNING 1""",
+                 AND (SELECT unitvisor.check_fence(%(host)s, %(epoch)s))
+                 -- its own attempt, or one of a host declared dead that it is taking over
+                 AND (host_id = %(host)s OR EXISTS (SELECT 1 FROM unitvisor.hosts h
+                                                    WHERE h.id = attempts.host_id AND h.state = 'dead'))
+               RETURNING 1""",
             {"outcome": outcome.outcome, "status": outcome.exit_status, "reason": outcome.reason,
              "inv": invocation_id or None, "run": attempt.run_id, "attempt": attempt.attempt,
              "host": fence.host_id, "epoch": fence.epoch}).fetchone()

@@ -15,11 +15,13 @@ the keys of any section: the tests say what they configure.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.harness.host import DEFAULT_CONFIG, REPO, Host
@@ -47,6 +49,44 @@ def servers(dsn: str) -> list[tuple[str, int]]:
     if len(ports) != len(hosts):
         raise ValueError(f"the DSN names {len(hosts)} hosts but {len(ports)} ports")
     return [(host, int(port)) for host, port in zip(hosts, ports, strict=True)]
+
+
+# A fleet host's config for the drills and the benchmark: short timings, so that a host is declared
+# dead in seconds; everything else as packaged.
+FLEET_CONFIG = """
+[host]
+id = "{host_id}"
+name = "{host_id}"
+
+[daemon]
+poll_interval = "{poll}s"
+reconcile_interval = "10s"
+
+[systemd]
+stop_grace = "{stop_grace}s"
+
+[fleet]
+host_dead_after = "{dead_after}s"
+stop_runs_when_cut_off = {cut_off}
+
+[runs]
+allowed_executables = {allowed}
+"""
+ALLOW_DRILLS = '["/bin/sh", "/bin/true", "/bin/sleep"]'
+
+
+def fleet_config(host_id: str, *, poll: float = 1, dead_after: float = 6, stop_grace: float = 1,
+                 cut_off: bool = False, allowed: str = ALLOW_DRILLS) -> str:
+    return FLEET_CONFIG.format(host_id=host_id, poll=poll, dead_after=dead_after, stop_grace=stop_grace,
+                               cut_off=str(cut_off).lower(), allowed=allowed)
+
+
+def submit_many(conn: psycopg.Connection, argv: list[str], count: int = 1, **args: object) -> list[uuid.UUID]:
+    """`count` runs in one statement (one transaction, one wake-up for the fleet), as a burst arrives."""
+    named = "".join(f", {name} => %({name})s" for name in args)
+    rows = conn.execute(f"SELECT unitvisor.submit_run(%(argv)s{named}) FROM generate_series(1, %(count)s)",
+                        {"argv": argv, "count": count, **args}).fetchall()
+    return [row[0] for row in rows]
 
 
 class Member:

@@ -14,7 +14,7 @@ def insert_raw(dsn: str, argv: list[str], environment: object) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_environment_valid")
         conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_argv_valid")
-        conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_argv0_normalised")
+        conn.execute("DROP TRIGGER IF EXISTS runs_argv0_normalised ON unitvisor.runs")
         run_id = conn.execute(
             "INSERT INTO unitvisor.runs (argv, environment) VALUES (%s, %s::jsonb) RETURNING id",
             (argv, json.dumps(environment))).fetchone()[0]

@@ -18,34 +18,14 @@ import pytest
 from supervisor import store
 from tests.conftest import _unavailable
 from tests.harness import testbed as testbed_mod
-from tests.harness.fleet import Fleet
+from tests.harness.fleet import ALLOW_DRILLS, Fleet, fleet_config, submit_many
 from tests.harness.host import Host, wait_for
 
 DEAD_AFTER = 6  # seconds; poll 1 s, stop_grace 1 s: the cut-off stop comes at 6 - 1 - 2 = 3 s
-CONFIG = """
-[host]
-id = "{host_id}"
-name = "{host_id}"
-
-[daemon]
-poll_interval = "1s"
-reconcile_interval = "10s"
-
-[systemd]
-stop_grace = "1s"
-
-[fleet]
-host_dead_after = "{dead_after}s"
-stop_runs_when_cut_off = {cut_off}
-
-[runs]
-allowed_executables = {allowed}
-"""
-EVERYTHING = '["/bin/sh", "/bin/true", "/bin/sleep"]'
 
 
-def config(host_id: str, allowed: str = EVERYTHING, cut_off: bool = False) -> str:
-    return CONFIG.format(host_id=host_id, dead_after=DEAD_AFTER, cut_off=str(cut_off).lower(), allowed=allowed)
+def config(host_id: str, allowed: str = ALLOW_DRILLS, cut_off: bool = False) -> str:
+    return fleet_config(host_id, dead_after=DEAD_AFTER, cut_off=cut_off, allowed=allowed)
 
 
 class Drill:
@@ -71,10 +51,8 @@ class Drill:
             return cur.fetchall() if cur.description else []
 
     def submit(self, argv: list[str], count: int = 1, **args: object) -> list[str]:
-        named = "".join(f", {name} => %({name})s" for name in args)
-        rows = self.sql(f"SELECT unitvisor.submit_run(%(argv)s{named}) FROM generate_series(1, %(count)s)",
-                        {"argv": argv, "count": count, **args})
-        return [str(row[0]) for row in rows]
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            return [str(run_id) for run_id in submit_many(conn, argv, count, **args)]
 
     def runs(self, run_ids: list[str]) -> dict[str, dict]:
         return {run_id: self.viewer.show(run_id) for run_id in run_ids}
