@@ -4,6 +4,7 @@ virtualenv, a config and a DSN file, and helpers to drive and observe it as an o
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +36,10 @@ stop_grace = "3s"
 allowed_executables = ["/bin/sh", "/bin/true", "/bin/false", "/bin/sleep", "/usr/bin/*"]
 {runs_extra}
 """
+
+
+GATES = "/run/unitvisor-test-gates"
+_GATE_NAME_RE = re.compile(r"^[a-z0-9-]{1,40}\Z")
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 30, interval: float = 0.2, what: str = "") -> T:
@@ -119,6 +124,18 @@ class Host:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.show(run_id)}\n{self.daemon_log()}") from None
 
+    def gated(self, name: str, exit_code: int = 0) -> list[str]:
+        """A command that runs until the test opens its gate (`open_gate(name)`), then exits with
+        `exit_code`: a run whose end the test decides, where a `sleep` could end before a loaded
+        machine let the test see it running. (/run is shared with the units, read-only to them.)"""
+        if not _GATE_NAME_RE.match(name):
+            raise ValueError(f"bad gate name {name!r}")
+        self.tb.run("mkdir", "-p", "-m", "0755", GATES)
+        return ["/bin/sh", "-c", f"while [ ! -e {GATES}/{name} ]; do sleep 0.1; done; exit {exit_code}"]
+
+    def open_gate(self, *names: str) -> None:
+        self.tb.run("touch", *(f"{GATES}/{name}" for name in names))
+
     def unit_props(self, unit: str, *props: str) -> dict[str, str]:
         out = self.tb.run("systemctl", "show", unit, *(f"--property={p}" for p in props), check=False).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -133,7 +150,7 @@ class Host:
         self.stop()
         self.tb.run("systemctl", "stop", "unitvisor-run-*", check=False, timeout=60)
         self.tb.run("systemctl", "reset-failed", check=False)
-        self.tb.run("rm", "-rf", "/etc/unitvisor", "/etc/systemd/system/unitvisor.service.d", check=False)
+        self.tb.run("rm", "-rf", "/etc/unitvisor", "/etc/systemd/system/unitvisor.service.d", GATES, check=False)
 
 
 def journal_invocations(host: Host, unit: str) -> set[str]:

@@ -54,10 +54,12 @@ def test_hosts_drain_and_undrain(host: Host) -> None:
     assert row["heartbeat_age_seconds"] < 30
     assert "testhost-1" in host.cli("hosts").stdout
     assert "active -> draining" in host.cli("drain", "testhost-1").stdout
+    run_id = host.submit("--", "/bin/true")  # at once: the drain holds before the next claim
     host.stop()
     host.start()  # a draining host stays draining across restarts, and claims nothing
-    run_id = host.submit("--", "/bin/true")
-    assert host.show(run_id)["state"] == "queued"
+    # Proof that the daemon saw the run and left it: the fleet's upkeep says why it waits.
+    data = wait_for(lambda: (d := host.show(run_id))["wait_reason"] and d, timeout=30, what="the reason it waits")
+    assert data["attempts"] == [] and data["wait_reason"].startswith("no live host")
     assert "draining" in host.unit_props("unitvisor.service", "StatusText")["StatusText"]
     host.cli("undrain", "testhost-1")
     assert host.wait_run(run_id, timeout=30)["state"] == "succeeded"
@@ -67,9 +69,10 @@ def test_hosts_drain_and_undrain(host: Host) -> None:
 
 def test_reconcile_dry_run_prints_and_changes_nothing_then_a_pass_repairs(host: Host) -> None:
     host.start()
-    run_id = host.submit("--", "/bin/sh", "-c", "sleep 1; exit 5")
+    run_id = host.submit("--", *host.gated("repair", exit_code=5))
     wait_for(lambda: host.show(run_id)["state"] == "running", what="the run to be running")
     host.stop()
+    host.open_gate("repair")
     unit = f"unitvisor-run-{run_id}-1.service"
     wait_for(lambda: host.unit_props(unit, "ActiveState")["ActiveState"] == "failed", what="the run to end")
     config = ["--config", "/etc/unitvisor/unitvisor.toml"]

@@ -36,7 +36,7 @@ def test_killed_at_point_then_restarted_runs_exactly_once(host: Host, point: str
 
 def test_killed_in_the_middle_of_a_reconcile_pass(host: Host) -> None:
     host.start()
-    runs = [host.submit("--", "/bin/sh", "-c", f"sleep 4; exit {n}") for n in (0, 5, 6)]
+    runs = [host.submit("--", *host.gated(f"mid-{n}", exit_code=n)) for n in (0, 5, 6)]
     for run_id in runs:
         wait_for(lambda r=run_id: running(host, r), what="runs to be running")
     host.stop()
@@ -45,6 +45,7 @@ def test_killed_in_the_middle_of_a_reconcile_pass(host: Host) -> None:
     wait_for(lambda: daemon_active(host) in ("failed", "inactive"), timeout=30, what="the daemon to die mid-pass")
     host.tb.run("systemctl", "reset-failed", "unitvisor.service", check=False)
     host.start()
+    host.open_gate("mid-0", "mid-5", "mid-6")
     results = [host.wait_run(run_id) for run_id in runs]
     assert [r["attempts"][0]["exit_status"] for r in results] == ["exit:0", "exit:5", "exit:6"]
     for run_id, data in zip(runs, results, strict=True):
@@ -54,9 +55,10 @@ def test_killed_in_the_middle_of_a_reconcile_pass(host: Host) -> None:
 
 def test_restart_with_twenty_runs_active_interrupts_none(host: Host) -> None:
     host.start()
-    runs = [host.submit("--", "/bin/sh", "-c", "sleep 6; echo done") for _ in range(20)]
+    runs = [host.submit("--", *host.gated("twenty")) for _ in range(20)]
     wait_for(lambda: all(running(host, r) for r in runs), timeout=60, what="20 runs to be running")
     host.tb.run("systemctl", "restart", "unitvisor.service")
+    host.open_gate("twenty")
     for run_id in runs:
         data = host.wait_run(run_id, timeout=60)
         assert data["state"] == "succeeded", data
@@ -68,10 +70,11 @@ def test_host_reboot_loses_running_runs_and_respawns_by_policy(host: Host) -> No
     host.start()
     retried = host.submit("--max-attempts", "2", "--", "/bin/sleep", "300")
     single = host.submit("--", "/bin/sleep", "300")
-    ended = host.submit("--", "/bin/sh", "-c", "sleep 2; exit 9")
+    ended = host.submit("--", *host.gated("reboot", exit_code=9))
     for run_id in (retried, single, ended):
         wait_for(lambda r=run_id: running(host, r), what="runs to be running")
     host.stop()  # the daemon is down when `ended` ends, so only the journal knows its outcome
+    host.open_gate("reboot")
     unit = f"unitvisor-run-{ended}-1.service"
     wait_for(lambda: host.unit_props(unit, "ActiveState")["ActiveState"] == "failed", what="the run to end")
     host.tb.reboot()
@@ -93,10 +96,11 @@ def test_host_reboot_loses_running_runs_and_respawns_by_policy(host: Host) -> No
 
 def test_database_outage_of_thirty_seconds(host: Host, postgres: Postgres) -> None:
     host.start()
-    runs = [host.submit("--", "/bin/sh", "-c", f"sleep 3; exit {n}") for n in range(3)]
+    runs = [host.submit("--", *host.gated(f"outage-{n}", exit_code=n)) for n in range(3)]
     for run_id in runs:
         wait_for(lambda r=run_id: running(host, r), what="runs to be running")
     postgres.stop_server()
+    host.open_gate(*(f"outage-{n}" for n in range(3)))  # they end while the database is away
     try:
         status = wait_for(lambda: "database" in (s := host.unit_props("unitvisor.service", "StatusText")
                                                  .get("StatusText", "")) and s, timeout=20,
@@ -116,11 +120,12 @@ def test_database_outage_of_thirty_seconds(host: Host, postgres: Postgres) -> No
 
 def test_systemd_reload_and_reexec_lose_nothing(host: Host) -> None:
     host.start()
-    runs = [host.submit("--", "/bin/sh", "-c", "sleep 4; exit 2") for _ in range(3)]
+    runs = [host.submit("--", *host.gated("reexec", exit_code=2)) for _ in range(3)]
     for run_id in runs:
         wait_for(lambda r=run_id: running(host, r), what="runs to be running")
     host.tb.run("systemctl", "daemon-reload")
     host.tb.run("systemctl", "daemon-reexec")
+    host.open_gate("reexec")
     for run_id in runs:
         data = host.wait_run(run_id, timeout=60)
         assert data["attempts"][0]["exit_status"] == "exit:2"

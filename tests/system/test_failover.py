@@ -51,10 +51,11 @@ def test_a_promoted_standby_takes_over_and_nothing_is_lost_or_done_twice(
     host.configure()
     try:
         host.start()
-        runs = [host.submit("--", "/bin/sh", "-c", f"sleep 4; exit {n}") for n in range(4)]
+        runs = [host.submit("--", *host.gated(f"failover-{n}", exit_code=n)) for n in range(4)]
         wait_for(lambda: all(host.show(r)["state"] == "running" for r in runs), what="runs to be running")
         standby.promote()
         primary.stop_server()
+        host.open_gate(*(f"failover-{n}" for n in range(4)))  # they end while the daemon reconnects
         after = host.submit("--", "/bin/true")  # through the same DSN, now to the new primary
         results = {run_id: host.wait_run(run_id, timeout=120) for run_id in runs + [after]}
         for n, run_id in enumerate(runs):

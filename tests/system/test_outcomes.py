@@ -110,6 +110,8 @@ def test_cancel_queued_run_never_starts(host: Host) -> None:
     run_id = host.submit("--", "/bin/true")  # no daemon running yet
     assert "cancelled" in host.cli("cancel", run_id).stdout
     host.start()
+    # A run submitted after it has been claimed and run: the daemon had its chance at the first.
+    assert host.wait_run(host.submit("--", "/bin/true"))["state"] == "succeeded"
     data = host.show(run_id)
     assert data["state"] == "cancelled"
     assert data["attempts"] == []
@@ -162,9 +164,10 @@ def test_hostile_arguments_run_exactly_as_written(started: Host) -> None:
 
 
 def test_run_ending_while_daemon_is_stopped_is_recorded_after_restart(started: Host) -> None:
-    run_id = started.submit("--", "/bin/sh", "-c", "sleep 2; exit 7")
+    run_id = started.submit("--", *started.gated("down", exit_code=7))
     wait_for(lambda: started.show(run_id)["state"] == "running", what="the run to be running")
     started.stop()
+    started.open_gate("down")
     unit = f"unitvisor-run-{run_id}-1.service"
     wait_for(lambda: started.unit_props(unit, "ActiveState")["ActiveState"] == "failed", what="the run to end")
     assert started.show(run_id)["state"] == "running"  # nobody recorded it yet
