@@ -1,0 +1,328 @@
+"""supervisor.daemon.Daemon.run and its sd_notify messages: READY=1 once (even while the database is down),
+STOPPING=1, STATUS= on trouble and recovery, and the watchdog at half of WATCHDOG_USEC.
+
+sdnotify, systemd, the watcher, the store, signal handlers and the clock are mocks; the guard's thread is
+never started. The loop is driven by the mocks: a test ends it by setting `stopping` from inside one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from unittest import mock
+
+import psycopg
+import pytest
+
+from supervisor import daemon as daemon_mod
+from supervisor import store
+from supervisor.config import HostSettings, RunSettings, Settings
+from supervisor.daemon import Daemon, Timers
+
+DSN = "host=db.example dbname=unitvisor user=uv"
+
+
+class Clock:
+    """time.monotonic and time.sleep for the daemon module: sleeping advances the clock."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(mocker):
+    c = Clock()
+    mocker.patch.object(daemon_mod, "time", mock.Mock(monotonic=c.monotonic, sleep=c.sleep))
+    return c
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def boundaries(mocker, env):
+    mocker.patch.object(daemon_mod, "Systemd")
+    mocker.patch.object(daemon_mod, "Watcher")
+    mocker.patch.object(daemon_mod, "sdnotify")
+    mocker.patch.object(daemon_mod, "event")
+    mocker.patch.object(daemon_mod, "Reconciler")
+    mocker.patch.object(daemon_mod, "signal")  # no handler of the test process is replaced
+    mocker.patch.object(daemon_mod.os, "pipe2", return_value=(-1, -1))
+
+
+def settings() -> Settings:
+    return dataclasses.replace(Settings(), host=HostSettings(id="h1", name="host-1"),
+                               runs=RunSettings(allowed_executables=("/bin/*",)))
+
+
+@pytest.fixture
+def make(boundaries):
+    def build() -> Daemon:
+        d = Daemon(settings(), lambda: DSN)
+        d.is_root = True
+        d.guard = mock.MagicMock(cut_off=False, cut_off_units=set())  # the thread is never started
+        return d
+    return build
+
+
+def notes(d: Daemon) -> list[str]:
+    return [c.args[0] for c in d.notifier.notify.call_args_list]
+
+
+def kinds(d: Daemon) -> list[str]:
+    return [n.split("=", 1)[0] for n in notes(d)]
+
+
+def stop_after(d: Daemon, n: int):
+    """A side effect that sets `stopping` on its n-th call."""
+    calls = []
+
+    def effect(*args, **kwargs):
+        calls.append(args)
+        if len(calls) >= n:
+            d.stopping = True
+    return effect
+
+
+# -- READY=1 and STOPPING=1 -----------------------------------------------------------------------------------
+
+def test_ready_once_while_the_database_stays_down(make, clock):
+    d = make()
+    d._connect = mock.Mock(return_value=False)
+    d._sleep = mock.Mock(side_effect=stop_after(d, 4))
+    assert d.run() == 0
+    assert notes(d) == ["READY=1", "STOPPING=1"]
+    assert d._connect.call_count == 4
+    assert [c.args[0] for c in d._sleep.call_args_list] == [1.0, 2.0, 4.0, 8.0]  # backing off meanwhile
+
+
+def test_ready_is_not_sent_again_when_the_database_comes_up(make, clock):
+    d = make()
+    d._connect = mock.Mock(side_effect=[False, False, True])
+    d._connected = lambda: d._connect.call_count == 3  # up after the third try
+    d._sleep = mock.Mock()
+    d._reconcile = mock.Mock()
+    d._iteration = mock.Mock(side_effect=stop_after(d, 2))
+    d.run()
+    assert kinds(d) == ["READY", "STOPPING"]
+    d._reconcile.assert_called_once_with()  # the repair pass right after the connect
+    assert d.backoff == 1.0
+
+
+def test_ready_after_the_first_reconcile_when_the_database_is_up_at_start(make, clock):
+    d = make()
+    order = []
+    d._connect = mock.Mock(return_value=True)
+    d._reconcile = mock.Mock(side_effect=lambda: order.append(list(kinds(d))))
+    d._iteration = mock.Mock(side_effect=stop_after(d, 1))
+    d.run()
+    assert order == [[]]  # nothing announced before the repair pass
+    assert notes(d) == ["READY=1", "STOPPING=1"]
+    assert daemon_mod.event.call_args_list[1] == mock.call("ready", host="h1")
+
+
+def test_ready_waits_for_a_reconcile_that_succeeds(make, clock):
+    d = make()
+    d._connect = mock.Mock(return_value=True)
+    d._connected = mock.Mock(return_value=False)
+    d._reconcile = mock.Mock(side_effect=[store.DatabaseUnavailable("cannot connect: timeout"), None])
+    d._iteration = mock.Mock(side_effect=stop_after(d, 1))
+    d.run()
+    assert kinds(d) == ["STATUS", "READY", "STOPPING"]
+    assert d._connect.call_count == 2
+
+
+def test_stopping_is_the_last_word_and_marks_the_host_stopped(make, clock, mocker):
+    d = make()
+    mark = mocker.patch.object(store, "mark_host_stopped")
+    d._connect = mock.Mock(return_value=True)
+    d._reconcile = mock.Mock()
+
+    def iteration():
+        d.conn, d.listen_conn, d.fence = mock.Mock(), mock.Mock(), store.Fence("h1", 3)
+        d.stopping = True
+    d._iteration = iteration
+    d._connected = mock.Mock(return_value=False)
+    d.run()
+    assert notes(d)[-1] == "STOPPING=1"
+    mark.assert_called_once()
+    d.guard.start.assert_called_once_with()
+    d.guard.stop.assert_called_once_with()
+
+
+def test_a_signal_before_the_first_connect_still_says_stopping(make, clock):
+    d = make()
+    d.stopping = True
+    d.run()
+    assert notes(d) == ["STOPPING=1"]
+
+
+def test_sigterm_sets_stopping(make):
+    d = make()
+    d._on_signal(15, None)
+    assert d.stopping is True
+
+
+# -- STATUS= on trouble and recovery ----------------------------------------------------------------------------
+
+@pytest.fixture
+def st(mocker):
+    fakes = {name: mocker.patch.object(store, name) for name in
+             ("connect", "listen", "pending_migrations", "set_idle_session_timeout", "register_host")}
+    fakes["pending_migrations"].return_value = []
+    fakes["register_host"].return_value = store.Registration(True, "active", 5, "registered")
+    return mock.Mock(**fakes)
+
+
+def test_status_says_what_is_wrong_then_that_it_recovered(make, clock, st):
+    d = make()
+    d.systemd.connected = d.watcher.connected = False
+    st.connect.side_effect = [psycopg.OperationalError("connection refused"), mock.Mock(), mock.Mock()]
+
+    def connected_once_set_up():
+        return d.conn is not None and d.listen_conn is not None and d.systemd.connected and d.watcher.connected
+
+    def bus_up():
+        d.systemd.connected = d.watcher.connected = True
+    d.watcher.connect.side_effect = bus_up
+    d._connected = connected_once_set_up
+    d._sleep = mock.Mock()
+    d._reconcile = mock.Mock()
+
+    def iteration():
+        d._status()
+        d.stopping = True
+    d._iteration = iteration
+    d.run()
+    assert notes(d) == [
+        "STATUS=database: connection refused; retrying. runs in flight: 0, claimed: 0, settled: 0",
+        "READY=1",
+        f"STATUS=runs in flight: {d.reconciler.in_flight}, claimed: 0, settled: {d.reconciler.settled}",
+        "STOPPING=1",
+    ]
+    assert d.problem == ""
+
+
+def test_a_lost_bus_says_so_in_status(make, clock, st):
+    d = make()
+    d.systemd.connected = d.watcher.connected = False
+    st.connect.side_effect = lambda *a, **k: mock.Mock()
+    d.watcher.connect.side_effect = daemon_mod.SystemdUnavailable(
+        "subscribing to systemd's signals: systemd is not reachable over D-Bus ([err -2]: no socket)")
+    assert d._connect() is False
+    d.watcher.close.assert_called_once_with()
+    assert notes(d) == ["STATUS=subscribing to systemd's signals: systemd is not reachable over D-Bus ([err -2]: "
+                        "no socket); retrying. runs in flight: 0, claimed: 0, settled: 0"]
+
+
+def test_a_multi_line_problem_is_one_status_line(make):
+    d = make()
+    d._trouble("database: server closed the connection unexpectedly\n\tThis probably means the server terminated")
+    (note,) = notes(d)
+    assert "\n" not in note and "\t" not in note
+    assert note.startswith("STATUS=database: server closed the connection unexpectedly This probably means")
+
+
+# -- the watchdog ---------------------------------------------------------------------------------------------
+
+def test_watchdog_is_fed_at_half_of_watchdog_usec(make, env, clock):
+    env.setenv("WATCHDOG_USEC", "10000000")
+    env.setenv("WATCHDOG_PID", str(os.getpid()))
+    d = make()
+    assert d.watchdog_interval == 5.0
+    fed = []
+    for now in (1000.0, 1002.0, 1004.999, 1005.0, 1009.9, 1010.0, 1010.1):
+        clock.now = now
+        before = len(notes(d))
+        d._feed_watchdog()
+        if len(notes(d)) > before:
+            fed.append(now)
+    assert fed == [1000.0, 1005.0, 1010.0]
+    assert set(notes(d)) == {"WATCHDOG=1"}
+    assert d.timers.watchdog == 1015.0
+
+
+def test_no_watchdog_without_watchdog_usec(make, env, clock):
+    d = make()
+    assert d.watchdog_interval == 0.0
+    d._feed_watchdog()
+    assert notes(d) == []
+    assert d.timers.watchdog == 1000.0 + 3600  # so that it never sets the loop's select timeout
+
+
+def test_the_loops_wait_ends_in_time_for_the_watchdog():
+    timers = Timers(claim=1030.0, reconcile=1060.0, watchdog=1004.0)
+    assert timers.nearest(1000.0, cap=10.0) == 4.0
+    assert Timers(claim=1030.0, reconcile=1060.0, watchdog=1004.0 + 3600).nearest(1000.0, cap=10.0) == 10.0
+
+
+def test_a_backoff_sleep_keeps_feeding_the_watchdog(make, env, clock):
+    env.setenv("WATCHDOG_USEC", "2000000")  # 1 s between feeds
+    d = make()
+    d._sleep(4.0)
+    assert notes(d).count("WATCHDOG=1") == 4
+    assert clock.now == pytest.approx(1004.0)
+    assert max(clock.slept) <= 0.5
+
+
+def test_a_sleep_ends_at_once_on_stopping(make, clock):
+    d = make()
+    clock.sleep = mock.Mock(side_effect=lambda s: setattr(d, "stopping", True))
+    daemon_mod.time.sleep = clock.sleep
+    d._sleep(30.0)
+    clock.sleep.assert_called_once()
+
+
+def test_the_loop_feeds_the_watchdog_while_the_database_is_down(make, env, clock):
+    env.setenv("WATCHDOG_USEC", "1000000")
+    d = make()
+    d._connect = mock.Mock(return_value=False)
+    sleeps = []
+
+    def connect():
+        sleeps.append(1)
+        if len(sleeps) == 3:
+            d.stopping = True
+        return False
+    d._connect = connect
+    d.run()
+    assert notes(d)[0] == "READY=1"
+    assert notes(d).count("WATCHDOG=1") >= 6  # slept 1 + 2 s, fed every 0.5 s
+    assert notes(d)[-1] == "STOPPING=1"
+
+
+@pytest.mark.parametrize(("usec", "pid", "expected"), [
+    (None, None, 0),
+    ("30000000", None, 30000000),  # no WATCHDOG_PID: meant for us
+    ("30000000", "self", 30000000),
+    ("30000000", "other", 0),  # meant for another process (the watchdog was for the parent, say)
+    ("30000000", "not-a-pid", 0),
+    ("garbage", "self", 0),
+    ("", None, 0),
+])
+def test_watchdog_usec_honours_watchdog_pid(env, usec, pid, expected):
+    if usec is not None:
+        env.setenv("WATCHDOG_USEC", usec)
+    if pid is not None:
+        env.setenv("WATCHDOG_PID", {"self": str(os.getpid()), "other": str(os.getpid() + 1)}.get(pid, pid))
+    assert daemon_mod._watchdog_usec() == expected
+
+
+def test_a_watchdog_for_another_process_is_not_fed(make, env, clock):
+    env.setenv("WATCHDOG_USEC", "10000000")
+    env.setenv("WATCHDOG_PID", str(os.getpid() + 1))
+    d = make()
+    d._feed_watchdog()
+    assert notes(d) == []

@@ -1,0 +1,242 @@
+"""supervisor.journal: the outcome PID 1's journal records show for a unit that is gone, and the journalctl
+call that reads them (subprocess.run mocked).
+
+The records are shaped like `journalctl -o json` prints PID 1's messages (systemd's unit_log_process_exit,
+unit_log_failure and the job's "Stopping..." message): every value a string, EXIT_STATUS a number even for a
+signal, trusted fields with a leading underscore, binary fields as lists of numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from supervisor import journal
+from supervisor.journal import MSG_PROCESS_EXIT, MSG_UNIT_FAILED, MSG_UNIT_STOPPING, Journal, outcome_from_records
+from supervisor.outcomes import Outcome
+
+UNIT = "unitvisor-run-00000000-0000-4000-8000-000000000001-1.service"
+INV = "5a3c1f0e9b8d4c7a8e6f2b1d0c9a8b7e"
+OTHER_INV = "0f0e0d0c0b0a09080706050403020100"
+SUFFIX = " (from the journal; the unit was gone)"
+
+
+def pid1(message, invocation=INV, **fields):
+    record = {"_PID": "1", "_UID": "0", "_COMM": "systemd", "_SYSTEMD_UNIT": "init.scope", "_TRANSPORT": "journal",
+              "SYSLOG_IDENTIFIER": "systemd", "PRIORITY": "5", "UNIT": UNIT, "INVOCATION_ID": invocation,
+              "MESSAGE": f"{UNIT}: {message}", "__REALTIME_TIMESTAMP": "1714564800000000"}
+    record.update(fields)
+    return record
+
+
+def process_exit(code, status, text, invocation=INV):
+    return pid1(f"Main process exited, code={code}, status={text}", invocation, MESSAGE_ID=MSG_PROCESS_EXIT,
+                EXIT_CODE=code, EXIT_STATUS=str(status), COMMAND="/bin/job")
+
+
+def failed(result, invocation=INV):
+    return pid1(f"Failed with result '{result}'.", invocation, PRIORITY="4", MESSAGE_ID=MSG_UNIT_FAILED,
+                UNIT_RESULT=result)
+
+
+def stopping(invocation=INV):
+    return pid1(f"Stopping unitvisor run {UNIT}...", invocation, PRIORITY="6", MESSAGE_ID=MSG_UNIT_STOPPING,
+                JOB_ID="812", JOB_TYPE="stop")
+
+
+def started():
+    return pid1("Started unitvisor run.", PRIORITY="6", MESSAGE_ID="39f53479d3a045ac8e11786248231fbf",
+                JOB_ID="811", JOB_TYPE="start", JOB_RESULT="done")
+
+
+def consumed(cpu="1.5s"):
+    return pid1(f"Consumed {cpu} CPU time.", PRIORITY="6", MESSAGE_ID="ae8f7b866b0347b9af31fe1c80b127c0",
+                CPU_USAGE_NSEC="1500000000")
+
+
+# -- outcome_from_records -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("records", "expected"), [
+    ([started(), process_exit("exited", 3, "3/n/a"), failed("exit-code"), consumed()],
+     Outcome("exit-code", "exit:3", "exited with status 3")),
+    ([started(), process_exit("killed", 9, "9/KILL"), failed("signal")],
+     Outcome("signal", "signal:KILL", "killed by signal KILL")),
+    ([started(), process_exit("killed", 15, "15/TERM"), failed("signal")],
+     Outcome("signal", "signal:TERM", "killed by signal TERM")),
+    ([started(), process_exit("dumped", 11, "11/SEGV"), failed("core-dump")],
+     Outcome("core-dump", "signal:SEGV", "killed by signal SEGV, core dumped")),
+    ([started(), pid1("Service reached runtime time limit. Stopping."),
+      process_exit("killed", 15, "15/TERM"), failed("timeout")],
+     Outcome("timeout", "signal:TERM", "runtime limit reached")),
+    ([started(), pid1("A process of this unit has been killed by the OOM killer."),
+      process_exit("killed", 9, "9/KILL"), failed("oom-kill")],
+     Outcome("oom-kill", "signal:KILL", "killed by the OOM killer")),
+    ([process_exit("exited", 203, "203/EXEC"), failed("exit-code")],
+     Outcome("start-failed", "exit:203",
+             "systemd could not start the command: step EXEC failed (203/EXEC)")),
+    ([process_exit("exited", 217, "217/USER"), failed("exit-code")],
+     Outcome("start-failed", "exit:217", "systemd could not start the command: step USER failed (217/USER)")),
+    ([process_exit("exited", 200, "200/CHDIR"), failed("exit-code")],
+     Outcome("start-failed", "exit:200", "systemd could not start the command: step CHDIR failed (200/CHDIR)")),
+    # A clean exit is logged at debug level; when a journal does store it, it proves success.
+    ([started(), process_exit("exited", 0, "0/SUCCESS")], Outcome("success", "exit:0", "exited 0")),
+    # The exit record alone, without the result (rate-limited, or lost): still the exit's outcome.
+    ([process_exit("exited", 1, "1/FAILURE")], Outcome("exit-code", "exit:1", "exited with status 1")),
+], ids=["exit-code", "killed", "sigterm", "core-dump", "timeout", "oom-kill", "exec", "user", "chdir",
+        "success", "no-result"])
+def test_outcome_from_pid1s_records(records, expected):
+    assert outcome_from_records(records) == Outcome(expected.outcome, expected.exit_status,
+                                                    expected.reason + SUFFIX)
+
+
+@pytest.mark.parametrize("records", [
+    [],
+    [started(), consumed()],
+    [failed("exit-code")],  # a result without an exit: no exit status to report
+    [process_exit("continued", 18, "18/CONT"), failed("exit-code")],  # not an end
+    [{**process_exit("exited", 1, "1/FAILURE"), "EXIT_CODE": "garbage"}],
+    [{k: v for k, v in process_exit("exited", 1, "1/FAILURE").items() if k != "EXIT_CODE"}],
+    [{k: v for k, v in process_exit("exited", 1, "1/FAILURE").items() if k != "EXIT_STATUS"}],
+    [{**process_exit("exited", 1, "1/FAILURE"), "EXIT_STATUS": "n/a"}, failed("exit-code")],
+    [{**process_exit("killed", 9, "9/KILL"), "EXIT_STATUS": "KILL"}],
+    [{**process_exit("exited", 1, "1/FAILURE"), "MESSAGE_ID": "somethingelse"}],
+], ids=["none", "nothing-about-the-end", "result-only", "continued", "garbage-code", "no-code", "no-status",
+        "garbage-status", "signal-name-as-status", "other-message-id"])
+def test_records_that_show_no_outcome(records):
+    assert outcome_from_records(records) is None
+
+
+def test_a_garbage_status_spoils_the_set_even_after_a_good_exit():
+    records = [process_exit("exited", 1, "1/FAILURE"), {**process_exit("exited", 2, "2"), "EXIT_STATUS": ""}]
+    assert outcome_from_records(records) is None
+
+
+def test_an_exit_after_a_stop_job_is_the_stops_doing_and_lost():
+    records = [started(), stopping(), process_exit("killed", 15, "15/TERM"), failed("signal")]
+    assert outcome_from_records(records) is None
+
+
+def test_a_stop_job_after_the_exit_does_not_hide_the_exit():
+    records = [process_exit("exited", 4, "4/NOPERMISSION"), failed("exit-code"), stopping()]
+    assert outcome_from_records(records) == Outcome("exit-code", "exit:4", "exited with status 4" + SUFFIX)
+
+
+def test_a_starting_message_is_not_a_stop():
+    start_job = {**stopping(), "MESSAGE_ID": MSG_UNIT_STOPPING, "JOB_TYPE": "restart"}
+    assert outcome_from_records([start_job, process_exit("exited", 1, "1/FAILURE")]).outcome == "exit-code"
+
+
+def test_the_result_wins_over_the_exit_code():
+    # A RuntimeMaxSec stop whose process exited 143 on SIGTERM: timeout, not exit-code.
+    records = [process_exit("exited", 143, "143/n/a"), failed("timeout")]
+    assert outcome_from_records(records) == Outcome("timeout", "exit:143", "runtime limit reached" + SUFFIX)
+
+
+def test_the_journal_never_reports_cancelled():
+    records = [process_exit("killed", 15, "15/TERM"), failed("signal")]
+    assert outcome_from_records(records).outcome == "signal"
+
+
+def test_the_last_exit_of_the_records_given_counts():
+    # outcome_from_records trusts its caller to pass one invocation (Journal.outcome matches INVOCATION_ID).
+    records = [process_exit("exited", 1, "1/FAILURE", OTHER_INV), failed("exit-code", OTHER_INV),
+               process_exit("killed", 9, "9/KILL"), failed("signal")]
+    assert outcome_from_records(records).exit_status == "signal:KILL"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG (gap): a unit that systemd could not start at all leaves no process-exit record, only "
+    "'Failed with result resources' (or start-limit-hit, exec-condition, protocol); outcome_from_records "
+    "requires EXIT_CODE/EXIT_STATUS and returns None, so the attempt is recorded `lost` although the journal "
+    "shows `start-failed` (classify() maps these results to start-failed without an exit status)."))
+@pytest.mark.parametrize("result", ["resources", "start-limit-hit"])
+def test_a_start_failure_without_a_process_is_start_failed(result):
+    records = [pid1("Failed to spawn 'start' task: Resource temporarily unavailable", PRIORITY="3"),
+               failed(result)]
+    found = outcome_from_records(records)
+    assert found is not None and found.outcome == "start-failed"
+
+
+# -- Journal.outcome: the journalctl call ---------------------------------------------------------------------
+
+def json_lines(*records):
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+@pytest.fixture
+def run(mocker):
+    fake = mocker.patch.object(journal.subprocess, "run")
+    fake.return_value = subprocess.CompletedProcess([], 0, stdout="", stderr="")
+    return fake
+
+
+def test_journalctl_is_asked_for_pid1s_records_of_this_invocation(run):
+    run.return_value.stdout = json_lines(process_exit("exited", 3, "3/n/a"), failed("exit-code"))
+    assert Journal(timeout=4.0).outcome(UNIT, INV) == Outcome("exit-code", "exit:3", "exited with status 3" + SUFFIX)
+    run.assert_called_once_with(
+        ["journalctl", "--no-pager", "-q", "-o", "json", "_PID=1", f"UNIT={UNIT}", f"INVOCATION_ID={INV}"],
+        capture_output=True, text=True, timeout=4.0, check=False)
+
+
+def test_without_an_invocation_id_every_record_of_the_unit_is_read(run):
+    Journal().outcome(UNIT, None)
+    assert run.call_args.args[0] == ["journalctl", "--no-pager", "-q", "-o", "json", "_PID=1", f"UNIT={UNIT}"]
+    assert run.call_args.kwargs["timeout"] == 10.0
+    Journal().outcome(UNIT, "")
+    assert run.call_args.args[0][-1] == f"UNIT={UNIT}"
+
+
+def test_the_match_on_pid_1_is_a_trusted_field():
+    # _PID is set by journald from the sender's credentials; a run's own process cannot write it. A run that
+    # logs UNIT=/MESSAGE_ID=/EXIT_CODE= itself is filtered out by journalctl, not by the parser.
+    forged = {**process_exit("exited", 0, "0/SUCCESS"), "_PID": "4242"}
+    assert outcome_from_records([forged]).outcome == "success"  # the parser does not look at _PID
+
+
+@pytest.mark.parametrize(("returncode", "stdout"), [
+    (1, ""),  # "No journal files were found." on stderr
+    (1, "Failed to add match 'INVOCATION_ID=x': Invalid argument\n"),
+    (0, ""),  # -q and no entries
+])
+def test_journalctl_that_finds_nothing_shows_nothing(run, returncode, stdout):
+    run.return_value = subprocess.CompletedProcess([], returncode, stdout=stdout, stderr="No journal files were found.")
+    assert Journal().outcome(UNIT, INV) is None
+
+
+def test_records_from_a_failed_journalctl_still_count(run):
+    # check=False: what journalctl printed before failing is used.
+    run.return_value = subprocess.CompletedProcess(
+        [], 1, stdout=json_lines(process_exit("killed", 9, "9/KILL"), failed("signal")), stderr="")
+    assert Journal().outcome(UNIT, INV).outcome == "signal"
+
+
+@pytest.mark.parametrize("exc", [
+    subprocess.TimeoutExpired(["journalctl"], 10.0),
+    FileNotFoundError(2, "No such file or directory", "journalctl"),
+    PermissionError(13, "Permission denied"),
+])
+def test_journalctl_that_hangs_or_is_missing_shows_nothing(run, exc):
+    run.side_effect = exc
+    assert Journal().outcome(UNIT, INV) is None
+
+
+def test_garbage_lines_and_binary_fields_are_skipped(run):
+    exit_record = {**process_exit("exited", 2, "2/INVALIDARGUMENT"), "MESSAGE": [98, 105, 110, 0]}
+    run.return_value.stdout = "\n".join([
+        "-- Boot 3f1e... --",
+        "{not json",
+        json.dumps(started()),
+        "",
+        json.dumps(exit_record),
+        json.dumps(failed("exit-code"))[:-5],  # a line cut short
+        json.dumps({**failed("exit-code"), "UNIT_RESULT": ["exit-code", "exit-code"]}),  # repeated field
+    ]) + "\n"
+    assert Journal().outcome(UNIT, INV) == Outcome("exit-code", "exit:2", "exited with status 2" + SUFFIX)
+
+
+def test_non_string_values_are_dropped_before_parsing(run):
+    # A field journald could not store as text comes as a list of bytes: EXIT_STATUS then counts as missing.
+    run.return_value.stdout = json_lines({**process_exit("exited", 1, "1"), "EXIT_STATUS": [49]})
+    assert Journal().outcome(UNIT, INV) is None
