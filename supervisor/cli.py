@@ -499,7 +499,8 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
     sys.exit(0 if run.state == "succeeded" else 1)
 
 
-@cli.group(invoke_without_command=True)
+# The metavar is spelled out: click 8.1.3 (Debian bookworm) and newer releases word it differently.
+@cli.group(invoke_without_command=True, subcommand_metavar="[COMMAND] [ARGS]...")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def hosts(click_ctx: click.Context, as_json: bool) -> None:

@@ -37,8 +37,14 @@ def outcome_from_records(records: list[dict[str, str]]) -> Outcome | None:
         elif message_id == MSG_UNIT_FAILED and record.get("UNIT_RESULT"):
             result = record["UNIT_RESULT"]
     if code is None or status is None:
-        return None
-    found = classify(result or "", code, status, cancel_requested=False)
+        if result is None:
+            return None
+        # No process ever ran (resources, start-limit-hit, ...): the result alone says start-failed.
+        found = classify(result, 0, 0, cancel_requested=False)
+        if found.outcome != "start-failed":
+            return None
+    else:
+        found = classify(result or "", code, status, cancel_requested=False)
     return Outcome(found.outcome, found.exit_status, f"{found.reason} (from the journal; the unit was gone)")
 
 

@@ -114,8 +114,10 @@ def _error_text(exc: DBusBaseError) -> str:
 
 def _map_error(exc: DBusBaseError, what: str) -> SystemdError:
     code = abs(exc.errno) if isinstance(exc.errno, int) else 0
-    # PID 1's own answers (NoSuchUnit is ENOENT too) are refusals, not a broken connection.
-    answered = isinstance(exc, DBusNoSuchUnitError) or bool(exc.err_name)
+    # PID 1's own answers (NoSuchUnit is ENOENT too) are refusals, not a broken connection. An error
+    # that sd-bus named after an errno (System.Error.ENOTCONN, after the peer hung up) is no answer.
+    name = _text(exc.err_name or b"")
+    answered = isinstance(exc, DBusNoSuchUnitError) or (bool(name) and not name.startswith("System.Error."))
     if code in _CONNECTION_ERRNOS and not answered:
         return SystemdUnavailable(f"{what}: systemd is not reachable over D-Bus ({_error_text(exc)})")
     return SystemdError(f"{what}: {_error_text(exc)}")

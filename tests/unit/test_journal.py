@@ -146,11 +146,6 @@ def test_the_last_exit_of_the_records_given_counts():
     assert outcome_from_records(records).exit_status == "signal:KILL"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (gap): a unit that systemd could not start at all leaves no process-exit record, only "
-    "'Failed with result resources' (or start-limit-hit, exec-condition, protocol); outcome_from_records "
-    "requires EXIT_CODE/EXIT_STATUS and returns None, so the attempt is recorded `lost` although the journal "
-    "shows `start-failed` (classify() maps these results to start-failed without an exit status)."))
 @pytest.mark.parametrize("result", ["resources", "start-limit-hit"])
 def test_a_start_failure_without_a_process_is_start_failed(result):
     records = [pid1("Failed to spawn 'start' task: Resource temporarily unavailable", PRIORITY="3"),

@@ -121,14 +121,6 @@ def test_an_error_without_a_message_falls_back_to_pystemds_text():
     assert str(mapped).startswith("doing x: [err -5]")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: sd_bus_call on a closed connection fails with -ENOTCONN and sd-bus names the error after the errno "
-    "(sd_bus_error_set_errno -> 'System.Error.ENOTCONN'), so pystemd raises a plain DBusBaseError that keeps "
-    "that err_name; _map_error counts any err_name as PID 1's answer and returns SystemdError, not "
-    "SystemdUnavailable, so the dead connection is neither closed nor reconnected. Observed with pystemd 0.15.3 "
-    "and 0.11.0 on a private dbus-daemon: after the peer hangs up the first call raises "
-    "DBusDisconnectedError(-104) (mapped right), every later call DBusBaseError(-107, b'System.Error.ENOTCONN'). "
-    "EPIPE has no D-Bus name either (System.Error.EPIPE, by the same rule; not observed)."))
 @pytest.mark.parametrize(("code", "name", "message"), [
     (errno.ENOTCONN, b"System.Error.ENOTCONN", b"Transport endpoint is not connected"),
     (errno.EPIPE, b"System.Error.EPIPE", b"Broken pipe"),
