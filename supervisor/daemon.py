@@ -123,6 +123,7 @@ class Daemon:
                 # were not looking.
                 self.reconciler = Reconciler(self.settings, self.fence, self.conn, self.systemd,
                                              cut_off_units=self.guard.cut_off_units)
+                self.reconciler.tick = self._feed_watchdog
                 if not self._guard(self._reconcile):
                     continue
                 if not ready:
@@ -248,6 +249,12 @@ class Daemon:
             self._close_db()
             self._trouble(f"fenced: {exc}; registering again")
             self.backoff = 1.0
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
+            # lock_timeout or statement_timeout (store.SESSION_SETTINGS): the connection is fine, the
+            # work is not done; it is tried again after a pause, and STATUS= says what holds it up.
+            self._trouble(f"database: {store.one_line(exc)}")
+            self._sleep(self.error_backoff)
+            self.error_backoff = min(self.error_backoff * 2, _BACKOFF_MAX)
         except store.CONNECTION_LOST as exc:
             self._close_db()
             self._trouble(f"database at {store.dsn_location(self.dsn)} unreachable: {store.one_line(exc)}")
@@ -381,6 +388,7 @@ class Daemon:
                 event("claimed", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
             faults.point("after-claim")
             for run, attempt in claimed:
+                self._feed_watchdog()
                 self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.start(r, a))
             if len(claimed) < daemon.claim_batch:
                 return

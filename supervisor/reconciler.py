@@ -145,6 +145,9 @@ class Reconciler:
         self.host_id = fence.host_id
         self.conn = conn
         self.cut_off_units = cut_off_units if cut_off_units is not None else set()
+        # Called once per run in a long pass: the daemon feeds systemd's watchdog there, so that a
+        # pass over thousands of runs is not mistaken for a wedged loop.
+        self.tick: Callable[[], None] = lambda: None
         self.systemd = systemd
         self.journal = journal or Journal()
         self.random = random.Random()
@@ -193,6 +196,7 @@ class Reconciler:
         for index, (run, attempt) in enumerate(pairs):
             if index == 1:
                 faults.point("mid-reconcile")
+            self.tick()
             self.isolated(run, attempt, lambda r=run, a=attempt: done.append(
                 Planned(self._act(r, a, self._decide_in_pass(r, a, units)), r, a)))
         for decision in self._orphans(units, {a.unit_name for _, a in pairs}):
@@ -324,6 +328,7 @@ class Reconciler:
             for host in dead:
                 pairs = store.open_attempts(self.conn, host.host_id)
                 for run, attempt in pairs:
+                    self.tick()
                     self._record(run, attempt, fleet.takeover_outcome(run, host, self.host_id))
                 event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=len(pairs),
                       detail=f"silent for {host.silent:.0f}s (host_dead_after {host.dead_after:g}s)")

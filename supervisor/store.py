@@ -133,6 +133,20 @@ def set_idle_session_timeout(conn: Connection, seconds: float) -> None:
 
 
 # -- migrations ---------------------------------------------------------------------------------
+#
+# The rule for every migration in sql/ (a rolling upgrade runs old and new daemons side by side on
+# one schema, host by host; README "Upgrades"):
+#
+# 1. Expand, then contract. A migration only adds: tables, columns with defaults (or nullable),
+#    functions under new names, constraints that old rows and old daemons' writes satisfy. The daemon
+#    of the previous version must keep working against it, so `unitvisor migrate` can run first.
+# 2. Nothing the previous version reads or writes changes shape or meaning in the same release.
+#    Renames and removals (the contract) come one release later, once no daemon of the old version
+#    can be running; the release notes say so.
+# 3. Daemons read rows by explicit column lists (never SELECT *), so columns they do not know (a
+#    later migration's, or a control plane's own) are invisible to them.
+# 4. A daemon refuses to work only while a migration it needs is missing, and says which; migrations
+#    it does not know (a newer schema) are fine.
 
 
 def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[str, Path]]:

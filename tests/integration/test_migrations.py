@@ -148,3 +148,14 @@ def test_cli_migrate_applies_then_reports_current(empty_dsn: str, cli) -> None:
 
     with store.connect(empty_dsn) as conn:
         assert versions(conn) == ALL_VERSIONS
+
+
+def test_a_schema_newer_than_this_code_is_fine_and_an_older_one_names_what_is_missing(conn) -> None:
+    """Rule 4 of the migration rules in store.py: a daemon needs its own migrations, not every one."""
+    conn.execute("INSERT INTO unitvisor.schema_migrations (version) VALUES ('999_from_the_future')")
+    conn.execute("ALTER TABLE unitvisor.runs ADD COLUMN from_the_future text DEFAULT 'x'")
+    assert store.pending_migrations(conn) == []
+    run_id = store.submit_run(conn, argv=["/bin/true"])
+    assert store.get_run(conn, run_id).argv == ["/bin/true"]  # the unknown column is not read
+    conn.execute("DELETE FROM unitvisor.schema_migrations WHERE version = %s", (ALL_VERSIONS[-1],))
+    assert store.pending_migrations(conn) == [ALL_VERSIONS[-1]]

@@ -96,3 +96,26 @@ def test_no_database_configured_waits_and_says_so_then_picks_it_up(host: Host) -
     run_id = host.submit("--", "/bin/true")
     assert host.wait_run(run_id, timeout=60)["state"] == "succeeded"
     assert host.unit_props("unitvisor.service", "NRestarts")["NRestarts"] == "0"
+
+
+def test_a_column_added_by_hand_and_a_held_row_lock_leave_the_daemon_running(host: Host) -> None:
+    """A control plane adds its own columns; someone holds a lock on a row the daemon needs. Neither
+    may end the daemon: rows are read by explicit columns, and every session has a lock_timeout."""
+    host.start()
+    with psycopg.connect(host.dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE unitvisor.runs ADD COLUMN book_id text")
+        conn.execute("ALTER TABLE unitvisor.attempts ADD COLUMN billed boolean NOT NULL DEFAULT false")
+        conn.execute("ALTER TABLE unitvisor.hosts ADD COLUMN rack text")
+    assert host.wait_run(host.submit("--", "/bin/true"))["state"] == "succeeded"
+    with psycopg.connect(host.dsn) as locker:  # a transaction of someone else's, left open
+        locker.execute("SELECT 1 FROM unitvisor.hosts WHERE id = 'testhost-1' FOR UPDATE")
+        run_id = host.submit("--", "/bin/true")
+        status = wait_for(lambda: "canceling statement due to lock timeout" in (
+            s := host.unit_props("unitvisor.service", "StatusText").get("StatusText", "")) and s, timeout=60,
+            what="STATUS= to say the daemon waits for a lock")
+        assert "retrying" in status
+        assert daemon_active(host) == "active"
+        locker.rollback()
+    assert host.wait_run(run_id, timeout=60)["state"] == "succeeded"
+    assert daemon_active(host) == "active"
+    assert host.unit_props("unitvisor.service", "NRestarts")["NRestarts"] == "0"
