@@ -71,5 +71,15 @@ bench: venv
 bench-fleet: venv
 	$(VENV)/bin/python -m bench.fleet
 
+# The system tests three times in a row beside a CPU load (stress-ng on one of the two cores): the
+# proof that no system test depends on catching a short moment on a quiet machine. Not part of
+# `make test` (about half an hour); docs/testing.md says when it was last run and what it showed.
+.PHONY: test-system-stress
+test-system-stress: venv
+	@command -v stress-ng >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stress-ng)
+	stress-ng --cpu 1 --timeout 3h --quiet & stress=$$!; \
+	for round in 1 2 3; do echo "round $$round"; $(VENV)/bin/pytest -q -p no:cacheprovider -m system || { kill $$stress; exit 1; }; done; \
+	kill $$stress
+
 clean:
 	rm -rf $(VENV) .venv-debian build *.egg-info .pytest_cache .ruff_cache
