@@ -45,7 +45,7 @@ def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check
     if settings.runs.allowed_executables:
         checks.append(Check("allowlist", "ok", f"{len(settings.runs.allowed_executables)} allowed executables"))
     else:
-        checks.append(Check("allowlist", "warn", "[runs] allowed_executables is empty: every run will be refused"))
+        checks.append(Check("allowlist", "warn", "[runs] allowed_executables is empty: this host claims no run"))
     if os.geteuid() != 0:
         checks.append(Check("root", "warn", "not running as root: a daemon started like this claims no run "
                             "(systemd starts units only for root)"))
