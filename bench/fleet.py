@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import random
-import signal
 import sys
 import time
 import uuid
@@ -37,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from bench.run import DB, RESULTS, database, loadavg, machine_facts, pct, say, versions
+from bench.run import DB, RESULTS, database, interrupt_on_sigterm, loadavg, machine_facts, pct, save, say, versions
 from supervisor import store
 from tests.harness import testbed as testbed_mod
 from tests.harness.fleet import Fleet, fleet_config, submit_many
@@ -363,13 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("at least one drill, and host_dead_after at least 3 poll intervals")
     out = args.out or RESULTS / ("fleet-tiny.json" if args.tiny else "fleet.json")
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupt)  # so that the context managers still clean up
+    interrupt_on_sigterm()
     results = run(sizes, args.only)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")
+    save(out, results)
     print(table(results))
     print(f"\nresults: {out}")
     return 0

@@ -622,6 +622,19 @@ def run(sizes: Sizes, profile: bool) -> dict[str, Any]:
             bench.close()
 
 
+def interrupt_on_sigterm() -> None:
+    """A SIGTERM becomes KeyboardInterrupt, so that the harness's context managers still clean up."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def save(out: Path, results: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -640,13 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = _sizes(args)
     out = args.out or RESULTS / ("latest-tiny.json" if args.tiny else "latest.json")
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupt)  # so that the context managers still clean up
+    interrupt_on_sigterm()
     results = run(sizes, args.profile)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    save(out, results)
     print(table(results))
     print(f"\nresults: {out}")
     return 0

@@ -11,6 +11,7 @@ is the primary (see make_standby for what "synchronous" buys and costs).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -21,6 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -247,3 +249,20 @@ def multi_host_dsn(*servers: Postgres, dbname: str = "postgres") -> str:
     hosts = ",".join("127.0.0.1" for _ in servers)
     ports = ",".join(str(server.port) for server in servers)
     return f"host={hosts} port={ports} dbname={dbname} user=postgres target_session_attrs=read-write"
+
+
+@contextlib.contextmanager
+def synchronous_pair() -> Iterator[tuple[Postgres, Postgres]]:
+    """A primary (synchronous_commit on: set on its command line, so make_standby need not restart
+    it) and its synchronous streaming standby; both stopped and removed afterwards."""
+    primary = Postgres(settings={"synchronous_commit": "on"})
+    standby = None
+    try:
+        primary.init()
+        primary.start()
+        standby = primary.make_standby(synchronous=True)
+        yield primary, standby
+    finally:
+        if standby is not None:
+            standby.stop()
+        primary.stop()

@@ -11,23 +11,14 @@ import psycopg
 import pytest
 
 from tests.harness.host import wait_for
-from tests.harness.postgres import Postgres, multi_host_dsn
+from tests.harness.postgres import Postgres, multi_host_dsn, synchronous_pair
 
 
 @pytest.fixture
 def pair(postgres: Postgres) -> Iterator[tuple[Postgres, Postgres]]:
     # `postgres` only makes this level fail under CI where PostgreSQL is missing; the pair is its own.
-    primary = Postgres(settings={"synchronous_commit": "on"})
-    standby = None
-    try:
-        primary.init()
-        primary.start()
-        standby = primary.make_standby(synchronous=True)
+    with synchronous_pair() as (primary, standby):
         yield primary, standby
-    finally:
-        if standby is not None:
-            standby.stop()
-        primary.stop()
     assert not primary.dir.exists() and not standby.dir.exists()
 
 

@@ -1,6 +1,7 @@
-"""The benchmark command itself works: `python -m bench.run --tiny` boots its own test bed and
-database, prints its table and writes a JSON with every figure. Only the command is tested here; the
-figures are never asserted (benchmarks are not tests; docs/benchmarks.md has the real run)."""
+"""The benchmark commands themselves work: `python -m bench.run --tiny` and `python -m bench.fleet --tiny`
+boot their own test beds and database, print their tables and write a JSON with every figure. Only the
+commands are tested here; the figures are never asserted (benchmarks are not tests; docs/benchmarks.md
+has the real runs)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ FIGURES = [
     ("versions", "python"), ("versions", "psycopg"), ("versions", "pystemd"), ("versions", "systemd"),
     ("versions", "postgresql"), ("date",),
 ]
+FLEET_FIGURES = [
+    ("power_off", "last_running_s", "p50"), ("power_off", "last_running_s", "max"),
+    ("power_off", "ratio_to_dead_after", "p50"), ("power_off", "declared_dead_s", "p50"),
+    ("power_off", "dead_to_last_running_s", "max"), ("power_off", "silence_at_declaration_s", "min"),
+    ("spread", "per_host_min"), ("spread", "per_host_max"), ("spread", "fair_share"),
+    ("spread", "all_running_s", "p50"),
+    ("sizes", "dead_after"), ("sizes", "poll"), ("machine", "nproc"), ("versions", "systemd"),
+    ("versions", "postgresql"), ("date",),
+]
 
 
 def _get(data: dict, path: tuple[str, ...]) -> object:
@@ -39,24 +49,47 @@ def _get(data: dict, path: tuple[str, ...]) -> object:
     return data
 
 
-def test_bench_tiny_writes_every_figure(tmp_path: Path) -> None:
+def tiny(tmp_path: Path, module: str, expected: tuple[str, ...]) -> dict:
+    """Run `python -m <module> --tiny`; its JSON, once its table named every expected figure."""
     reason = testbed_mod.available()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"required in CI but unavailable: {reason}", pytrace=False)
         pytest.skip(reason)
     out = tmp_path / "bench.json"
-    result = subprocess.run([sys.executable, "-m", "bench.run", "--tiny", "--out", str(out)], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", module, "--tiny", "--out", str(out)], cwd=REPO,
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "(2) throughput" in result.stdout and "(5) idle" in result.stdout, result.stdout
-    data = json.loads(out.read_text())
-    for path in FIGURES:
+    assert all(figure in result.stdout for figure in expected), result.stdout
+    return json.loads(out.read_text())
+
+
+def assert_every_figure(data: dict, figures: list[tuple[str, ...]]) -> None:
+    for path in figures:
         value = _get(data, path)
         assert value not in (None, ""), path
         if isinstance(value, float):
             assert not math.isnan(value), path
+
+
+def test_bench_tiny_writes_every_figure(tmp_path: Path) -> None:
+    data = tiny(tmp_path, "bench.run", ("(2) throughput", "(5) idle"))
+    assert_every_figure(data, FIGURES)
     assert [row["n"] for row in data["scaling"]["throughput"]] == data["sizes"]["scaling"]
     assert [row["runs"] for row in data["scaling"]["reconcile"]] == data["sizes"]["scaling"]
     assert set(data["throughput"]["outcomes"]) == {"success"}
     assert set(data["targets"]) >= {"throughput_ratio", "latency_to_active", "reconcile_time", "idle_memory"}
+
+
+def test_bench_fleet_tiny_writes_every_figure(tmp_path: Path) -> None:
+    """`python -m bench.fleet --tiny` boots its own database and three-host fleets, runs one power-off
+    drill and one burst, and writes every figure (the figures themselves are never asserted)."""
+    data = tiny(tmp_path, "bench.fleet", ("(F1) power-off", "(F2) spread"))
+    assert_every_figure(data, FLEET_FIGURES)
+    [drill] = data["power_off"]["drills"]
+    assert len(drill["respawns"]) == data["sizes"]["runs"]
+    assert drill["first_attempt_outcomes"] == {"lost": data["sizes"]["runs"]}
+    assert all(r["host"] in ("fleet-2", "fleet-3") for r in drill["respawns"])
+    [burst] = data["spread"]["drills"]
+    assert sum(burst["per_host"].values()) == burst["attempts"] == data["sizes"]["spread_runs"]
+    assert set(data["targets"]) == {"declared_dead", "spread"}

@@ -17,7 +17,7 @@ import pytest
 
 from supervisor import store
 from tests.harness.host import Host, wait_for
-from tests.harness.postgres import Postgres, multi_host_dsn
+from tests.harness.postgres import Postgres, multi_host_dsn, synchronous_pair
 from tests.harness.testbed import Testbed
 
 DB = "unitvisor_failover"
@@ -26,21 +26,12 @@ DB = "unitvisor_failover"
 @pytest.fixture
 def pair(postgres: Postgres) -> Iterator[tuple[Postgres, Postgres]]:
     # `postgres` only makes this level fail under CI where PostgreSQL is missing; the pair is its own.
-    primary = Postgres(settings={"synchronous_commit": "on"})
-    standby = None
-    try:
-        primary.init()
-        primary.start()
+    with synchronous_pair() as (primary, standby):
         with store.connect(primary.dsn) as conn:
             conn.execute(f"CREATE DATABASE {DB}")
         with store.connect(primary.dsn_for(DB)) as conn:
             store.migrate(conn)
-        standby = primary.make_standby(synchronous=True)
         yield primary, standby
-    finally:
-        if standby is not None:
-            standby.stop()
-        primary.stop()
 
 
 def test_a_promoted_standby_takes_over_and_nothing_is_lost_or_done_twice(
