@@ -5,25 +5,70 @@ logs a failed unit's exit ("Main process exited", EXIT_CODE/EXIT_STATUS) and res
 result", UNIT_RESULT) at info level, so a failure survives in the journal. A clean exit is logged at
 debug level only, which is not stored: success cannot be proven from the journal, and such an
 attempt stays `lost`. An exit that follows a stop job (a shutdown stopping the unit) is the stop's
-doing, not the run's, and is `lost` too.
+doing, not the run's, and is `lost` too. The exit record's own time (__REALTIME_TIMESTAMP) is the
+attempt's end.
+
+It also tells a command's own exit status of 200-243 from systemd's setup failure (see the note in
+supervisor/outcomes.py): the child PID 1 forked logs a spawn failure, PID 1 logs "Started" only once the
+command was exec'd.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime
 
 from supervisor.outcomes import CLD_DUMPED, CLD_EXITED, CLD_KILLED, Outcome, classify
+from supervisor.systemd import from_usec
 
 MSG_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
 MSG_UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
 MSG_UNIT_STOPPING = "de5b426a63be47a7b6ac3eb1a5b1e6ba"
+MSG_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
+MSG_SPAWN_FAILED = "641257651c1b4ec9a8624d7a40a9e1e7"
 _CODES = {"exited": CLD_EXITED, "killed": CLD_KILLED, "dumped": CLD_DUMPED}
 
 
-def outcome_from_records(records: list[dict[str, str]]) -> Outcome | None:
+@dataclass(frozen=True)
+class Found:
+    """An outcome read from the journal, and when the main process ended by the journal's clock."""
+
+    outcome: Outcome
+    ended_at: datetime | None
+
+
+def program_ran(records: list[dict[str, str]], trust_absence: bool) -> bool | None:
+    """Pure: whether one invocation's records prove its command was exec'd (True), prove systemd
+    failed to set it up (False), or neither (None).
+
+    `trust_absence`: the unit is still loaded and PID 1's exit record is in the journal, so a spawn
+    failure (sent before it, on the same socket) would be there too. Never after a reboot: a power cut
+    can keep a later journal page and lose an earlier one.
+    """
+    ids = {record.get("MESSAGE_ID") for record in records}
+    if MSG_SPAWN_FAILED in ids:
+        return False
+    if MSG_UNIT_STARTED in ids:
+        return True
+    if trust_absence and MSG_PROCESS_EXIT in ids:
+        return True
+    return None
+
+
+def _realtime(record: dict[str, str]) -> datetime | None:
+    try:
+        return from_usec(int(record.get("__REALTIME_TIMESTAMP", "")))
+    except ValueError:
+        return None
+
+
+def found_from_records(records: list[dict[str, str]]) -> Found | None:
     """Pure: the outcome PID 1's records about one unit invocation show, if they show one."""
     result = code = status = None
+    ended_at = None
     for record in records:
         message_id = record.get("MESSAGE_ID")
         if message_id == MSG_UNIT_STOPPING and record.get("JOB_TYPE") == "stop" and code is None:
@@ -34,6 +79,7 @@ def outcome_from_records(records: list[dict[str, str]]) -> Outcome | None:
                 status = int(record.get("EXIT_STATUS", ""))
             except ValueError:
                 return None
+            ended_at = _realtime(record)
         elif message_id == MSG_UNIT_FAILED and record.get("UNIT_RESULT"):
             result = record["UNIT_RESULT"]
     if code is None or status is None:
@@ -44,31 +90,64 @@ def outcome_from_records(records: list[dict[str, str]]) -> Outcome | None:
         if found.outcome != "start-failed":
             return None
     else:
-        found = classify(result or "", code, status, cancel_requested=False)
-    return Outcome(found.outcome, found.exit_status, f"{found.reason} (from the journal; the unit was gone)")
+        found = classify(result or "", code, status, cancel_requested=False,
+                         program_ran=program_ran(records, trust_absence=False))
+    return Found(Outcome(found.outcome, found.exit_status, f"{found.reason} (from the journal; the unit was gone)"),
+                 ended_at)
+
+
+def outcome_from_records(records: list[dict[str, str]]) -> Outcome | None:
+    found = found_from_records(records)
+    return found.outcome if found else None
 
 
 class Journal:
-    def __init__(self, timeout: float = 10.0) -> None:
+    def __init__(self, timeout: float = 10.0, settle_wait: float = 1.0) -> None:
         self.timeout = timeout
+        self.settle_wait = settle_wait
 
-    def outcome(self, unit_name: str, invocation_id: str | None) -> Outcome | None:
-        matches = ["_PID=1", f"UNIT={unit_name}"]
+    def _records(self, unit_name: str, invocation_id: str | None) -> list[dict[str, str]] | None:
+        """PID 1's records about the unit, and its forked child's spawn failure; None when unreadable."""
+        scope = [f"UNIT={unit_name}"]
         if invocation_id:
-            matches.append(f"INVOCATION_ID={invocation_id}")
+            scope.append(f"INVOCATION_ID={invocation_id}")
+        # journalctl ORs the groups around "+": PID 1's own records, or the child's spawn failure.
+        matches = ["_PID=1", *scope, "+", f"MESSAGE_ID={MSG_SPAWN_FAILED}", *scope]
         try:
-            out = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", *matches],
-                                 capture_output=True, text=True, timeout=self.timeout, check=False).stdout
+            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", *matches],
+                                  capture_output=True, text=True, timeout=self.timeout, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return None
+        if done.returncode != 0:
+            return None
         records = []
-        for line in out.splitlines():
+        for line in done.stdout.splitlines():
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue
             records.append({k: v for k, v in entry.items() if isinstance(v, str)})
-        return outcome_from_records(records)
+        return records
+
+    def outcome(self, unit_name: str, invocation_id: str | None) -> Found | None:
+        """The outcome of a unit that is gone (host reboot, reset-failed), if the journal shows one."""
+        records = self._records(unit_name, invocation_id)
+        return found_from_records(records) if records is not None else None
+
+    def exec_evidence(self, unit_name: str, invocation_id: str | None) -> bool | None:
+        """For a loaded unit that just ended with an exit status of 200-243: did its command run?
+
+        journald may not have written PID 1's exit record yet when the unit's state says it ended:
+        wait for it a little (`settle_wait`), since only then does a missing spawn failure prove anything.
+        """
+        deadline = time.monotonic() + self.settle_wait
+        while True:
+            records = self._records(unit_name, invocation_id)
+            if records is None:
+                return None
+            if any(r.get("MESSAGE_ID") == MSG_PROCESS_EXIT for r in records) or time.monotonic() >= deadline:
+                return program_ran(records, trust_absence=True)
+            time.sleep(0.1)
 
 
 def log_command(run_id: str, attempt: int | None, follow: bool, lines: int | None) -> list[str]:

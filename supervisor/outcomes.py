@@ -35,6 +35,37 @@ _SYSTEMD_SETUP_EXITS = {
     241: "CONFIGURATION_DIRECTORY", 242: "NUMA_POLICY", 243: "CREDENTIALS",
 }
 
+# An exit status in 200-243 is ambiguous: systemd's forked child exits with it when a setup step fails
+# before execve() (the command never ran), and a command may exit with it on its own. systemd 252 keeps
+# no property that says which (ExecMainHandoffTimestamp only arrived in 255). Measured in the test bed
+# (systemd 252, Type=exec, RemainAfterExit=yes, as every run's unit is):
+#
+#   unit                                 Result     ExecMainStatus  ExecMainPID  ActiveEnterTimestamp
+#   /bin/sh -c 'exit 203'                exit-code  203             set          set (26 of 30 times)
+#   /bin/sh -c 'exit 200'                exit-code  200             set          0 (seen once)
+#   missing executable (EXEC)            exit-code  203             set          0
+#   User=no-such-user (USER)             exit-code  217             set          0
+#   WorkingDirectory=/no/such (CHDIR)    exit-code  200             set          0
+#
+# ExecMainStartTimestamp, ExecMainExitTimestamp, ExecMainPID, Result and InactiveExitTimestamp are set
+# the same way in every row. What differs:
+#
+# 1. ActiveEnterTimestamp. A Type=exec unit becomes active only once PID 1 sees the close-on-exec pipe
+#    of a child that reached execve() ("exec-fd"): a setup failure never makes the unit active, so a
+#    non-zero ActiveEnterTimestamp proves the command ran. Its absence proves nothing: a command that
+#    exits at once can be reaped before PID 1 reads the pipe (4 of 30 runs of `exit 203` here).
+# 2. The journal. On a setup failure the child logs "Failed at step STEP spawning PATH: ..." with
+#    MESSAGE_ID 641257651c1b4ec9a8624d7a40a9e1e7 (SD_MESSAGE_SPAWN_FAILED), UNIT= and INVOCATION_ID=,
+#    before it exits; a command's own exit never logs it. It reaches journald on the same datagram
+#    socket as PID 1's later "Main process exited" record, so while the unit is still loaded, once that
+#    record is in the journal the absence of a spawn failure is proof too (journal.exec_evidence).
+#    PID 1's "Started" record (same moment as ActiveEnterTimestamp) is positive proof the command ran.
+#
+# After a reboot (the unit is gone) only the positive records count: a power cut can keep a later
+# journal page and lose an earlier one, so a missing spawn-failure record proves nothing there, and an
+# exit of 200-243 without a "Started" record stays `start-failed` (it may be the command's own).
+# Where neither proof is available (journal unreadable), 200-243 stays `start-failed`, as before.
+
 # Results that mean "systemd could not start it", whatever the process did.
 _START_FAILED_RESULTS = {"start-limit-hit", "resources", "protocol", "exec-condition"}
 _RESULT_OUTCOMES = {"timeout": "timeout", "oom-kill": "oom-kill", "watchdog": "watchdog"}
@@ -66,8 +97,18 @@ def exit_status(code: int, status: int) -> str | None:
     return None
 
 
-def classify(result: str, code: int, status: int, *, cancel_requested: bool) -> Outcome:
+def is_setup_exit(result: str, code: int, status: int) -> bool:
+    """Whether this ended unit's exit status may be systemd's setup failure (see the note above)."""
+    return code == CLD_EXITED and status in _SYSTEMD_SETUP_EXITS and result != "success"
+
+
+def classify(result: str, code: int, status: int, *, cancel_requested: bool,
+             program_ran: bool | None = None) -> Outcome:
     """The outcome of an ended unit.
+
+    `program_ran` is what is known about whether the command itself ran (execve() succeeded): True,
+    False, or None when unknown. It only matters for an exit status of 200-243: the command's own
+    (`exit-code`) when it ran, systemd's setup failure (`start-failed`) otherwise, and when unknown.
 
     Cancellation wins over everything: an attempt that ends after an operator asked to cancel it is
     `cancelled`, even if the stop made it exit 0 (a stopped unit looks successful to systemd).
@@ -83,10 +124,11 @@ def classify(result: str, code: int, status: int, *, cancel_requested: bool) -> 
         return Outcome(_RESULT_OUTCOMES[result], status_text, reason)
     if result in _START_FAILED_RESULTS:
         return Outcome("start-failed", status_text, f"systemd result {result}")
-    if code == CLD_EXITED and status in _SYSTEMD_SETUP_EXITS and result != "success":
+    if is_setup_exit(result, code, status) and program_ran is not True:
         step = _SYSTEMD_SETUP_EXITS[status]
+        unproven = "" if program_ran is False else "; not proven: the command may have exited with it itself"
         return Outcome("start-failed", status_text,
-                       f"systemd could not start the command: step {step} failed ({status}/{step})")
+                       f"systemd could not start the command: step {step} failed ({status}/{step}){unproven}")
     if code == CLD_EXITED:
         if status == 0:
             return Outcome("success", status_text, "exited 0")

@@ -35,13 +35,14 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from supervisor import faults, fleet, store, unitspec
 from supervisor.config import Settings, cut_off_after
 from supervisor.journal import Journal
 from supervisor.log import event
 from supervisor.model import Attempt, Run
-from supervisor.outcomes import Outcome, classify, retry_delay, run_state_after
+from supervisor.outcomes import Outcome, classify, is_setup_exit, retry_delay, run_state_after
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitBrief, UnitRefused, UnitState
 
 
@@ -65,6 +66,8 @@ class Decision:
     reason: str
     outcome: Outcome | None = None
     invocation_id: str | None = None
+    # What systemd said about the unit (None: not loaded), for its own timestamps and exit details.
+    unit: UnitState | None = None
 
 
 def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
@@ -84,15 +87,24 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
                         Outcome("lost", None, "the unit disappeared (host reboot or reset) before its outcome "
                                 "was read"))
     if unit.has_ended:
-        outcome = classify(unit.result, unit.exec_main_code, unit.exec_main_status, cancel_requested=cancelled)
-        return Decision(Action.SETTLE, name, f"unit ended: {outcome.reason}", outcome, unit.invocation_id or None)
+        # A Type=exec unit that ever became active had its command exec'd (see the note in outcomes.py).
+        ran = True if unit.active_enter_usec else None
+        outcome = classify(unit.result, unit.exec_main_code, unit.exec_main_status, cancel_requested=cancelled,
+                           program_ran=ran)
+        return Decision(Action.SETTLE, name, f"unit ended: {outcome.reason}", outcome, unit.invocation_id or None,
+                        unit)
     if cancelled:
         if unit.active_state == "deactivating":
             return Decision(Action.NOTHING, name, "stopping after a cancel request")
-        return Decision(Action.STOP, name, "cancel requested", invocation_id=unit.invocation_id or None)
+        return Decision(Action.STOP, name, "cancel requested", invocation_id=unit.invocation_id or None, unit=unit)
     if attempt.started_at is None or (unit.invocation_id and not attempt.invocation_id):
-        return Decision(Action.ADOPT, name, "unit is running; adopted", invocation_id=unit.invocation_id or None)
+        return Decision(Action.ADOPT, name, "unit is running; adopted", invocation_id=unit.invocation_id or None,
+                        unit=unit)
     return Decision(Action.NOTHING, name, "unit is running")
+
+
+def _started_at(decision: Decision) -> datetime | None:
+    return decision.unit.started_at if decision.unit is not None else None
 
 
 def decide_orphan(unit_name: str, owner: store.UnitOwner | None, host_id: str, stop_orphans: bool,
@@ -251,7 +263,7 @@ class Reconciler:
         decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
         if decision.action is Action.ADOPT:
             decision = Decision(Action.ADOPT, attempt.unit_name, f"unit {attempt.unit_name} existed: adopted",
-                                invocation_id=decision.invocation_id)
+                                invocation_id=decision.invocation_id, unit=decision.unit)
         self.apply(run, attempt, decision)
 
     def apply(self, run: Run, attempt: Attempt, decision: Decision) -> None:
@@ -259,9 +271,11 @@ class Reconciler:
         if action is Action.START:
             self.start(run, attempt)
         elif action is Action.ADOPT:
-            store.mark_started(self.conn, self.fence, attempt, decision.invocation_id, decision.reason)
+            store.mark_started(self.conn, self.fence, attempt, decision.invocation_id, decision.reason,
+                               started_at=_started_at(decision))
         elif action is Action.STOP:
-            store.mark_started(self.conn, self.fence, attempt, decision.invocation_id, f"adopted: {decision.reason}")
+            store.mark_started(self.conn, self.fence, attempt, decision.invocation_id, f"adopted: {decision.reason}",
+                               started_at=_started_at(decision))
             if self.systemd.stop(attempt.unit_name):
                 store.record_event(self.conn, self.fence, attempt, run.state, f"stopping unit {attempt.unit_name}: "
                                    f"{decision.reason} (SIGTERM, then SIGKILL after the grace)")
@@ -269,15 +283,33 @@ class Reconciler:
                       detail=decision.reason)
         elif action is Action.GONE:
             assert decision.outcome is not None
-            outcome = decision.outcome
+            outcome, ended_at = decision.outcome, None
             if outcome.outcome == "lost":
-                outcome = self.journal.outcome(attempt.unit_name, attempt.invocation_id) or outcome
-            self.settle(run, attempt, self._cut_off(attempt, outcome), unit_exists=False)
+                found = self.journal.outcome(attempt.unit_name, attempt.invocation_id)
+                if found is not None:
+                    outcome, ended_at = found.outcome, found.ended_at
+            self.settle(run, attempt, self._cut_off(attempt, outcome), unit_exists=False, ended_at=ended_at)
         elif action is Action.SETTLE:
             assert decision.outcome is not None
-            self.settle(run, attempt, self._cut_off(attempt, decision.outcome),
+            unit = decision.unit
+            self.settle(run, attempt, self._cut_off(attempt, self._proven(attempt, decision)),
                         unit_exists=attempt.started_at is not None or decision.invocation_id is not None,
-                        invocation_id=decision.invocation_id)
+                        invocation_id=decision.invocation_id,
+                        started_at=unit.started_at if unit else None, ended_at=unit.ended_at if unit else None)
+
+    def _proven(self, attempt: Attempt, decision: Decision) -> Outcome:
+        """The decision's outcome, with an exit status of 200-243 that the unit's state left unproven
+        (start-failed, maybe the command's own) settled by the journal where it can."""
+        outcome, unit = decision.outcome, decision.unit
+        assert outcome is not None
+        if (unit is None or outcome.outcome != "start-failed" or unit.active_enter_usec
+                or not is_setup_exit(unit.result, unit.exec_main_code, unit.exec_main_status)):
+            return outcome
+        ran = self.journal.exec_evidence(attempt.unit_name, unit.invocation_id or attempt.invocation_id)
+        if ran is None:
+            return outcome
+        return classify(unit.result, unit.exec_main_code, unit.exec_main_status, cancel_requested=False,
+                        program_ran=ran)
 
     def _cut_off(self, attempt: Attempt, outcome: Outcome) -> Outcome:
         if attempt.unit_name not in self.cut_off_units or outcome.outcome == "cancelled":
@@ -296,9 +328,11 @@ class Reconciler:
               level=logging.INFO if decision.action is Action.RELEASE else logging.WARNING)
 
     def settle(self, run: Run, attempt: Attempt, outcome: Outcome, unit_exists: bool = True,
-               invocation_id: str | None = None) -> None:
-        """Record an attempt's outcome (and the run's next step), then release its unit."""
-        if self._record(run, attempt, outcome, invocation_id):
+               invocation_id: str | None = None, started_at: datetime | None = None,
+               ended_at: datetime | None = None) -> None:
+        """Record an attempt's outcome (and the run's next step), then release its unit. `started_at` and
+        `ended_at` are systemd's own times when known; the database's now() stands in otherwise."""
+        if self._record(run, attempt, outcome, invocation_id, started_at, ended_at):
             self.settled += 1
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
         self.cut_off_units.discard(attempt.unit_name)
@@ -306,11 +340,13 @@ class Reconciler:
         if unit_exists:
             self.systemd.release(attempt.unit_name)
 
-    def _record(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None) -> bool:
+    def _record(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None,
+                started_at: datetime | None = None, ended_at: datetime | None = None) -> bool:
         delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
         next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
         faults.point("before-outcome")
-        recorded = store.record_outcome(self.conn, self.fence, attempt, outcome, next_state, delay, invocation_id)
+        recorded = store.record_outcome(self.conn, self.fence, attempt, outcome, next_state, delay, invocation_id,
+                                        started_at=started_at, ended_at=ended_at)
         if recorded:
             event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name, host=attempt.host_id,
                   outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,

@@ -582,14 +582,17 @@ def unit_owners(conn: Connection, unit_names: Sequence[str]) -> dict[str, UnitOw
 
 
 def mark_started(conn: Connection, fence: Fence, attempt: Attempt, invocation_id: str | None,
-                 reason: str | None = None) -> None:
+                 reason: str | None = None, *, started_at: datetime | None = None) -> None:
     """The unit exists: the run is running. Idempotent (adoption calls it again); the event with
-    `reason` is written once, when the run moves to running. One statement: it is on every run's path."""
+    `reason` is written once, when the run moves to running. One statement: it is on every run's path.
+    `started_at` is systemd's own time of the start when known (else now()); a start time already
+    recorded is kept."""
     with _fencing():
         conn.execute(
             """WITH started AS (
                    UPDATE unitvisor.attempts
-                   SET started_at = coalesce(started_at, now()), invocation_id = coalesce(invocation_id, %(inv)s)
+                   SET started_at = coalesce(started_at, %(started)s, now()),
+                       invocation_id = coalesce(invocation_id, %(inv)s)
                    WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL AND host_id = %(host)s
                      AND (SELECT unitvisor.check_fence(%(host)s, %(epoch)s)) RETURNING run_id),
                moved AS (
@@ -597,25 +600,31 @@ def mark_started(conn: Connection, fence: Fence, attempt: Attempt, invocation_id
                    WHERE id IN (SELECT run_id FROM started) AND state = 'starting' RETURNING id)
                INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
                SELECT id, %(attempt)s, %(host)s, 'running', %(reason)s FROM moved""",
-            {"inv": invocation_id or None, "run": attempt.run_id, "attempt": attempt.attempt,
+            {"inv": invocation_id or None, "started": started_at, "run": attempt.run_id, "attempt": attempt.attempt,
              "host": fence.host_id, "epoch": fence.epoch, "reason": reason or f"unit {attempt.unit_name} started"})
 
 
 def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Outcome, next_state: str,
-                   retry_delay: timedelta | None = None, invocation_id: str | None = None) -> bool:
+                   retry_delay: timedelta | None = None, invocation_id: str | None = None, *,
+                   started_at: datetime | None = None, ended_at: datetime | None = None) -> bool:
     """Write an attempt's outcome and move its run to `next_state`, in one transaction, as `fence`'s
     host (the attempt's own host, or a host taking over a dead one's attempts).
 
     With a retry_delay the run goes back to `queued` and a new spawn job, scheduled after the delay,
     is created in this same transaction. Returns False, changing nothing, when the attempt already
     had an outcome: a recorded outcome is never overwritten. Raises Fenced when the writer's epoch is over.
+
+    `started_at` and `ended_at` are systemd's own times (from the unit, or the journal) when known, so
+    that a daemon that was down when the run ended does not stretch its duration; now() otherwise. A
+    start time already recorded is kept.
     """
     with _fencing(), conn.transaction():
         row = conn.execute(
             """UPDATE unitvisor.attempts SET outcome = %(outcome)s, exit_status = %(status)s, reason = %(reason)s,
-                   ended_at = now(), invocation_id = coalesce(invocation_id, %(inv)s),
+                   ended_at = coalesce(%(ended)s, now()), invocation_id = coalesce(invocation_id, %(inv)s),
                    -- a unit seen only once it had ended (adopted after a crash) did start
-                   started_at = CASE WHEN %(inv)s::text IS NULL THEN started_at ELSE coalesce(started_at, now()) END
+                   started_at = CASE WHEN %(inv)s::text IS NULL AND %(started)s::timestamptz IS NULL THEN started_at
+                                     ELSE coalesce(started_at, %(started)s, now()) END
                WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL
                  AND (SELECT unitvisor.check_fence(%(host)s, %(epoch)s))
                  -- its own attempt, or one of a host declared dead that it is taking over
@@ -623,8 +632,8 @@ def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Ou
                                                     WHERE h.id = attempts.host_id AND h.state = 'dead'))
                RETURNING 1""",
             {"outcome": outcome.outcome, "status": outcome.exit_status, "reason": outcome.reason,
-             "inv": invocation_id or None, "run": attempt.run_id, "attempt": attempt.attempt,
-             "host": fence.host_id, "epoch": fence.epoch}).fetchone()
+             "inv": invocation_id or None, "started": started_at, "ended": ended_at, "run": attempt.run_id,
+             "attempt": attempt.attempt, "host": fence.host_id, "epoch": fence.epoch}).fetchone()
         if row is None:
             return False
         latest = conn.execute("SELECT max(attempt) FROM unitvisor.attempts WHERE run_id = %s",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from pystemd.dbusexc import DBusBaseError, DBusNoSuchUnitError
@@ -69,6 +70,20 @@ class UnitState:
     exec_main_status: int
     invocation_id: str
     job_pending: bool
+    # systemd's own clock (CLOCK_REALTIME, microseconds since the epoch; 0: never happened): when the
+    # main process was forked, when it was reaped, and when the unit last became active (for Type=exec:
+    # once execve() of the command succeeded).
+    exec_main_start_usec: int = 0
+    exec_main_exit_usec: int = 0
+    active_enter_usec: int = 0
+
+    @property
+    def started_at(self) -> datetime | None:
+        return from_usec(self.exec_main_start_usec)
+
+    @property
+    def ended_at(self) -> datetime | None:
+        return from_usec(self.exec_main_exit_usec)
 
     @property
     def has_ended(self) -> bool:
@@ -101,6 +116,13 @@ class UnitBrief:
     def process_running(self) -> bool:
         """Its process may still run: not ended (an exited unit with RemainAfterExit is `active/exited`)."""
         return self.active_state in ("active", "activating", "deactivating", "reloading") and self.sub_state != "exited"
+
+
+def from_usec(usec: int) -> datetime | None:
+    """A systemd timestamp (microseconds since the epoch, 0 or UINT64_MAX when unset) as a datetime."""
+    if usec <= 0 or usec >= 2**63:
+        return None
+    return datetime.fromtimestamp(usec // 1_000_000, UTC).replace(microsecond=usec % 1_000_000)
 
 
 def _text(value: Any) -> str:
@@ -217,6 +239,9 @@ class Systemd(_Connection):
             exec_main_status=int(props.get(b"ExecMainStatus", 0)),
             invocation_id=bytes(invocation).hex(),
             job_pending=int(job[0]) != 0,
+            exec_main_start_usec=int(props.get(b"ExecMainStartTimestamp", 0)),
+            exec_main_exit_usec=int(props.get(b"ExecMainExitTimestamp", 0)),
+            active_enter_usec=int(props.get(b"ActiveEnterTimestamp", 0)),
         )
 
     def load_state(self, name: str) -> str:

@@ -51,16 +51,38 @@ def test_missing_executable_is_start_failed_with_systemds_reason(started: Host) 
     run_id = started.submit("--", "/usr/bin/no-such-program-here")
     data = started.wait_run(run_id)
     attempt = only_attempt(data)
-    assert attempt["outcome"] == "start-failed"
-    assert "EXEC" in attempt["reason"]
+    assert (attempt["outcome"], attempt["exit_status"]) == ("start-failed", "exit:203")
+    assert "EXEC" in attempt["reason"] and "not proven" not in attempt["reason"]
     wait_for(lambda: not started.loaded_run_units(), what="the failed unit to be released")
+
+
+def test_programs_own_exit_203_is_exit_code_not_start_failed(started: Host) -> None:
+    # 203 is also systemd's EXEC failure code; this command ran and chose it. Several at once, so that
+    # some exit before PID 1 sees their exec (ActiveEnterTimestamp stays 0) and the journal decides.
+    run_ids = [started.submit("--", "/bin/sh", "-c", "exit 203") for _ in range(6)]
+    for run_id in run_ids:
+        attempt = only_attempt(started.wait_run(run_id))
+        assert (attempt["outcome"], attempt["exit_status"]) == ("exit-code", "exit:203"), attempt
+        assert attempt["reason"] == "exited with status 203"
+
+
+def test_programs_own_exit_217_is_exit_code(started: Host) -> None:
+    attempt = only_attempt(started.wait_run(started.submit("--", "/bin/sh", "-c", "exit 217")))
+    assert (attempt["outcome"], attempt["exit_status"]) == ("exit-code", "exit:217")
+
+
+def test_missing_working_directory_is_start_failed(started: Host) -> None:
+    run_id = started.submit("--workdir", "/no/such/dir", "--", "/bin/true")
+    attempt = only_attempt(started.wait_run(run_id))
+    assert (attempt["outcome"], attempt["exit_status"]) == ("start-failed", "exit:200")
+    assert "CHDIR" in attempt["reason"] and "not proven" not in attempt["reason"]
 
 
 def test_unknown_run_user_is_start_failed(started: Host) -> None:
     run_id = started.submit("--user", "no-such-user-here", "--", "/bin/true")
     attempt = only_attempt(started.wait_run(run_id))
     assert attempt["outcome"] == "start-failed"
-    assert "USER" in attempt["reason"]
+    assert "USER" in attempt["reason"] and "not proven" not in attempt["reason"]
 
 
 def waiting_reason(host: Host, run_id: str) -> str:

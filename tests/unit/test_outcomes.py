@@ -17,6 +17,7 @@ from supervisor.outcomes import (
     Outcome,
     classify,
     exit_status,
+    is_setup_exit,
     retry_delay,
     run_state_after,
     signal_name,
@@ -36,8 +37,8 @@ def test_outcome_vocabulary():
 
 # -- classify ---------------------------------------------------------------------------------------
 
-def c(result, code, status, cancel=False):
-    return classify(result, code, status, cancel_requested=cancel)
+def c(result, code, status, cancel=False, ran=None):
+    return classify(result, code, status, cancel_requested=cancel, program_ran=ran)
 
 
 def test_exit_zero_is_success():
@@ -101,22 +102,60 @@ def test_watchdog():
 
 
 def test_exec_failure_is_start_failed():
-    out = c("exit-code", CLD_EXITED, 203)
+    out = c("exit-code", CLD_EXITED, 203, ran=False)
     assert out == Outcome("start-failed", "exit:203",
                           "systemd could not start the command: step EXEC failed (203/EXEC)")
     assert "EXEC" in out.reason
 
 
 def test_user_failure_is_start_failed():
-    assert c("exit-code", CLD_EXITED, 217) == Outcome(
+    assert c("exit-code", CLD_EXITED, 217, ran=False) == Outcome(
         "start-failed", "exit:217", "systemd could not start the command: step USER failed (217/USER)")
 
 
 @pytest.mark.parametrize(("status", "step"), [(200, "CHDIR"), (216, "GROUP"), (226, "NAMESPACE"),
                                               (243, "CREDENTIALS")])
 def test_other_setup_steps(status, step):
-    assert c("exit-code", CLD_EXITED, status) == Outcome(
+    assert c("exit-code", CLD_EXITED, status, ran=False) == Outcome(
         "start-failed", f"exit:{status}", f"systemd could not start the command: step {step} failed ({status}/{step})")
+
+
+# Whether the command itself ran decides whose an exit status of 200-243 is (the note in outcomes.py).
+@pytest.mark.parametrize(("result", "status", "ran", "outcome", "reason"), [
+    # proven exec'd (ActiveEnterTimestamp, or the journal): the command's own exit
+    ("exit-code", 203, True, "exit-code", "exited with status 203"),
+    ("exit-code", 200, True, "exit-code", "exited with status 200"),
+    ("exit-code", 243, True, "exit-code", "exited with status 243"),
+    # proven not exec'd (a spawn failure in the journal): systemd's setup failure
+    ("exit-code", 203, False, "start-failed", "systemd could not start the command: step EXEC failed (203/EXEC)"),
+    ("exit-code", 217, False, "start-failed", "systemd could not start the command: step USER failed (217/USER)"),
+    # unknown: start-failed, as before, and the reason says it is not proven
+    ("exit-code", 203, None, "start-failed", "systemd could not start the command: step EXEC failed (203/EXEC); "
+     "not proven: the command may have exited with it itself"),
+    ("exit-code", 200, None, "start-failed", "systemd could not start the command: step CHDIR failed "
+     "(200/CHDIR); not proven: the command may have exited with it itself"),
+    # outside 200-243 or a success result, the evidence changes nothing
+    ("exit-code", 7, None, "exit-code", "exited with status 7"),
+    ("exit-code", 7, False, "exit-code", "exited with status 7"),
+    ("exit-code", 244, None, "exit-code", "exited with status 244"),
+    ("success", 203, None, "exit-code", "exited with status 203"),
+])
+def test_setup_exit_told_apart_by_whether_the_command_ran(result, status, ran, outcome, reason):
+    assert c(result, CLD_EXITED, status, ran=ran) == Outcome(outcome, f"exit:{status}", reason)
+
+
+@pytest.mark.parametrize("ran", [True, False, None])
+def test_cancel_and_results_win_over_exec_evidence(ran):
+    assert c("exit-code", CLD_EXITED, 203, cancel=True, ran=ran).outcome == "cancelled"
+    assert c("timeout", CLD_EXITED, 203, ran=ran).outcome == "timeout"
+    assert c("start-limit-hit", CLD_EXITED, 203, ran=ran).outcome == "start-failed"
+
+
+def test_is_setup_exit():
+    assert is_setup_exit("exit-code", CLD_EXITED, 203)
+    assert not is_setup_exit("success", CLD_EXITED, 203)
+    assert not is_setup_exit("exit-code", CLD_EXITED, 7)
+    assert not is_setup_exit("signal", CLD_KILLED, 203)
 
 
 def test_setup_exit_code_with_result_success_is_an_ordinary_exit():

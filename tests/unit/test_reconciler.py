@@ -29,9 +29,11 @@ def make_attempt(started=False, invocation_id=None):
                    started_at=T0 if started else None, invocation_id=invocation_id)
 
 
-def unit(active="active", sub="running", result="success", code=0, status=0, invocation_id=INV, job=False):
+def unit(active="active", sub="running", result="success", code=0, status=0, invocation_id=INV, job=False,
+         active_enter_usec=0):
     return UnitState(name=NAME, active_state=active, sub_state=sub, result=result, exec_main_code=code,
-                     exec_main_status=status, invocation_id=invocation_id, job_pending=job)
+                     exec_main_status=status, invocation_id=invocation_id, job_pending=job,
+                     active_enter_usec=active_enter_usec)
 
 
 RUNNING = dict(active="active", sub="running")
@@ -88,19 +90,22 @@ def test_started_no_unit_cancel_requested_is_gone_cancelled():
 # -- unit still running -----------------------------------------------------------------------------
 
 def test_running_unit_not_started_is_adopted():
-    d = decide(make_run(), make_attempt(), unit(**RUNNING))
-    assert d == Decision(Action.ADOPT, NAME, "unit is running; adopted", invocation_id=INV)
+    u = unit(**RUNNING)
+    d = decide(make_run(), make_attempt(), u)
+    assert d == Decision(Action.ADOPT, NAME, "unit is running; adopted", invocation_id=INV, unit=u)
     assert d.outcome is None
 
 
 def test_running_unit_not_started_without_invocation_id_is_adopted():
-    d = decide(make_run(), make_attempt(), unit(**RUNNING, invocation_id=""))
-    assert d == Decision(Action.ADOPT, NAME, "unit is running; adopted", invocation_id=None)
+    u = unit(**RUNNING, invocation_id="")
+    d = decide(make_run(), make_attempt(), u)
+    assert d == Decision(Action.ADOPT, NAME, "unit is running; adopted", invocation_id=None, unit=u)
 
 
 def test_running_unit_started_but_invocation_unrecorded_is_adopted():
-    d = decide(make_run(), make_attempt(started=True, invocation_id=None), unit(**RUNNING))
-    assert d == Decision(Action.ADOPT, NAME, "unit is running; adopted", invocation_id=INV)
+    u = unit(**RUNNING)
+    d = decide(make_run(), make_attempt(started=True, invocation_id=None), u)
+    assert d == Decision(Action.ADOPT, NAME, "unit is running; adopted", invocation_id=INV, unit=u)
 
 
 def test_running_unit_fully_recorded_needs_nothing():
@@ -116,14 +121,16 @@ def test_running_unit_started_and_neither_side_has_invocation_id_needs_nothing()
 @pytest.mark.parametrize("attempt", [make_attempt(), make_attempt(started=True),
                                      make_attempt(started=True, invocation_id=INV)])
 def test_running_unit_cancel_requested_is_stopped(attempt):
-    d = decide(make_run(cancelled=True), attempt, unit(**RUNNING))
-    assert d == Decision(Action.STOP, NAME, "cancel requested", invocation_id=INV)
+    u = unit(**RUNNING)
+    d = decide(make_run(cancelled=True), attempt, u)
+    assert d == Decision(Action.STOP, NAME, "cancel requested", invocation_id=INV, unit=u)
     assert d.outcome is None
 
 
 def test_stop_without_invocation_id():
-    d = decide(make_run(cancelled=True), make_attempt(), unit(**RUNNING, invocation_id=""))
-    assert d == Decision(Action.STOP, NAME, "cancel requested", invocation_id=None)
+    u = unit(**RUNNING, invocation_id="")
+    d = decide(make_run(cancelled=True), make_attempt(), u)
+    assert d == Decision(Action.STOP, NAME, "cancel requested", invocation_id=None, unit=u)
 
 
 @pytest.mark.parametrize("state", [dict(active="activating", sub="start"),
@@ -150,14 +157,16 @@ def test_cancelled_unit_already_stopping_is_left_to_its_stop_job():
 @pytest.mark.parametrize("attempt", [make_attempt(), make_attempt(started=True),
                                      make_attempt(started=True, invocation_id=INV)])
 def test_exited_cleanly_settles_success(attempt):
-    d = decide(make_run(), attempt, unit(**EXITED_OK))
-    assert d == Decision(Action.SETTLE, NAME, "unit ended: exited 0", Outcome("success", "exit:0", "exited 0"), INV)
+    u = unit(**EXITED_OK)
+    d = decide(make_run(), attempt, u)
+    assert d == Decision(Action.SETTLE, NAME, "unit ended: exited 0", Outcome("success", "exit:0", "exited 0"), INV, u)
 
 
 def test_failed_unit_settles_with_its_outcome():
-    d = decide(make_run(), make_attempt(started=True), unit(**FAILED_3))
+    u = unit(**FAILED_3)
+    d = decide(make_run(), make_attempt(started=True), u)
     assert d == Decision(Action.SETTLE, NAME, "unit ended: exited with status 3",
-                         Outcome("exit-code", "exit:3", "exited with status 3"), INV)
+                         Outcome("exit-code", "exit:3", "exited with status 3"), INV, u)
 
 
 def test_inactive_unit_settles():
@@ -184,13 +193,29 @@ def test_ended_unit_settles_with_classified_outcome(state, outcome):
     assert d.reason == f"unit ended: {d.outcome.reason}"
 
 
+def test_setup_exit_of_a_unit_that_became_active_is_the_commands_own():
+    # Type=exec: active only once execve() succeeded, so 203 is the command's own exit status.
+    d = decide(make_run(), make_attempt(started=True),
+               unit(active="failed", sub="failed", result="exit-code", code=CLD_EXITED, status=203,
+                    active_enter_usec=1_700_000_000_000_000))
+    assert d.outcome == Outcome("exit-code", "exit:203", "exited with status 203")
+
+
+def test_setup_exit_of_a_unit_never_active_is_start_failed_until_proven():
+    d = decide(make_run(), make_attempt(started=True),
+               unit(active="failed", sub="failed", result="exit-code", code=CLD_EXITED, status=203))
+    assert d.outcome.outcome == "start-failed"
+    assert d.outcome.reason.endswith("not proven: the command may have exited with it itself")
+
+
 @pytest.mark.parametrize("state", [EXITED_OK, FAILED_3,
                                    dict(active="failed", sub="failed", result="signal", code=CLD_KILLED, status=15)])
 def test_ended_unit_with_cancel_requested_settles_cancelled(state):
-    d = decide(make_run(cancelled=True), make_attempt(started=True), unit(**state))
+    u = unit(**state)
+    d = decide(make_run(cancelled=True), make_attempt(started=True), u)
     exit_text = {CLD_EXITED: f"exit:{state['status']}", CLD_KILLED: "signal:TERM"}[state["code"]]
     assert d == Decision(Action.SETTLE, NAME, "unit ended: cancelled by request",
-                         Outcome("cancelled", exit_text, "cancelled by request"), INV)
+                         Outcome("cancelled", exit_text, "cancelled by request"), INV, u)
 
 
 def test_ended_unit_without_invocation_id():

@@ -111,6 +111,7 @@ def rec(st, systemd, log):
     settings = Settings(runs=RunSettings(allowed_executables=("/bin/*",)))
     journal = mock.Mock()
     journal.outcome.return_value = None
+    journal.exec_evidence.return_value = None
     return Reconciler(settings, FENCE, FakeConn(log), systemd, journal=journal, cut_off_units=set())
 
 
