@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+import psycopg
 
 from supervisor import __version__, config, fleet, store
 from supervisor.journal import log_command
@@ -34,6 +35,28 @@ class Failure(click.ClickException):
     """A command that ran and failed: exit 1, one line on stderr."""
 
     exit_code = 1
+
+
+class Unreachable(Failure):
+    """The database cannot be reached (exit 1; `wait` turns it into WAIT_UNKNOWN)."""
+
+
+# `unitvisor wait` exits 75 (sysexits' EX_TEMPFAIL, "try again later") when it could not tell how the
+# run ended: the database was unreachable, or lost while waiting. The run's fate is unknown, not bad:
+# it may still be running, or have succeeded, and waiting again is the cure. EX_TEMPFAIL says exactly
+# that; 69 (EX_UNAVAILABLE) would name the cause but not the remedy. 1 stays "the run failed or was
+# cancelled" and 124 "timed out", so a script never mistakes a database outage for either.
+WAIT_UNKNOWN = 75
+
+
+class CouldNotTell(Failure):
+    exit_code = WAIT_UNKNOWN
+
+
+# What main() must know before the command's own Context exists, or after it is gone: set by the
+# --debug option wherever it was given (before or after the subcommand), never by a scan of argv,
+# which would also see a run's own `--debug` after `--`.
+_options = {"debug": False}
 
 
 class Context:
@@ -58,11 +81,34 @@ class Context:
         except config.ConfigError as exc:
             raise Failure(str(exc)) from None
 
-    def connect(self) -> store.Connection:
+    def connect(self, schema: bool = True) -> store.Connection:
+        """A connection to the database; with `schema`, one whose schema is current (else a Failure that
+        says to run `unitvisor migrate`, instead of an UndefinedTable from the first query)."""
+        dsn = self.dsn()
         try:
-            return store.connect(self.dsn())
+            conn = store.connect(dsn)
+        except store.DatabaseUnavailable as exc:
+            raise Unreachable(str(exc)) from None
         except store.DatabaseError as exc:
             raise Failure(str(exc)) from None
+        if schema:
+            try:
+                _check_schema(conn, dsn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+
+def _check_schema(conn: store.Connection, dsn: str) -> None:
+    pending = store.pending_migrations(conn)
+    if not pending:
+        return
+    where = store.dsn_location(dsn)
+    if len(pending) == len(store.migration_files()):
+        raise Failure(f"the database at {where} has no unitvisor schema yet: run `unitvisor migrate`")
+    raise Failure(f"the database at {where} lacks migration{'s' if len(pending) > 1 else ''} "
+                  f"{', '.join(pending)}: run `unitvisor migrate`")
 
 
 pass_ctx = click.make_pass_decorator(Context)
@@ -79,29 +125,56 @@ pass_ctx = click.make_pass_decorator(Context)
 def cli(ctx: click.Context, config_path: Path | None, dsn: str | None, debug: bool) -> None:
     """unitvisor: run commands as limited, supervised systemd units, queued in PostgreSQL.
 
+    --config, --dsn and --debug may also follow the command (`unitvisor runs --dsn ...`); there
+    they win over the same option given before it. Nothing after `--` is read as an option.
+
     \b
     Example:
       unitvisor submit --memory 256M --cpu 50% -- /usr/bin/env echo hello
       unitvisor show 3f2a9c
     """
+    _options["debug"] = _options["debug"] or debug
     ctx.obj = Context(config_path, dsn, debug)
 
 
 # -- argument types -------------------------------------------------------------------------------
 
 
-def _quantity(parse: Any, low: int, high: int, what: str) -> Any:
+def _quantity(parse: Any, low: float, high: float, shown: str, unit: str) -> Any:
+    """A human quantity within [low, high]. `shown` is the range as a person writes it ("1M to 4E"),
+    `unit` what a bare number means ("bytes"): an error names both, so that `--memory 256` does not
+    leave anyone guessing why 256 is too small."""
     def convert(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is None:
             return None
         try:
             number = parse(value)
         except QuantityError as exc:
-            raise click.BadParameter(str(exc)) from None
+            raise click.BadParameter(f"{exc} (the range is {shown})") from None
         if not low <= number <= high:
-            raise click.BadParameter(f"{value!r} is out of range for {what}")
+            text = value.strip()
+            bare = re.fullmatch(r"\d+(\.\d+)?", text) is not None
+            detail = shown
+            if bare and unit == "bytes" and number < low:
+                detail += f"; a bare number is bytes, use {text}M"
+            elif bare and unit == "bytes":
+                detail += "; a bare number is bytes"
+            amount = (text + ("" if unit == "%" else " ") + unit) if bare else text
+            raise click.BadParameter(f"{amount} is out of range ({detail})")
         return number
     return convert
+
+
+class _IntRange(click.IntRange):
+    """click.IntRange (whose range the help shows), with an error in the CLI's words:
+    `0 is out of range (1 to 4194304)`, the same in every click version."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.INT.convert(value, param, ctx)
+        if (self.min is not None and number < self.min) or (self.max is not None and number > self.max):
+            shown = f"at least {self.min}" if self.max is None else f"{self.min} to {self.max}"
+            self.fail(f"{number} is out of range ({shown})", param, ctx)
+        return number
 
 
 def _env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -149,22 +222,23 @@ def _load_run(conn: store.Connection, text: str) -> Run:
 
 
 @cli.command()
-@click.option("--memory", callback=_quantity(parse_size, MIN_MEMORY, 1 << 62, "--memory"),
-              help="Memory limit (MemoryMax), like 512M or 2G.")
-@click.option("--cpu", callback=_quantity(parse_percent, 1, 100000, "--cpu"),
-              help="CPU quota, like 50% or 200% (two CPUs).")
-@click.option("--tasks", type=click.IntRange(1, 4194304), help="Maximum number of tasks (TasksMax).")
-@click.option("--io-weight", type=click.IntRange(1, 10000), help="IO weight, 1 to 10000 (IOWeight).")
-@click.option("--runtime", callback=_quantity(lambda v: int(parse_duration(v)), 1, 315360000, "--runtime"),
-              help="Runtime limit, like 90s, 10m or 2h; the run is stopped after it.")
-@click.option("--max-attempts", type=click.IntRange(1, 1000), default=1, show_default=True,
+@click.option("--memory", callback=_quantity(parse_size, MIN_MEMORY, 1 << 62, "1M to 4E", "bytes"),
+              help="Memory limit (MemoryMax), like 512M or 2G; 1M to 4E. A bare number is bytes.")
+@click.option("--cpu", callback=_quantity(parse_percent, 1, 100000, "1% to 100000%", "%"),
+              help="CPU quota, like 50% or 200% (two CPUs); 1% to 100000%.")
+@click.option("--tasks", type=_IntRange(1, 4194304), help="Maximum number of tasks (TasksMax).")
+@click.option("--io-weight", type=_IntRange(1, 10000), help="IO weight, 1 to 10000 (IOWeight).")
+@click.option("--runtime", callback=_quantity(lambda v: int(parse_duration(v)), 1, 315360000, "1s to 3650d",
+                                              "seconds"),
+              help="Runtime limit, like 90s, 10m or 2h (1s to 3650d); the run is stopped after it.")
+@click.option("--max-attempts", type=_IntRange(1, 1000), default=1, show_default=True,
               help="Attempts in all, the first included.")
 @click.option("--env", "environment", multiple=True, callback=_env_pairs, metavar="NAME=VALUE",
               help="Environment variable (repeatable). Not for secrets: unit environments are readable by all users.")
 @click.option("--workdir", help="Working directory (absolute).")
 @click.option("--user", "run_user", help="Run as this user (the host must allow it).")
 @click.option("--host", "host_pin", help="Only this host id may run it.")
-@click.option("--priority", type=click.IntRange(-(2**31), 2**31 - 1), default=0, show_default=True,
+@click.option("--priority", type=_IntRange(-(2**31), 2**31 - 1), default=0, show_default=True,
               help="Higher runs first.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 @pass_ctx
@@ -276,9 +350,9 @@ def _command_text(argv: list[str]) -> str:
 @click.option("--state", "states", multiple=True, type=click.Choice(RUN_STATES),
               help="Only runs in this state (repeatable).")
 @click.option("--host", help="Only runs whose latest attempt is on this host.")
-@click.option("--since", callback=_quantity(parse_duration, 1, 10**10, "--since"),
+@click.option("--since", callback=_quantity(parse_duration, 1, 10**10, "1s to 115740d", "seconds"),
               help="Only runs created this recently, like 1h.")
-@click.option("--limit", type=click.IntRange(1, 100000), default=50, show_default=True)
+@click.option("--limit", type=_IntRange(1, 100000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float | None, limit: int,
@@ -379,6 +453,12 @@ def _transition(ctx: Context, run_id: str, request: Any, refused: str) -> tuple[
 def resume(ctx: Context, run_id: str) -> None:
     """Reopen a failed or cancelled run: a new attempt with the command and limits its row has now.
 
+    The run is queued again at once. Its attempts are numbered on from the last one, and a failed
+    attempt is retried only while its number is below the run's --max-attempts. So a run that made N
+    attempts of M gets max(1, M - N) more: one that used them all gets exactly one (if it fails, the
+    run fails again at once: resume it again for another), one cancelled or failed earlier gets the
+    attempts it had left. Earlier attempts and their outcomes are kept; a pending cancel is cleared.
+
     \b
     Example:
       unitvisor resume 3f2a9c
@@ -434,9 +514,9 @@ def reconcile(ctx: Context, dry_run: bool) -> None:
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
-@click.option("--attempt", type=click.IntRange(1), help="Only this attempt [default: all].")
+@click.option("--attempt", type=_IntRange(1), help="Only this attempt [default: all].")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new output.")
-@click.option("--lines", "-n", type=click.IntRange(0), help="Only the last N lines.")
+@click.option("--lines", "-n", type=_IntRange(0), help="Only the last N lines.")
 @pass_ctx
 def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: int | None) -> None:
     """Show a run's output from journald, also long after its unit is gone.
@@ -472,34 +552,50 @@ def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: in
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
-@click.option("--timeout", callback=_quantity(parse_duration, 1, 10**10, "--timeout"),
+@click.option("--timeout", callback=_quantity(parse_duration, 1, 10**10, "1s to 115740d", "seconds"),
               help="Give up after this long, like 30s or 1h (exit 124).")
 @pass_ctx
 def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
-    """Wait until a run ends: exit 0 if it succeeded, 1 if it failed or was cancelled, 124 on timeout.
+    """Wait until a run ends.
+
+    \b
+    Exit status:
+      0    the run succeeded
+      1    it failed or was cancelled (or: no such run, bad configuration, no schema)
+      124  --timeout passed first; the run goes on
+      75   could not tell: the database was unreachable, or lost while waiting (EX_TEMPFAIL);
+           the run may still be running or have ended: wait again
+      2    bad usage
 
     \b
     Example:
       unitvisor wait 3f2a9c --timeout 10m && echo done
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    with ctx.connect() as conn:
-        rid = resolve_run_id(conn, run_id)
-        while True:
-            run = store.get_run(conn, rid)
-            if run is None:
-                raise Failure(f"run {rid} was deleted")
-            if run.state in TERMINAL_STATES:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                click.echo(f"run {rid} is still {run.state}", err=True)
-                sys.exit(124)
-            time.sleep(0.5)
+    try:
+        with ctx.connect() as conn:
+            rid = resolve_run_id(conn, run_id)
+            while True:
+                run = store.get_run(conn, rid)
+                if run is None:
+                    raise Failure(f"run {rid} was deleted")
+                if run.state in TERMINAL_STATES:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    click.echo(f"run {rid} is still {run.state}", err=True)
+                    sys.exit(124)
+                time.sleep(0.5)
+    except Unreachable as exc:
+        raise CouldNotTell(f"cannot tell how run {run_id} ends: {exc}") from None
+    except store.CONNECTION_LOST as exc:
+        raise CouldNotTell(f"cannot tell how run {run_id} ends: lost the database while waiting: "
+                           f"{store.one_line(exc)}") from None
     click.echo(f"run {rid} {run.state}")
     sys.exit(0 if run.state == "succeeded" else 1)
 
 
-# The metavar is spelled out: click 8.1.3 (Debian bookworm) and newer releases word it differently.
+# The metavar spelled out: click 8.1 would print `COMMAND [ARGS]...` (as if a subcommand were required),
+# 8.2 and newer `[COMMAND] [ARGS]...`; docs/cli.md must read the same under both.
 @cli.group(invoke_without_command=True, subcommand_metavar="[COMMAND] [ARGS]...")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
@@ -636,7 +732,7 @@ def doctor(click_ctx: click.Context) -> None:
 @pass_ctx
 def migrate(ctx: Context) -> None:
     """Apply missing database migrations (safe to run from several hosts at once)."""
-    with ctx.connect() as conn:
+    with ctx.connect(schema=False) as conn:
         try:
             applied = store.migrate(conn)
         except store.DatabaseError as exc:
@@ -665,13 +761,70 @@ def version() -> None:
     click.echo(f"unitvisor {__version__}")
 
 
+# -- global options after the subcommand ---------------------------------------------------------
+#
+# `unitvisor runs --dsn X` works as `unitvisor --dsn X runs` does: every command carries hidden copies
+# of the group's --config, --dsn and --debug, whose callbacks write into the one Context (made by the
+# group's callback, which click runs before it parses the subcommand's arguments). Click parses them
+# as the command's own options, so `--` ends them as it ends any option: a run's command after it
+# (`submit -- /bin/sh -c ... --dsn x --debug`) is never read. The copies have no $UNITVISOR_DSN: the
+# environment must not override a --dsn given before the command.
+
+
+def _global_option_callback(attribute: str) -> Any:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None or value is False:
+            return value
+        obj = ctx.find_object(Context)
+        if obj is not None:
+            setattr(obj, attribute, value)
+        if attribute == "debug":
+            _options["debug"] = True
+        return value
+    return callback
+
+
+def _global_options() -> list[click.Option]:
+    return [
+        click.Option(["--config", "global_config"], type=click.Path(path_type=Path), hidden=True,
+                     expose_value=False, callback=_global_option_callback("config_path")),
+        click.Option(["--dsn", "global_dsn"], hidden=True, expose_value=False,
+                     callback=_global_option_callback("dsn_override")),
+        click.Option(["--debug", "global_debug"], is_flag=True, hidden=True, expose_value=False,
+                     callback=_global_option_callback("debug")),
+    ]
+
+
+def _add_global_options(group: click.Group) -> None:
+    for command in group.commands.values():
+        command.params.extend(_global_options())
+        if isinstance(command, click.Group):
+            _add_global_options(command)
+
+
+_add_global_options(cli)
+
+
 def _fail(message: str, code: int) -> NoReturn:
     click.echo(f"unitvisor: {' '.join(message.split())}", err=True)
     sys.exit(code)
 
 
+def _usage_message(exc: click.UsageError) -> str:
+    """`--memory: 256 bytes is out of range (...)`: a bad option's value names the option first."""
+    if (isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter)
+            and isinstance(exc.param, click.Option) and exc.param.opts):
+        return f"{max(exc.param.opts, key=len)}: {exc.message}"
+    return exc.format_message()
+
+
+# PostgreSQL's "undefined table / function / schema": a schema that is missing or behind. The CLI
+# checks the schema when it connects; this covers whatever slips past that check.
+_SCHEMA_SQLSTATES = {"42P01", "42883", "3F000"}
+
+
 def main() -> None:
-    debug = "--debug" in sys.argv[1:]
+    _options["debug"] = False
     try:
         cli.main(prog_name="unitvisor", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -679,18 +832,23 @@ def main() -> None:
     except click.Abort:
         _fail("aborted", 1)
     except click.UsageError as exc:
-        if debug:
-            raise
-        _fail(f"{exc.format_message()} (see '{exc.ctx.command_path if exc.ctx else 'unitvisor'} --help')", 2)
+        # Never a traceback, --debug or not: the parser's stack says nothing about the mistake.
+        _fail(f"{_usage_message(exc)}; see '{exc.ctx.command_path if exc.ctx else 'unitvisor'} --help'", 2)
     except click.ClickException as exc:
-        if debug:
+        if _options["debug"]:
             raise
         _fail(exc.format_message(), exc.exit_code)
     except store.DatabaseError as exc:
-        if debug:
+        if _options["debug"]:
             raise
         _fail(str(exc), 1)
+    except psycopg.Error as exc:
+        if _options["debug"]:
+            raise
+        if exc.sqlstate in _SCHEMA_SQLSTATES:
+            _fail(f"the database schema is missing or behind ({store.one_line(exc)}): run `unitvisor migrate`", 1)
+        _fail(f"database error: {store.one_line(exc)}", 1)
     except Exception as exc:  # the last line of defence: one line, not a traceback
-        if debug:
+        if _options["debug"]:
             raise
         _fail(f"internal error: {type(exc).__name__}: {exc} (run with --debug for details)", 1)
