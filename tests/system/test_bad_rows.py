@@ -119,3 +119,17 @@ def test_a_column_added_by_hand_and_a_held_row_lock_leave_the_daemon_running(hos
     assert host.wait_run(run_id, timeout=60)["state"] == "succeeded"
     assert daemon_active(host) == "active"
     assert host.unit_props("unitvisor.service", "NRestarts")["NRestarts"] == "0"
+
+
+def test_a_host_row_deleted_by_hand_is_registered_again(host: Host) -> None:
+    host.start()
+    running = host.submit("--", *host.gated("deleted-row"))
+    wait_for(lambda: host.show(running)["state"] == "running", what="the run to run")
+    with psycopg.connect(host.dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM unitvisor.hosts WHERE id = 'testhost-1'")
+        wait_for(lambda: conn.execute("SELECT state FROM unitvisor.hosts WHERE id = 'testhost-1'").fetchone(),
+                 timeout=30, what="the host to register again")
+    host.open_gate("deleted-row")
+    assert host.wait_run(running)["state"] == "succeeded"  # its run was adopted, not lost
+    assert host.wait_run(host.submit("--", "/bin/true"))["state"] == "succeeded"
+    assert daemon_active(host) == "active"
