@@ -207,7 +207,9 @@ def migrate(conn: Connection, sql_dir: Path | None = None) -> list[str]:
 # a control plane must not break a daemon that does not know it.
 _RUN_FIELDS = [f.name for f in fields(Run)]
 _ATTEMPT_FIELDS = [f.name for f in fields(Attempt)]
-_RUN_COLUMNS = ", ".join(f"r.{name}" for name in _RUN_FIELDS)
+# wait_reason is not a column of runs (0.1.0's SELECT * would break on it: sql/002_fleet.sql).
+_RUN_COLUMN_SQL = {"wait_reason": "(SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) AS wait_reason"}
+_RUN_COLUMNS = ", ".join(_RUN_COLUMN_SQL.get(name, f"r.{name}") for name in _RUN_FIELDS)
 _ATTEMPT_COLUMNS = ", ".join(f"a.{name}" for name in _ATTEMPT_FIELDS)
 
 # submit_run's arguments and their SQL types: each value is cast, so that a number too large for
