@@ -44,8 +44,15 @@ ALTER TABLE unitvisor.hosts DROP CONSTRAINT hosts_state_valid;
 ALTER TABLE unitvisor.hosts ADD CONSTRAINT hosts_state_valid
     CHECK (state IN ('active', 'draining', 'stopped', 'dead'));
 
--- Why a queued run waits when no live host accepts it (NULL: some live host would take it).
-ALTER TABLE unitvisor.runs ADD COLUMN wait_reason text;
+-- Why a queued run waits when no live host accepts it (no row: some live host would take it).
+-- A table of its own, not a column of runs: version 0.1.0 reads runs and attempts with SELECT * into
+-- dataclasses that refuse a field they do not know, so a column added to either breaks every 0.1.0
+-- daemon and CLI still running during a rolling upgrade (tests/package/test_upgrade.py). Neither
+-- table may gain a column until no 0.1.0 is left (tests/integration/test_migrations.py checks).
+CREATE TABLE unitvisor.run_waits (
+    run_id uuid PRIMARY KEY REFERENCES unitvisor.runs (id) ON DELETE CASCADE,
+    reason text NOT NULL
+);
 
 -- A path that is not normalised ('/usr/bin/../x', '//x', '/x/./y', '/x/') can never pass a host's
 -- allowlist, which compares normalised paths: refuse it at submit time instead of letting it wait.
@@ -303,7 +310,8 @@ BEGIN
         WHERE j.id = job.id;
         SELECT coalesce(max(a.attempt), 0) + 1 INTO next_attempt FROM unitvisor.attempts a WHERE a.run_id = job.run_id;
         name := format(claim_jobs.unit_format, job.run_id, next_attempt);
-        UPDATE unitvisor.runs r SET state = 'starting', wait_reason = NULL, updated_at = now() WHERE r.id = job.run_id;
+        UPDATE unitvisor.runs r SET state = 'starting', updated_at = now() WHERE r.id = job.run_id;
+        DELETE FROM unitvisor.run_waits w WHERE w.run_id = job.run_id;
         INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
         VALUES (job.run_id, next_attempt, claim_jobs.host_id, 'starting', 'claimed by host ' || claim_jobs.host_id);
         INSERT INTO unitvisor.attempts AS a (run_id, attempt, host_id, unit_name)
@@ -385,7 +393,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- explain_waiting: for runs whose job has been due for longer than min_wait, store why they wait in
--- runs.wait_reason, and write an event when the reason appears or changes (not at every pass).
+-- run_waits, and write an event when the reason appears or changes (not at every pass).
 CREATE FUNCTION unitvisor.explain_waiting(min_wait interval, max_runs integer DEFAULT 1000)
 RETURNS integer LANGUAGE sql AS $$
     WITH waiting AS (
@@ -394,14 +402,21 @@ RETURNS integer LANGUAGE sql AS $$
         WHERE j.state = 'available' AND j.scheduled_at <= now() - explain_waiting.min_wait AND r.state = 'queued'
         ORDER BY j.scheduled_at LIMIT explain_waiting.max_runs
     ),
+    -- A reason that appears or changes; ON CONFLICT sees a concurrent pass's committed row, so two
+    -- passes at once write one event.
     changed AS (
-        UPDATE unitvisor.runs r SET wait_reason = w.reason
-        FROM waiting w WHERE r.id = w.id AND r.wait_reason IS DISTINCT FROM w.reason
-        RETURNING r.id, w.reason
+        INSERT INTO unitvisor.run_waits AS x (run_id, reason)
+        SELECT w.id, w.reason FROM waiting w WHERE w.reason IS NOT NULL
+        ON CONFLICT (run_id) DO UPDATE SET reason = excluded.reason WHERE x.reason IS DISTINCT FROM excluded.reason
+        RETURNING x.run_id AS id, x.reason
+    ),
+    cleared AS (
+        DELETE FROM unitvisor.run_waits x USING waiting w WHERE x.run_id = w.id AND w.reason IS NULL
+        RETURNING 1
     ),
     events AS (
         INSERT INTO unitvisor.run_events (run_id, state, reason)
-        SELECT c.id, 'queued', 'waiting: ' || c.reason FROM changed c WHERE c.reason IS NOT NULL
+        SELECT c.id, 'queued', 'waiting: ' || c.reason FROM changed c
         RETURNING 1
     )
     SELECT count(*)::integer FROM events

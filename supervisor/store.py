@@ -25,7 +25,19 @@ from psycopg.types.json import Jsonb
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome
 
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+# Where the numbered migrations are, first found wins: inside the package in an installed wheel
+# (pyproject.toml maps the top-level sql/ to supervisor/sql), beside the package in a checkout and in
+# the Debian package (/usr/share/unitvisor/sql, with the package in /usr/share/unitvisor/supervisor).
+SQL_DIRS = (Path(__file__).resolve().parent / "sql", Path(__file__).resolve().parent.parent / "sql")
+
+
+def find_sql_dir(candidates: tuple[Path, ...] = SQL_DIRS) -> Path | None:
+    """The first of the candidates that holds a .sql file, or None."""
+    return next((d for d in candidates if d.is_dir() and any(d.glob("*.sql"))), None)
+
+
+# Tests name files in it; None when this installation has no migrations (an error at migrate time).
+SQL_DIR = find_sql_dir()
 _MIGRATION_RE = re.compile(r"^(\d{3,})_[a-z0-9_]+\.sql\Z")
 # pg_advisory_lock key for migrations: the bytes of "unitvisr" as a bigint, so that two hosts that
 # migrate at once run one after the other.
@@ -149,9 +161,16 @@ def set_idle_session_timeout(conn: Connection, seconds: float) -> None:
 #    it does not know (a newer schema) are fine.
 
 
-def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[str, Path]]:
+def migration_files(sql_dir: Path | None = None) -> list[tuple[str, Path]]:
+    """The migrations in order, from sql_dir or else the first of SQL_DIRS that has any. None found
+    is an error: an installation without its migrations must never report the schema as current."""
+    where = (sql_dir,) if sql_dir is not None else SQL_DIRS
+    found = find_sql_dir(where)
+    if found is None:
+        raise DatabaseError(f"no migration files (NNN_name.sql) in {' or '.join(map(str, where))}: "
+                            "this installation of unitvisor is incomplete")
     files = []
-    for path in sorted(sql_dir.glob("*.sql")):
+    for path in sorted(found.glob("*.sql")):
         match = _MIGRATION_RE.match(path.name)
         if not match:
             raise DatabaseError(f"{path}: migration files are named NNN_name.sql")
@@ -166,12 +185,13 @@ def applied_migrations(conn: Connection) -> set[str]:
     return {row[0] for row in conn.execute("SELECT version FROM unitvisor.schema_migrations")}
 
 
-def pending_migrations(conn: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
+def pending_migrations(conn: Connection, sql_dir: Path | None = None) -> list[str]:
+    files = migration_files(sql_dir)  # first: none found is an error, whatever the database holds
     done = applied_migrations(conn)
-    return [version for version, _ in migration_files(sql_dir) if version not in done]
+    return [version for version, _ in files if version not in done]
 
 
-def migrate(conn: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
+def migrate(conn: Connection, sql_dir: Path | None = None) -> list[str]:
     """Apply the missing migrations in order, each in its own transaction. Returns what it applied."""
     files = migration_files(sql_dir)
     conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
@@ -201,7 +221,9 @@ def migrate(conn: Connection, sql_dir: Path = SQL_DIR) -> list[str]:
 # a control plane must not break a daemon that does not know it.
 _RUN_FIELDS = [f.name for f in fields(Run)]
 _ATTEMPT_FIELDS = [f.name for f in fields(Attempt)]
-_RUN_COLUMNS = ", ".join(f"r.{name}" for name in _RUN_FIELDS)
+# wait_reason is not a column of runs (0.1.0's SELECT * would break on it: sql/002_fleet.sql).
+_RUN_COLUMN_SQL = {"wait_reason": "(SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) AS wait_reason"}
+_RUN_COLUMNS = ", ".join(_RUN_COLUMN_SQL.get(name, f"r.{name}") for name in _RUN_FIELDS)
 _ATTEMPT_COLUMNS = ", ".join(f"a.{name}" for name in _ATTEMPT_FIELDS)
 
 # submit_run's arguments and their SQL types: each value is cast, so that a number too large for

@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -163,22 +164,69 @@ def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> N
         raise CleanroomError(f"{' '.join(cmd)} exited {result.returncode}:\n{tail}")
 
 
+def release_deb(repo: Path, commit: str, log: Callable[[str], None] = print) -> Path:
+    """The .deb of an earlier release: `git archive COMMIT` built by that commit's own
+    packaging/build-deb, the way it was released. Cached in CACHE/release-debs/<full commit id>: a
+    commit never changes, so neither does its package. Its unit tests are skipped (nocheck): they
+    passed when it was released, and today's Debian packages are not what it is being tested for."""
+    full = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    out = CACHE / "release-debs" / full
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same release
+        debs = sorted(out.glob("unitvisor_*_all.deb"))
+        if len(debs) == 1:
+            return debs[0]
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="unitvisor-release-") as tmp:
+            src = Path(tmp) / "src"
+            src.mkdir()
+            archive = subprocess.run(["git", "-C", str(repo), "archive", full], capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-C", str(src), "-xf", "-"], input=archive, check=True)
+            built = Path(tmp) / "out"
+            env = {**os.environ, "OUT": str(built), "DEB_BUILD_OPTIONS": "nocheck"}
+            result = subprocess.run([str(src / "packaging" / "build-deb")], capture_output=True, text=True, env=env,
+                                    timeout=1200, check=False)
+            if result.returncode != 0:
+                raise CleanroomError(f"building the release {full[:12]} exited {result.returncode}:\n"
+                                     f"{result.stderr[-3000:]}")
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.copytree(built, out.with_name(out.name + ".tmp"))
+            out.with_name(out.name + ".tmp").rename(out)
+        (deb,) = out.glob("unitvisor_*_all.deb")
+        log(f"built the release {full[:12]} as {deb.name} in {time.monotonic() - started:.0f}s (cached)")
+        return deb
+
+
 class Cleanroom:
     """A booted clean-room host. Its PostgreSQL listens on a free port on 127.0.0.1: the network
-    namespace is the machine's, shared with other tests."""
+    namespace is the machine's, shared with other tests.
 
-    def __init__(self, name: str = "uv-cleanroom") -> None:
+    Several at once are a fleet: give each its own name; each has its own machine id (so its own
+    default host id). With postgres=False its PostgreSQL is masked, and its daemon uses another
+    clean room's, at 127.0.0.1:that room's pg_port."""
+
+    def __init__(self, name: str = "uv-cleanroom", postgres: bool = True) -> None:
         self.image = ensure_image()
         archives = CACHE / "apt-archives"
         (archives / "partial").mkdir(parents=True, exist_ok=True)
-        self.pg_port = free_port()
-        self.tb = Testbed(name, binds=[], lower=self.image, masked=MASKED,
+        self.postgres = postgres
+        self.pg_port = free_port() if postgres else 0
+        masked = MASKED if postgres else (*MASKED, "postgresql.service", "postgresql@15-main.service")
+        self.tb = Testbed(name, binds=[], lower=self.image, masked=masked,
                           nspawn_args=[f"--bind={archives}:/var/cache/apt/archives"])
+
+    @property
+    def machine_id(self) -> str:
+        """This host's machine id: the daemon's default host id."""
+        return (self.tb.root / "etc/machine-id").read_text().strip()
 
     def __enter__(self) -> Cleanroom:
         try:
             self.tb.prepare()
-            self.tb.write(PG_CONF, f"listen_addresses = '127.0.0.1'\nport = {self.pg_port}\n")
+            if self.postgres:
+                self.tb.write(PG_CONF, f"listen_addresses = '127.0.0.1'\nport = {self.pg_port}\n")
             self.tb.boot(timeout=120)
         except BaseException:
             self.tb.destroy()
@@ -206,7 +254,7 @@ class Cleanroom:
                                f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
         return result
 
-    def psql(self, sql: str) -> str:
+    def psql(self, sql: str, database: str = "postgres") -> str:
         """SQL as the postgres superuser, over the socket (peer authentication)."""
-        return self.run("runuser", "-u", "postgres", "--", "psql", "-p", str(self.pg_port), "-v", "ON_ERROR_STOP=1",
-                        "-At", "-c", sql).stdout.strip()
+        return self.run("runuser", "-u", "postgres", "--", "psql", "-p", str(self.pg_port), "-d", database,
+                        "-v", "ON_ERROR_STOP=1", "-At", "-c", sql).stdout.strip()

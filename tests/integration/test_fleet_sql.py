@@ -1013,7 +1013,7 @@ def test_record_outcome_of_an_unknown_attempt_changes_nothing(conn: psycopg.Conn
 def test_a_run_read_by_the_claim_is_as_the_database_holds_it(conn: psycopg.Connection) -> None:
     h1 = register(conn, "h1")
     run_id = submit(conn, "/usr/bin/env", memory_max=8 * MiB, priority=3, max_attempts=2, retry_on=["lost"])
-    conn.execute("UPDATE unitvisor.runs SET wait_reason = 'stale' WHERE id = %s", (run_id,))
+    conn.execute("INSERT INTO unitvisor.run_waits (run_id, reason) VALUES (%s, 'stale')", (run_id,))
     [(run, attempt)] = store.claim(conn, h1, 10, FMT)
     assert isinstance(run, Run)
     assert (run.state, run.wait_reason, run.argv, run.memory_max, run.retry_on) == (

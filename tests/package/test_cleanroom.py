@@ -141,6 +141,16 @@ def test_apt_installs_it_with_its_dependencies_and_it_waits_for_a_database(host:
     assert "Status: \"waiting for a database" in status, status
 
 
+def test_systemd_reads_the_restart_policy_as_the_unit_comments_promise(host: Host) -> None:
+    """The installed unit as PID 1 loaded it (test_units.py checks the file's arithmetic): restarts for
+    ever, 10 s apart, with no start limit that could leave the host failed."""
+    shown = host.run("systemctl", "show", SERVICE, "--property=Restart,RestartUSec,StartLimitIntervalUSec,"
+                     "StartLimitAction").stdout
+    props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    assert props == {"Restart": "always", "RestartUSec": "10s", "StartLimitIntervalUSec": "0",
+                     "StartLimitAction": "none"}, shown
+
+
 def test_the_autopkgtest_smoke_test_passes(host: Host) -> None:
     smoke = (REPO / "debian" / "tests" / "smoke").read_text()
     result = host.run("sh", "-c", "mkdir -p /tmp/smoke && AUTOPKGTEST_TMP=/tmp/smoke sh -s", input=smoke,

@@ -35,3 +35,44 @@ def test_the_package_version_is_the_code_version() -> None:
     first = (REPO / "debian" / "changelog").read_text().splitlines()[0]
     version = re.match(r"unitvisor \(([^)]+)\)", first)
     assert version and version.group(1) == __version__, "debian/changelog and supervisor.__version__ differ"
+
+
+def unit_settings(name: str) -> dict[str, list[str]]:
+    """Every Key=value of the unit file, by key, in order (comments and continuations left out)."""
+    settings: dict[str, list[str]] = {}
+    for line in (REPO / "units" / name).read_text().splitlines():
+        if line and not line.startswith(("#", ";", "[")) and "=" in line:
+            key, value = line.split("=", 1)
+            settings.setdefault(key.strip(), []).append(value.strip())
+    return settings
+
+
+def seconds(value: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|min)?", value)
+    assert match, f"not a plain time span: {value}"
+    return int(match.group(1)) * (60 if match.group(2) == "min" else 1)
+
+
+def start_limit_can_trip(interval: float, burst: int, restart_sec: float) -> bool:
+    """Whether restarts alone can hit the start limit: starts are at least restart_sec apart, so at
+    most interval // restart_sec + 1 fit in one interval. (interval 0 turns the limit off.)"""
+    return interval > 0 and interval // restart_sec + 1 > burst
+
+
+def test_the_restart_policy_is_what_the_units_comments_promise() -> None:
+    """Never left permanently failed (the start limit cannot trip), every unasked exit restarted,
+    and a configuration that does not parse restarts at most 6 times a minute."""
+    unit = unit_settings("unitvisor.service")
+    assert unit["Restart"] == ["always"]
+    restart_sec = seconds(unit["RestartSec"][-1])
+    assert 60 / restart_sec <= 6, "a broken configuration would spin hot"
+    # systemd's defaults (DefaultStartLimitIntervalSec=10s, Burst=5) apply when the unit says nothing.
+    interval = seconds(unit.get("StartLimitIntervalSec", ["10s"])[-1])
+    burst = int(unit.get("StartLimitBurst", ["5"])[-1])
+    assert not start_limit_can_trip(interval, burst, restart_sec)
+    # The old policy (2 s, 10 in 300 s) could: a database outage that made the daemon crash for
+    # 20 s left the host failed for good.
+    assert start_limit_can_trip(300, 10, 2)
+    # Nothing else stops the restarts.
+    for key in ("RestartPreventExitStatus", "StartLimitAction"):
+        assert key not in unit, f"{key}= would undo the promise; say why in the unit and here"
