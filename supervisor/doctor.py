@@ -49,13 +49,14 @@ def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check
     if os.geteuid() != 0:
         checks.append(Check("root", "warn", "not running as root: a daemon started like this claims no run "
                             "(systemd starts units only for root)"))
-    checks += _database_checks(settings, dsn_override)
-    checks += _systemd_checks(settings)
+    systemd_checks, daemon_pid = _systemd_checks(settings)
+    checks += _database_checks(settings, dsn_override, daemon_pid)
+    checks += systemd_checks
     checks.append(cgroup_check())
     return checks
 
 
-def _database_checks(settings: config.Settings, dsn_override: str | None) -> list[Check]:
+def _database_checks(settings: config.Settings, dsn_override: str | None, daemon_pid: int = 0) -> list[Check]:
     try:
         dsn = config.resolve_dsn(settings, dsn_override)
         with store.connect(dsn) as conn:
@@ -71,7 +72,7 @@ def _database_checks(settings: config.Settings, dsn_override: str | None) -> lis
         checks.append(Check("schema", "ok", "current"))
     if not pending:
         checks.append(host_id_check(settings.host_id, hosts.get(settings.host_id),
-                                    fleet.instance_id(config.machine_id(), fleet.boot_id())))
+                                    fleet.instance_id(config.machine_id(), daemon_boot_id(daemon_pid))))
     skew = abs(time.time() - db_now)
     checks.append(Check("clock", "ok" if skew < 1 else "warn",
                         f"{skew:.2f}s from the database's clock" + ("" if skew < 1 else "; run NTP on both")))
@@ -98,13 +99,27 @@ def host_id_check(host_id: str, row: dict | None, instance: str) -> Check:
     return Check("host id", "ok", f"{host_id} ({state}, epoch {row['epoch']})")
 
 
-def _systemd_checks(settings: config.Settings) -> list[Check]:
+def daemon_boot_id(daemon_pid: int) -> str:
+    """The boot id as the running daemon sees it, read through its own root: in a container,
+    ProtectKernelTunables= hides the container's boot id from the daemon (it sees the kernel's), so
+    this command, outside the daemon's mount namespace, would otherwise compute another instance and
+    take its own daemon for another machine. Without a daemon (or its root unreadable): our own."""
+    if daemon_pid > 0:
+        seen = fleet.boot_id(Path(f"/proc/{daemon_pid}/root/proc/sys/kernel/random/boot_id"))
+        if seen:
+            return seen
+    return fleet.boot_id()
+
+
+def _systemd_checks(settings: config.Settings) -> tuple[list[Check], int]:
+    """The checks, and the daemon's main pid (0: not running)."""
     systemd = Systemd()
     try:
         systemd.connect()
         slice_state = systemd.load_state(settings.systemd.slice)
+        daemon_pid = systemd.main_pid("unitvisor.service")
     except SystemdError as exc:
-        return [Check("systemd", "fail", f"{exc}; unitvisor needs root and the system bus")]
+        return [Check("systemd", "fail", f"{exc}; unitvisor needs root and the system bus")], 0
     finally:
         systemd.close()
     checks = [Check("systemd", "ok", "reachable over D-Bus")]
@@ -113,4 +128,4 @@ def _systemd_checks(settings: config.Settings) -> list[Check]:
     else:
         checks.append(Check("slice", "warn", f"{settings.systemd.slice} is {slice_state}: runs get an implicit "
                             "slice with no host-wide limits; install units/unitvisor.slice"))
-    return checks
+    return checks, daemon_pid

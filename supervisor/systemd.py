@@ -252,6 +252,19 @@ class Systemd(_Connection):
                            f"reading {name}")
         return _text(props.get(b"LoadState", b""))
 
+    def main_pid(self, name: str) -> int:
+        """The main process of a loaded service, 0 when it has none (or the unit is not loaded)."""
+        try:
+            path = self._call(MANAGER_PATH, MANAGER_IFACE, b"GetUnit", apply_signature(b"s", [name.encode()]),
+                              f"looking up {name}")
+        except SystemdError as exc:
+            if isinstance(exc.__cause__, DBusNoSuchUnitError):
+                return 0
+            raise
+        props = self._call(path, PROPS_IFACE, b"GetAll", apply_signature(b"s", [b"org.freedesktop.systemd1.Service"]),
+                           f"reading {name}")
+        return int(props.get(b"MainPID", 0))
+
     def list_units(self, pattern: str) -> dict[str, UnitBrief]:
         """The loaded units matching a glob, in one call: enough to tell a unit that is simply
         running from one whose state needs a full read."""

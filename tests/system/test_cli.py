@@ -110,6 +110,7 @@ def test_doctor(host: Host) -> None:
     lines = dict((line.split()[1], line.split()[0]) for line in result.stdout.splitlines())
     assert lines["config"] == lines["database"] == lines["schema"] == lines["systemd"] == "ok"
     assert lines["slice"] == "ok"
+    assert lines["host"] == "ok", result.stdout  # "host id": its own daemon is not another machine
     assert lines["cgroups"] in ("ok", "warn")
     down = host.tb.run(str(VENV_BIN / "unitvisor"), "--dsn", "host=127.0.0.1 port=1 user=x dbname=x",
                        "--config", "/etc/unitvisor/unitvisor.toml", "doctor", check=False)
