@@ -74,7 +74,7 @@ bench-fleet: venv
 
 # The system tests three times in a row beside a CPU load (stress-ng on one of the two cores): the
 # proof that no system test depends on catching a short moment on a quiet machine. Not part of
-# `make test` (about half an hour); docs/testing.md says when it was last run and what it showed.
+# `make test` (about half an hour).
 .PHONY: test-system-stress
 test-system-stress: venv
 	@command -v stress-ng >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stress-ng)
