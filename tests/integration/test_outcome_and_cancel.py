@@ -529,3 +529,16 @@ def test_probe_says_whether_there_is_work(conn: psycopg.Connection) -> None:
     assert store.probe(conn, fence, WEEK).cancels is True
     # upkeep: a job has waited for longer than `waited` (here: the one pinned to the unknown h2).
     assert store.probe(conn, fence, timedelta(0)).upkeep is True
+
+
+def test_resume_keeps_a_job_left_behind_instead_of_failing_on_it(conn: psycopg.Connection) -> None:
+    """A job an older race left behind (say, a retry's job that committed after a cancel, before that
+    race was fixed): resume must not fail with a unique violation, and the run gets one job."""
+    run_id = submit(conn)
+    assert store.cancel_run(conn, run_id) == store.Transition("cancelled", True)
+    conn.execute("INSERT INTO unitvisor.spawn_jobs (run_id) VALUES (%s)", (run_id,))  # the stale job
+    assert store.resume_run(conn, run_id) == store.Transition("queued", True)
+    assert conn.execute("SELECT count(*) FROM unitvisor.spawn_jobs WHERE run_id = %s AND state = 'available'",
+                        (run_id,)).fetchone()[0] == 1
+    h1 = register(conn, "h1")
+    assert [a.run_id for _, a in store.claim(conn, h1, 10, unitspec.UNIT_NAME_FORMAT)] == [run_id]
