@@ -217,8 +217,9 @@ def test_a_host_powered_off_is_declared_dead_and_its_runs_respawn_elsewhere(dsn:
         assert fleet.viewer.wait_run(waiting[0])["state"] == "succeeded"
         for run_id, data in fleet.runs(retried + at_most_once).items():
             assert len(data["attempts"]) == len(results.get(run_id, once)["attempts"]), data
+        # (Not asserted: that the journal kept the powered-off boot. A power cut loses what journald
+        # had not flushed, and under load that can be all of it.)
         assert "rejoined after being declared dead" in first.host.daemon_log()
-        assert len(first.boots()) == 2
 
 
 # -- partitions ----------------------------------------------------------------------------------------
