@@ -371,5 +371,5 @@ class Reconciler:
         return dead
 
     def explain_waiting(self) -> int:
-        """Say why runs wait that no live host accepts (in runs.wait_reason and one event each)."""
+        """Say why runs wait that no live host accepts (in unitvisor.run_waits, and one event each)."""
         return store.explain_waiting(self.conn, fleet.explain_after(self.settings))
