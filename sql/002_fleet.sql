@@ -108,6 +108,17 @@ LANGUAGE sql STABLE AS $$
     SELECT h.state = 'active' AND h.heartbeat_at >= now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
 $$;
 
+-- A host to declare dead: silent for longer than its own host_dead_after, and either active or
+-- draining, or stopped with an attempt still open (a host that stopped cleanly with nothing open
+-- stays 'stopped'). The heartbeat's probe and declare_dead_hosts both ask this one function.
+CREATE FUNCTION unitvisor.host_is_overdue(h unitvisor.hosts) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT h.heartbeat_at < now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
+       AND (h.state IN ('active', 'draining')
+            OR (h.state = 'stopped' AND EXISTS (SELECT 1 FROM unitvisor.attempts a
+                                                WHERE a.host_id = h.id AND a.outcome IS NULL)))
+$$;
+
 -- Why host h would not run run r, or NULL when it would. The claim, the probe and the explanation of
 -- a waiting run all ask this one function, so they cannot disagree.
 CREATE FUNCTION unitvisor.host_refusal(h unitvisor.hosts, r unitvisor.runs) RETURNS text
@@ -351,12 +362,8 @@ BEGIN
         dead_reason = format('silent for %s s (its host_dead_after is %s s); declared dead by host %s',
                              round(extract(epoch FROM now() - h.heartbeat_at)::numeric),
                              coalesce(h.dead_after_sec, 60), declare_dead_hosts.declarer)
-    WHERE h.id <> declare_dead_hosts.declarer
-      AND h.heartbeat_at < now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
+    WHERE h.id <> declare_dead_hosts.declarer AND unitvisor.host_is_overdue(h)
       AND coalesce(h.dead_after_sec, 60) <= declare_dead_hosts.connected_for
-      AND (h.state IN ('active', 'draining')
-           OR (h.state = 'stopped' AND EXISTS (SELECT 1 FROM unitvisor.attempts a
-                                               WHERE a.host_id = h.id AND a.outcome IS NULL)))
     RETURNING h.id, extract(epoch FROM now() - h.heartbeat_at)::double precision,
               coalesce(h.dead_after_sec, 60);
 END $$;

@@ -492,11 +492,7 @@ def probe(conn: Connection, fence: Fence, waited: timedelta) -> Probe:
                          AND (r.state <> 'queued' OR unitvisor.host_refusal(h, r) IS NULL)),
                EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
                        WHERE a.host_id = %(host)s AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL),
-               EXISTS (SELECT 1 FROM unitvisor.hosts o
-                       WHERE o.id <> h.id AND o.state IN ('active', 'draining', 'stopped')
-                         AND o.heartbeat_at < now() - make_interval(secs => coalesce(o.dead_after_sec, 60))
-                         AND (o.state <> 'stopped' OR EXISTS (SELECT 1 FROM unitvisor.attempts a
-                                                              WHERE a.host_id = o.id AND a.outcome IS NULL)))
+               EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))
                OR EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
                           WHERE j.state = 'available' AND j.scheduled_at <= now() - %(waited)s)""",
         {"host": fence.host_id, "epoch": fence.epoch, "waited": waited}).fetchone()
