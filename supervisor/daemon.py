@@ -65,7 +65,8 @@ class Daemon:
         self.host_id = settings.host_id
         self.fence: store.Fence | None = None
         self.is_root = os.geteuid() == 0
-        self.instance = fleet.instance_id(machine_id(), fleet.boot_id())
+        self.boot_id = fleet.boot_id()
+        self.instance = fleet.instance_id(machine_id(), self.boot_id)
         self.connected_since = 0.0
         self.guard = Guard(STALL_AFTER, cut_off_after(settings) if settings.fleet.stop_runs_when_cut_off else None,
                            _stop_running_units)
@@ -199,7 +200,7 @@ class Daemon:
         # A session whose client went silent (a black hole) ends on the server after this long, so
         # that it does not hold this host's lock for ever; a live daemon speaks every poll interval.
         store.set_idle_session_timeout(self.conn, self.settings.fleet.host_dead_after)
-        profile = fleet.host_profile(self.settings, __version__, self.instance, fleet.boot_id(), self.is_root)
+        profile = fleet.host_profile(self.settings, __version__, self.instance, self.boot_id, self.is_root)
         sent = time.monotonic()
         registration = store.register_host(self.conn, profile)
         if not registration.registered:
@@ -253,8 +254,7 @@ class Daemon:
             # lock_timeout or statement_timeout (store.SESSION_SETTINGS): the connection is fine, the
             # work is not done; it is tried again after a pause, and STATUS= says what holds it up.
             self._trouble(f"database: {store.one_line(exc)}")
-            self._sleep(self.error_backoff)
-            self.error_backoff = min(self.error_backoff * 2, _BACKOFF_MAX)
+            self._pause_after_error()
         except store.CONNECTION_LOST as exc:
             self._close_db()
             self._trouble(f"database at {store.dsn_location(self.dsn)} unreachable: {store.one_line(exc)}")
@@ -266,13 +266,16 @@ class Daemon:
             log.debug("traceback", exc_info=True)
             self._close_db()
             self._trouble(f"internal error: {type(exc).__name__}: {store.one_line(exc)}")
-            # Backed off, so that an error that repeats costs a reconnect a while, not a busy loop.
-            self._sleep(self.error_backoff)
-            self.error_backoff = min(self.error_backoff * 2, _BACKOFF_MAX)
-            return False
+            self._pause_after_error()
         else:
             return True
         return False
+
+    def _pause_after_error(self) -> None:
+        """Back off, so that an error that repeats costs a retry a while, not a busy loop; the pause
+        doubles until an iteration succeeds (run() resets it)."""
+        self._sleep(self.error_backoff)
+        self.error_backoff = min(self.error_backoff * 2, _BACKOFF_MAX)
 
     # -- the loop ---------------------------------------------------------------------------------
 
