@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from supervisor.envpolicy import NAME_PATTERN_RE
 from supervisor.quantities import QuantityError, parse_duration, parse_size
 
 DEFAULT_PATH = Path("/etc/unitvisor/unitvisor.toml")
@@ -81,6 +82,9 @@ class RunSettings:
     # Empty: each run gets a DynamicUser of its own, the least privilege that still runs a command.
     user: str = ""
     allowed_users: tuple[str, ...] = ()
+    # Environment names (or globs: LD_*) a run may set although supervisor/envpolicy.py refuses them
+    # by default, because they change what an allowed program runs.
+    allowed_environment: tuple[str, ...] = ()
     no_new_privileges: bool = True
     private_tmp: bool = True
     protect_system: str = "strict"
@@ -179,6 +183,10 @@ def _validate(settings: Settings) -> None:
             # translate exactly; character classes would be a second dialect to keep in step.
             raise ConfigError(f"[runs] allowed_executables: {pattern!r}: character classes ([...]) are not "
                               "supported; use * (any characters within one path component) or ?")
+    for pattern in settings.runs.allowed_environment:
+        if not NAME_PATTERN_RE.match(pattern):
+            raise ConfigError(f"[runs] allowed_environment: {pattern!r} is not an environment name "
+                              "(letters, digits, _; * and ? as wildcards)")
     _validate_fleet(settings)
 
 

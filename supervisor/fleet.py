@@ -13,7 +13,7 @@ import hashlib
 from datetime import timedelta
 from pathlib import Path
 
-from supervisor import store, unitspec
+from supervisor import envpolicy, globs, store
 from supervisor.config import Settings
 from supervisor.model import Run
 from supervisor.outcomes import Outcome
@@ -45,8 +45,10 @@ def host_profile(settings: Settings, version: str, instance: str, boot: str, is_
         host_id=settings.host_id, name=settings.host_name, instance=instance, max_runs=settings.host.max_runs,
         memory_budget=settings.host.memory_budget, version=version, boot_id=boot,
         allowed_executables=runs.allowed_executables,
-        executable_patterns=tuple(unitspec.glob_regex(p) for p in runs.allowed_executables),
+        executable_patterns=tuple(globs.glob_regex(p) for p in runs.allowed_executables),
         run_user=runs.user, allowed_users=runs.allowed_users,
+        environment_denied=envpolicy.denied_regexes(),
+        environment_allowed=envpolicy.allowed_regexes(runs.allowed_environment),
         can_start=is_root,
         cannot_start_reason=None if is_root else "the daemon is not root; systemd starts units only for root",
         poll_interval=settings.daemon.poll_interval, dead_after=settings.fleet.host_dead_after)

@@ -28,6 +28,7 @@ class Run:
     retry_on: list[str] | None = None
     host_pin: str | None = None
     priority: int = 0
+    private_network: bool = False  # PrivateNetwork=yes: the run has no network but loopback
     state: str = "queued"
     cancel_requested_at: datetime | None = None
     created_at: datetime | None = None

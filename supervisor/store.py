@@ -232,6 +232,7 @@ _SUBMIT_ARGS = {
     "argv": "text[]", "environment": "jsonb", "working_directory": "text", "run_user": "text",
     "memory_max": "bigint", "cpu_quota_percent": "integer", "tasks_max": "integer", "io_weight": "integer",
     "runtime_max_sec": "bigint", "max_attempts": "integer", "host_pin": "text", "priority": "integer",
+    "private_network": "boolean",
 }
 
 
@@ -399,6 +400,8 @@ class HostProfile:
     executable_patterns: tuple[str, ...]
     run_user: str
     allowed_users: tuple[str, ...]
+    environment_denied: tuple[str, ...]  # regexes (supervisor/envpolicy.py)
+    environment_allowed: tuple[str, ...]
     can_start: bool
     cannot_start_reason: str | None
     poll_interval: float
@@ -418,12 +421,17 @@ def register_host(conn: Connection, profile: HostProfile) -> Registration:
     live daemon holds it. A draining host stays draining; a dead one comes back active, fenced off
     from everything that was taken over by a new epoch."""
     p = profile
-    row = conn.execute(
-        """SELECT registered, state, epoch, detail FROM unitvisor.register_host(
-               %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
-        (p.host_id, p.name, p.instance, p.max_runs, p.memory_budget, p.version, p.boot_id,
-         list(p.allowed_executables), list(p.executable_patterns), p.run_user, list(p.allowed_users),
-         p.can_start, p.cannot_start_reason, p.poll_interval, p.dead_after)).fetchone()
+    with conn.transaction():
+        row = conn.execute(
+            """SELECT registered, state, epoch, detail FROM unitvisor.register_host(
+                   %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+            (p.host_id, p.name, p.instance, p.max_runs, p.memory_budget, p.version, p.boot_id,
+             list(p.allowed_executables), list(p.executable_patterns), p.run_user, list(p.allowed_users),
+             p.can_start, p.cannot_start_reason, p.poll_interval, p.dead_after)).fetchone()
+        if row[0]:
+            # In the same transaction: no claim may see this host without its environment policy.
+            conn.execute("SELECT unitvisor.register_host_environment(%s, %s, %s, %s)",
+                         (p.host_id, row[2], list(p.environment_denied), list(p.environment_allowed)))
     return Registration(row[0], row[1], row[2], row[3])
 
 

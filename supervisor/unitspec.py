@@ -13,6 +13,7 @@ import re
 import uuid
 from typing import Any
 
+from supervisor import globs
 from supervisor.config import UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
@@ -58,36 +59,8 @@ def _check_executable(argv: list[str], allowed: tuple[str, ...]) -> None:
         raise Refused(f"executable {path!r} is not a normalised absolute path")
     if not allowed:
         raise Refused("this host allows no executables ([runs] allowed_executables is empty)")
-    if not any(_path_matches(path, pattern) for pattern in allowed):
+    if not any(globs.matches(path, pattern) for pattern in allowed):
         raise Refused(f"executable {path} is not in this host's allowed_executables")
-
-
-def glob_regex(pattern: str) -> str:
-    """An allowlist glob as an anchored regular expression that means the same in Python's `re` and in
-    PostgreSQL's `~`, so that the claim filter in the database and the check here cannot disagree.
-
-    Shell-style, one path component at a time: `*` is any run of characters but `/`, `?` one
-    character but `/` (so `/usr/bin/*` allows /usr/bin/env, not /usr/bin/sub/x). Every other
-    character is literal: an ASCII character that is not a letter or a digit is escaped with a
-    backslash, which both engines read as that character. Character classes are refused by config.
-    """
-    parts = ["^"]
-    for char in pattern:
-        if char == "*":
-            parts.append("[^/]*")
-        elif char == "?":
-            parts.append("[^/]")
-        elif char.isascii() and not char.isalnum():
-            parts.append("\\" + char)
-        else:
-            parts.append(char)
-    parts.append("$")
-    return "".join(parts)
-
-
-def _path_matches(path: str, pattern: str) -> bool:
-    # fullmatch: Python's `$` would also match before a trailing newline.
-    return re.fullmatch(glob_regex(pattern)[1:-1], path) is not None
 
 
 def _environment(env: Any) -> list[bytes]:

@@ -11,7 +11,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from supervisor import store, unitspec
+from supervisor import globs, store, unitspec
 from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
 from tests.integration.conftest import fence_of, host_profile, register, silence, wait_notifies
@@ -452,7 +452,7 @@ def test_register_host_inserts_then_updates(conn: psycopg.Connection) -> None:
     assert store.register_host(conn, first) == store.Registration(True, "active", 1, "registered")
     name, state, max_runs, budget, version, boot, _, _ = host_row(conn, "h1")
     assert (name, state, max_runs, budget, version, boot) == ("box-1", "active", 8, 1 << 30, "0.1.0", "boot-a")
-    assert profile_row(conn, "h1") == ("inst-h1", 1, ["/usr/bin/*"], [unitspec.glob_regex("/usr/bin/*")], "svc",
+    assert profile_row(conn, "h1") == ("inst-h1", 1, ["/usr/bin/*"], [globs.glob_regex("/usr/bin/*")], "svc",
                                        ["nobody"], True, None, 5.0, 45.0)
 
     # The same instance again (a restart, a reconnect): the same epoch, the row follows the profile.

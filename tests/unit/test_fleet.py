@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from supervisor import fleet, store
+from supervisor import envpolicy, fleet, store
 from supervisor.config import DaemonSettings, FleetSettings, HostSettings, RunSettings, Settings
+from supervisor.globs import glob_regex
 from supervisor.model import Run
 from supervisor.outcomes import Outcome
-from supervisor.unitspec import glob_regex
 
 MACHINE = "0123456789abcdef0123456789abcdef"
 BOOT = "9f1e0b3c-1234-4d5e-8f00-aabbccddeeff"
@@ -62,7 +62,7 @@ def profile_settings():
         daemon=DaemonSettings(poll_interval=15.0),
         fleet=FleetSettings(host_dead_after=75.0),
         runs=RunSettings(allowed_executables=("/usr/bin/*", "/opt/tool-?/run", "/bin/a.b"), user="svc",
-                         allowed_users=("alice", "bob")))
+                         allowed_users=("alice", "bob"), allowed_environment=("LD_LIBRARY_PATH",)))
 
 
 @pytest.mark.parametrize("is_root", [True, False])
@@ -75,6 +75,7 @@ def test_host_profile_carries_what_the_claim_filters_on(is_root):
         allowed_executables=("/usr/bin/*", "/opt/tool-?/run", "/bin/a.b"),
         executable_patterns=(r"^\/usr\/bin\/[^/]*$", r"^\/opt\/tool\-[^/]\/run$", r"^\/bin\/a\.b$"),
         run_user="svc", allowed_users=("alice", "bob"),
+        environment_denied=envpolicy.denied_regexes(), environment_allowed=(r"^LD\_LIBRARY\_PATH$",),
         can_start=is_root,
         cannot_start_reason=None if is_root else "the daemon is not root; systemd starts units only for root",
         poll_interval=15.0, dead_after=75.0)

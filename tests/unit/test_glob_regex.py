@@ -1,4 +1,4 @@
-"""supervisor.unitspec.glob_regex and _path_matches: an allowlist glob as one regular expression that
+"""supervisor.globs.glob_regex and matches: an allowlist glob as one regular expression that
 Python's `re` and PostgreSQL's ARE (the claim filter, `~`) read the same way.
 
 The reference is the shell's meaning, one path component at a time: fnmatch.fnmatchcase on each
@@ -13,7 +13,8 @@ import re
 
 import pytest
 
-from supervisor.unitspec import _path_matches, glob_regex
+from supervisor.globs import glob_regex
+from supervisor.globs import matches as _path_matches
 
 
 def reference(path: str, pattern: str) -> bool:
