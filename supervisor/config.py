@@ -14,6 +14,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 from supervisor.envpolicy import NAME_PATTERN_RE
 from supervisor.quantities import QuantityError, parse_duration, parse_size
 
@@ -258,18 +261,50 @@ def load(path: Path | None) -> Settings:
     return parse(text, str(path))
 
 
+def private_file_problem(path: Path, holds: str) -> str | None:
+    """Why a file that holds credentials may not be trusted with them (as ssh judges a private key):
+    it must belong to root or to whoever reads it, and give no access to group or others. None: fine."""
+    info = path.stat()
+    if info.st_uid not in (0, os.geteuid()):
+        return f"{path} {holds} but belongs to uid {info.st_uid}, not root; chown root: {path}"
+    if info.st_mode & 0o077:
+        return f"{path} {holds} but its mode {info.st_mode & 0o777:04o} lets group or others read it; chmod 600 {path}"
+    return None
+
+
+def _has_password(dsn: str) -> bool:
+    try:
+        return bool(conninfo_to_dict(dsn).get("password"))
+    except psycopg.ProgrammingError:
+        return False  # not a DSN at all: connecting says so
+
+
 def resolve_dsn(settings: Settings, override: str | None) -> str:
-    """The DSN from --dsn, then $UNITVISOR_DSN, then the config, then the root-only DSN file."""
-    for candidate in (override, os.environ.get("UNITVISOR_DSN"), settings.database.dsn):
+    """The DSN from --dsn, then $UNITVISOR_DSN, then the config, then the root-only DSN file.
+
+    A password is refused where others could read it: in a config file that is not private (the
+    packaged one is world-readable, as conffiles are), or in a DSN file that is not (doctor and the
+    daemon say which and how to fix it, once, instead of leaking it on)."""
+    for candidate in (override, os.environ.get("UNITVISOR_DSN")):
         if candidate:
             return candidate
+    if settings.database.dsn:
+        source = Path(settings.source)
+        if _has_password(settings.database.dsn) and source.is_file():
+            problem = private_file_problem(source, "has a password in [database] dsn")
+            if problem:
+                raise ConfigError(f"{problem}; or better, move the DSN to {settings.database.dsn_file}")
+        return settings.database.dsn
     dsn_file = Path(settings.database.dsn_file)
     try:
         dsn = dsn_file.read_text().strip()
+        problem = private_file_problem(dsn_file, "holds the database DSN") if dsn else None
     except FileNotFoundError:
-        dsn = ""
+        dsn, problem = "", None
     except OSError as exc:
         raise ConfigError(f"{dsn_file}: cannot read the database DSN: {exc.strerror}") from None
+    if problem:
+        raise ConfigError(problem)
     if not dsn:
         raise ConfigError(
             f"no database configured: set --dsn, UNITVISOR_DSN, [database] dsn, or write it to {dsn_file}")

@@ -7,7 +7,7 @@ import json
 
 import psycopg
 
-from tests.harness.host import Host, daemon_active, wait_for
+from tests.harness.host import VENV_BIN, Host, daemon_active, wait_for
 
 
 def insert_raw(dsn: str, argv: list[str], environment: object) -> str:
@@ -95,6 +95,25 @@ def test_no_database_configured_waits_and_says_so_then_picks_it_up(host: Host) -
     host.configure()  # writes the DSN file
     run_id = host.submit("--", "/bin/true")
     assert host.wait_run(run_id, timeout=60)["state"] == "succeeded"
+    assert host.unit_props("unitvisor.service", "NRestarts")["NRestarts"] == "0"
+
+
+def test_a_dsn_file_others_may_read_is_refused_by_the_daemon_and_doctor_until_fixed(host: Host) -> None:
+    """As ssh with a private key: the DSN holds the database password, so a DSN file that group or
+    others may read is not used. The daemon stays up and says why; doctor fails with the fix."""
+    host.configure()
+    host.tb.run("chmod", "644", "/etc/unitvisor/dsn")
+    host.start()
+    problem = "/etc/unitvisor/dsn holds the database DSN but its mode 0644 lets group or others read it"
+    status = wait_for(lambda: problem in (s := host.unit_props("unitvisor.service", "StatusText")["StatusText"]) and s,
+                      timeout=30, what="STATUS= to name the DSN file's mode")
+    assert "chmod 600 /etc/unitvisor/dsn" in status
+    doctor = host.tb.run(str(VENV_BIN / "unitvisor"), "doctor", check=False)
+    assert doctor.returncode == 1
+    assert f"{problem}; chmod 600 /etc/unitvisor/dsn" in doctor.stdout
+    assert host.dsn not in doctor.stdout + doctor.stderr + host.daemon_log()  # the DSN never leaks
+    host.tb.run("chmod", "600", "/etc/unitvisor/dsn")
+    assert host.wait_run(host.submit("--", "/bin/true"), timeout=60)["state"] == "succeeded"
     assert host.unit_props("unitvisor.service", "NRestarts")["NRestarts"] == "0"
 
 

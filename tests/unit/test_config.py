@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -392,6 +393,7 @@ def test_resolve_dsn_config_before_file(tmp_path):
 def test_resolve_dsn_file_is_stripped(tmp_path):
     f = tmp_path / "dsn"
     f.write_text("  postgresql://u:secret@db/unitvisor \n\n")
+    f.chmod(0o600)
     assert resolve_dsn(_with_dsn("", str(f)), None) == "postgresql://u:secret@db/unitvisor"
 
 
@@ -419,5 +421,76 @@ def test_resolve_dsn_unreadable_file(tmp_path):
 def test_resolve_dsn_from_parsed_config(tmp_path):
     f = tmp_path / "dsn"
     f.write_text("dbname=x\n")
+    f.chmod(0o600)
     settings = parse(f'[database]\ndsn_file = "{f}"\n')
     assert resolve_dsn(settings, None) == "dbname=x"
+
+
+# -- credentials in files others may read ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644, 0o620, 0o602, 0o700 | 0o070])
+def test_a_dsn_file_that_group_or_others_may_access_is_refused(tmp_path, mode):
+    f = tmp_path / "dsn"
+    f.write_text("postgresql://u:secret@db/unitvisor\n")
+    f.chmod(mode)
+    with pytest.raises(ConfigError) as info:
+        resolve_dsn(_with_dsn("", str(f)), None)
+    message = str(info.value)
+    assert message == (f"{f} holds the database DSN but its mode {mode:04o} lets group or others read it; "
+                       f"chmod 600 {f}")
+    assert "secret" not in message
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_a_private_dsn_file_is_used(tmp_path, mode):
+    f = tmp_path / "dsn"
+    f.write_text("dbname=x\n")
+    f.chmod(mode)
+    assert resolve_dsn(_with_dsn("", str(f)), None) == "dbname=x"
+
+
+def test_a_dsn_file_owned_by_someone_else_is_refused(tmp_path, monkeypatch):
+    f = tmp_path / "dsn"
+    f.write_text("dbname=x\n")
+    f.chmod(0o600)
+    if os.geteuid() == 0:
+        os.chown(f, 65534, 65534)  # nobody: as root, a real file of another owner
+    else:
+        monkeypatch.setattr(os, "geteuid", lambda: f.stat().st_uid + 1)  # as if someone else read ours
+    owner = f.stat().st_uid
+    with pytest.raises(ConfigError, match=f"holds the database DSN but belongs to uid {owner}, not root; chown root: "):
+        resolve_dsn(_with_dsn("", str(f)), None)
+
+
+def _config_file(tmp_path, dsn, mode):
+    path = tmp_path / "unitvisor.toml"
+    path.write_text(f'[database]\ndsn = "{dsn}"\n')
+    path.chmod(mode)
+    return load(path)
+
+
+@pytest.mark.parametrize("dsn", ["postgresql://u:hunter2@db/unitvisor", "host=db user=u password=hunter2"])
+def test_a_password_in_a_world_readable_config_is_refused(tmp_path, dsn):
+    settings = _config_file(tmp_path, dsn, 0o644)
+    with pytest.raises(ConfigError) as info:
+        resolve_dsn(settings, None)
+    assert "has a password in [database] dsn but its mode 0644" in str(info.value)
+    assert "move the DSN to /etc/unitvisor/dsn" in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(("dsn", "mode"), [
+    ("postgresql://u@db/unitvisor", 0o644),           # no password: the config may say where the database is
+    ("host=/var/run/postgresql dbname=unitvisor", 0o644),
+    ("postgresql://u:hunter2@db/unitvisor", 0o600),   # a private config file may hold one
+])
+def test_a_dsn_in_the_config_is_used_when_nobody_else_can_read_its_password(tmp_path, dsn, mode):
+    assert resolve_dsn(_config_file(tmp_path, dsn, mode), None) == dsn
+
+
+def test_a_password_given_by_flag_or_environment_is_the_callers_business(tmp_path, monkeypatch):
+    settings = _config_file(tmp_path, "dbname=x", 0o644)
+    monkeypatch.setenv("UNITVISOR_DSN", "postgresql://u:pw@db/x")
+    assert resolve_dsn(settings, None) == "postgresql://u:pw@db/x"
+    assert resolve_dsn(settings, "postgresql://u:pw2@db/x") == "postgresql://u:pw2@db/x"
