@@ -1,7 +1,7 @@
 """A rolling upgrade across a schema change, in the order README.md's Upgrade section gives: two
-clean-room hosts on one PostgreSQL run the previous release (0.1.0, schema 001 only) with runs in
-flight; the new version's `unitvisor migrate` (from the new .deb, unpacked, not installed) applies
-002 under them; then one host is upgraded, then the other. At every step both daemons claim and
+clean-room hosts on one PostgreSQL run the previous release (0.2.0, schemas 001 and 002) with runs
+in flight; the new version's `unitvisor migrate` (from the new .deb, unpacked, not installed) applies
+the later migrations under them; then one host is upgraded, then the other. At every step both daemons claim and
 finish new runs; at the end every run succeeded with exactly one attempt, whose unit systemd started
 once, none is missing, and both daemons report the new version.
 
@@ -19,15 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import __version__
+from supervisor import __version__, store
 from tests.conftest import _unavailable
 from tests.harness import cleanroom, testbed
 from tests.harness.cleanroom import Cleanroom
 from tests.harness.host import REPO, wait_for
 from tests.package.test_cleanroom import ALLOWED, DB_PASSWORD, SERVICE, Host, say
 
-PREVIOUS_RELEASE = "61734a5"  # 0.1.0: schema 001 only
-PREVIOUS_VERSION = "0.1.0"
+PREVIOUS_RELEASE = "01814d4"  # 0.2.0: schemas 001 and 002
+PREVIOUS_VERSION = "0.2.0"
+PREVIOUS_SCHEMA = ("001_schema", "002_fleet")
 # Long enough to be in flight from before the migration until after the second host's upgrade
 # (about 22 s on the 2-core test machine; in_flight_untouched fails if it was not).
 IN_FLIGHT_SECONDS = 60
@@ -116,7 +117,7 @@ def test_two_hosts_run_the_previous_release(fleet: Fleet, request: pytest.Fixtur
         host.run("sh", "-c", "umask 077 && cat > /etc/unitvisor/dsn", input=dsn + "\n")
         host.run("sed", "-i", f"s|^# allowed_executables = \\[\\]$|allowed_executables = {ALLOWED}|",
                  "/etc/unitvisor/unitvisor.toml")
-    assert fleet.hosts[0].unitvisor("migrate").stdout.strip() == "applied: 001_schema"
+    assert fleet.hosts[0].unitvisor("migrate").stdout.strip() == f"applied: {', '.join(PREVIOUS_SCHEMA)}"
     for host in fleet.hosts:
         old = host.prop(SERVICE, "InvocationID")
         host.run("systemctl", "restart", SERVICE, timeout=120)
@@ -135,7 +136,7 @@ def test_both_hosts_have_runs_in_flight(fleet: Fleet) -> None:
     fleet.in_flight_untouched()
 
 
-def test_the_new_versions_migrate_applies_002_under_the_old_daemons(fleet: Fleet) -> None:
+def test_the_new_versions_migrate_applies_the_new_migrations_under_the_old_daemons(fleet: Fleet) -> None:
     """README: migrate first, with the new version's CLI, from the new .deb unpacked on any host (its
     dependencies are the old version's; nothing is installed). No old daemon notices."""
     h1 = fleet.hosts[0]
@@ -143,7 +144,9 @@ def test_the_new_versions_migrate_applies_002_under_the_old_daemons(fleet: Fleet
     h1.run("dpkg-deb", "-x", fleet.new_deb, NEW_CLI)
     new_cli = ("env", f"PYTHONPATH={NEW_CLI}/usr/share/unitvisor", "python3", "-m", "supervisor")
     assert f"version {__version__}" in h1.run(*new_cli, "--version").stdout
-    assert h1.run(*new_cli, "migrate", timeout=120).stdout.strip() == "applied: 002_fleet"
+    new = [version for version, _ in store.migration_files() if version not in PREVIOUS_SCHEMA]
+    assert new, "this release has no migration of its own: the test would prove nothing about one"
+    assert h1.run(*new_cli, "migrate", timeout=120).stdout.strip() == f"applied: {', '.join(new)}"
     assert h1.run(*new_cli, "migrate").stdout.strip() == "schema is current; nothing to apply"
     h1.run("rm", "-rf", NEW_CLI)
     fleet.each_host_runs_a_new_run()
