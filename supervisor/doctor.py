@@ -85,12 +85,13 @@ def host_id_check(host_id: str, row: dict | None, instance: str) -> Check:
     if row is None:
         return Check("host id", "ok", f"{host_id} (not registered yet: the daemon registers it)")
     state = fleet.host_display_state(row)
-    poll = row.get("poll_interval_sec") or 10.0
     if "conflict" in state:
         return Check("host id", "fail", f"{host_id}: {row['conflict_detail']} {row['conflict_age']:.0f}s ago; give "
                      "each host its own [host] id (or machine id: systemd-machine-id-setup)")
+    # The rule register_host applies: another instance holds the id while it is heard from within its
+    # own host_dead_after.
     if (row["instance"] not in (None, instance) and row["state"] in ("active", "draining")
-            and row["heartbeat_age"] < 3 * poll):
+            and row["heartbeat_age"] < (row.get("dead_after_sec") or 60.0)):
         return Check("host id", "fail", f"{host_id} is in use by another machine or boot (instance {row['instance']}, "
                      f"heard from {row['heartbeat_age']:.0f}s ago); give each host its own [host] id")
     if row["state"] == "dead":

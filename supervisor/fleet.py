@@ -78,13 +78,18 @@ def cut_off_outcome(outcome: Outcome, seconds: float) -> Outcome:
                    f"stopped by this host after {seconds:.0f}s cut off from the database (stop_runs_when_cut_off)")
 
 
-def host_display_state(row: dict, now_age_factor: float = 2.0) -> str:
+# A host is shown `stale` once it missed this many heartbeats: before anyone may declare it dead (at
+# least 3 polls), so an operator sees trouble coming.
+STALE_AFTER_POLLS = 2
+
+
+def host_display_state(row: dict) -> str:
     """A host's state for people: its state, `stale` once it missed two heartbeats (before others may
     declare it dead), and `conflict` while a second daemon with its id keeps being refused."""
     state = row["state"]
     poll = row.get("poll_interval_sec") or 10.0
     notes = []
-    if state in ("active", "draining") and row["heartbeat_age"] > now_age_factor * poll:
+    if state in ("active", "draining") and row["heartbeat_age"] > STALE_AFTER_POLLS * poll:
         notes.append("stale")
     conflict_age = row.get("conflict_age")
     if conflict_age is not None and conflict_age < 3 * poll and state != "dead":
