@@ -15,10 +15,14 @@ ALTER TABLE unitvisor.hosts
     ADD COLUMN environment_denied text[],
     ADD COLUMN environment_allowed text[];
 
--- The first of r's environment names that host h refuses, or NULL.
+-- The first of r's environment names that host h refuses, or NULL. An environment that is not an
+-- object (a row written around runs_environment_valid) has no names here: the daemon claims it and
+-- refuses it with a reason, where an error would abort every claim of the host.
 CREATE FUNCTION unitvisor.refused_environment_name(h unitvisor.hosts, r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT min(e.name) FROM jsonb_object_keys(r.environment) AS e(name)
+    SELECT min(e.name)
+    FROM jsonb_object_keys(CASE WHEN jsonb_typeof(r.environment) = 'object' THEN r.environment ELSE '{}' END)
+        AS e(name)
     WHERE e.name ~ ANY (h.environment_denied) AND NOT e.name ~ ANY (coalesce(h.environment_allowed, '{}'))
 $$;
 
