@@ -13,7 +13,7 @@ import re
 import uuid
 from typing import Any
 
-from supervisor import globs
+from supervisor import envpolicy, globs
 from supervisor.config import UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
@@ -64,8 +64,10 @@ def _check_executable(argv: list[str], allowed: tuple[str, ...]) -> None:
 
 
 def environment(run: Run, runs: RunSettings) -> dict[str, str]:
-    """The run's environment, checked: valid names and values. Delivered through a root-only file
-    (runenv.py), never as the unit's Environment=."""
+    """The run's environment, checked: valid names and values, and no name this host refuses
+    (envpolicy: names that change what an allowed program runs). The claim already skips a run this
+    host refuses; this is the second line, for a row that reached the daemon anyway. Delivered
+    through a root-only file (runenv.py), never as the unit's Environment=."""
     env = run.environment
     if not isinstance(env, dict):
         raise Refused("environment is not an object of NAME: value")
@@ -75,6 +77,9 @@ def environment(run: Run, runs: RunSettings) -> dict[str, str]:
             raise Refused(f"environment name {name!r} is not valid")
         if not isinstance(value, str) or "\0" in value or "\n" in value:
             raise Refused(f"environment value of {name} must be a string without NUL or newline")
+        why = envpolicy.refusal(name, runs.allowed_environment)
+        if why:
+            raise Refused(why)
         out[name] = value
     return out
 
@@ -135,7 +140,7 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         b"ProtectSystem": runs.protect_system.encode(),
         b"ProtectHome": runs.protect_home.encode(),
     }
-    # Checked here so that a malformed environment is refused before anything; the values are not
+    # Checked here so that a run this host refuses is never started; the values themselves are not
     # a property (any user reads those over D-Bus): the reconciler writes them to a root-only file
     # and adds EnvironmentFiles= (runenv.py).
     environment(run, runs)

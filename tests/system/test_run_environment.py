@@ -1,6 +1,7 @@
 """A run's environment on a real host: delivered through a root-only file that no other user can
 read (never over D-Bus), exactly as written, gone once the outcome is recorded, and never left behind
-by a daemon killed after writing it."""
+by a daemon killed after writing it; a name the host refuses (BASH_ENV) is never claimed unless
+the host's config allows it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import uuid
 import psycopg
 
 from supervisor import store
-from tests.harness.host import Host, daemon_active, wait_for
+from tests.harness.host import GATES, Host, daemon_active, wait_for
 
 ENV_DIR = "/run/unitvisor/environment"
 
@@ -133,3 +134,25 @@ def test_a_daemon_killed_after_writing_the_file_leaves_none_behind(host: Host) -
     data = host.wait_run(run_id)
     assert (data["state"], [a["exit_status"] for a in data["attempts"]]) == ("succeeded", ["exit:0"])
     assert env_files(host) == []
+
+
+def test_a_run_that_sets_bash_env_waits_and_runs_only_where_allowed(host: Host) -> None:
+    """BASH_ENV names a file that bash runs before the script: here one that exits 7, so an allowed
+    /usr/bin/bash -c 'exit 0' would do something else than it says."""
+    host.start()
+    host.gated("bash-env")  # makes the directory, readable by runs
+    script = f"{GATES}/bash-env.sh"
+    # Through the container's own shell: /run there is a tmpfs the overlay's files do not reach.
+    host.tb.run("sh", "-c", f"umask 022; cat > {script}", input="exit 7\n")
+    run_id = submit(host, ["/usr/bin/bash", "-c", "exit 0"], {"BASH_ENV": script})
+    data = wait_for(lambda: (d := host.show(run_id))["wait_reason"] and d, timeout=60, what="the reason it waits")
+    assert data["wait_reason"] == "no live host accepts it: environment name BASH_ENV is not allowed (testhost-1)"
+    assert data["attempts"] == [] and data["state"] == "queued"
+    assert host.loaded_run_units() == []
+
+    host.stop()
+    host.configure(runs_extra='allowed_environment = ["BASH_ENV"]')
+    host.start()
+    data = host.wait_run(run_id)
+    [attempt] = data["attempts"]
+    assert (attempt["outcome"], attempt["exit_status"]) == ("exit-code", "exit:7")  # BASH_ENV ran

@@ -481,6 +481,16 @@ def test_a_refused_start_removes_the_file(rec, st, systemd, environment_director
     assert os.listdir(environment_directory) == []
 
 
+def test_a_run_with_a_refused_name_is_refused_before_any_file(rec, st, systemd, environment_directory):
+    run, attempt = with_env(env={"LD_PRELOAD": "/tmp/evil.so", "OK": "1"}, started=False)
+    rec.start(run, attempt)
+    ((_, outcome, state),) = recorded(st)
+    assert (outcome.outcome, state) == ("refused", "failed")
+    assert outcome.reason.startswith("environment name LD_PRELOAD is refused: the dynamic loader")
+    systemd.start_transient.assert_not_called()
+    assert not environment_directory.exists()
+
+
 def test_an_unreachable_systemd_keeps_the_file_for_the_retry(rec, st, systemd, environment_directory):
     run, attempt = with_env(started=False)
     systemd.start_transient.side_effect = SystemdUnavailable("gone")

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from supervisor import config
+from supervisor import config, envpolicy
 from supervisor.config import RunSettings, Settings, SystemdSettings
 from supervisor.model import Attempt, Run
 from supervisor.unitspec import (
@@ -424,6 +424,28 @@ def test_build_never_puts_the_environment_in_a_property(env):
     props = props_for(environment=env)
     assert b"Environment" not in props and b"EnvironmentFiles" not in props
     assert not any(b"s3cr3t" in repr(value).encode() for value in props.values())
+
+
+@pytest.mark.parametrize(("pattern", "why"), envpolicy.DENIED)
+def test_build_refuses_every_name_the_policy_refuses(pattern, why):
+    name = pattern.replace("*", "X")
+    with pytest.raises(Refused) as info:
+        props_for(environment={"OK": "1", name: "v"})
+    assert str(info.value) == envpolicy.refusal(name, ())
+    assert why in str(info.value)
+
+
+@pytest.mark.parametrize(("pattern", "why"), envpolicy.DENIED)
+def test_build_accepts_a_refused_name_the_host_allows(pattern, why):
+    name = pattern.replace("*", "X")
+    cfg = settings(allowed_environment=(name,))
+    assert b"ExecStartEx" in props_for(environment={name: "v"}, cfg=cfg)
+    assert env_of(cfg, environment={name: "v"}) == {name: "v"}
+
+
+def test_build_allows_names_that_only_contain_a_refused_one():
+    env = {"MY_LD_PRELOAD": "x", "APP_PATH": "/srv", "XPYTHONPATH": "y", "NOT_BASH_ENV": "z", "path": "lower"}
+    assert env_of(environment=env) == env
 
 
 @pytest.mark.parametrize("name", ["1ABC", "A-B", "A B", "A=B", "", "A.B", "Ä", "A\nB", "A" * 129, 5, None])
