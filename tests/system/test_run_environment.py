@@ -1,7 +1,7 @@
 """A run's environment on a real host: delivered through a root-only file that no other user can
 read (never over D-Bus), exactly as written, gone once the outcome is recorded, and never left behind
-by a daemon killed after writing it; a name the host refuses (BASH_ENV) is never claimed unless
-the host's config allows it."""
+by a daemon killed after writing it; names the host refuses (BASH_ENV) and root runs are never
+claimed unless the host's config names them."""
 
 from __future__ import annotations
 
@@ -156,3 +156,21 @@ def test_a_run_that_sets_bash_env_waits_and_runs_only_where_allowed(host: Host) 
     data = host.wait_run(run_id)
     [attempt] = data["attempts"]
     assert (attempt["outcome"], attempt["exit_status"]) == ("exit-code", "exit:7")  # BASH_ENV ran
+
+
+def test_a_root_run_is_claimed_only_where_allowed_users_names_root(host: Host) -> None:
+    host.configure(runs_extra='user = "nobody"\nallowed_users = ["daemon"]')
+    host.start()
+    run_id = submit(host, ["/bin/sh", "-c", '[ "$(id -u)" = 0 ]'], {}, run_user="root")
+    data = wait_for(lambda: (d := host.show(run_id))["wait_reason"] and d, timeout=60, what="the reason it waits")
+    assert data["wait_reason"] == "no live host accepts it: user root is not allowed (testhost-1)"
+    assert data["attempts"] == [] and host.loaded_run_units() == []
+
+    host.stop()
+    host.configure(runs_extra='allowed_users = ["root"]')
+    host.start()
+    data = host.wait_run(run_id)
+    assert (data["state"], data["attempts"][0]["exit_status"]) == ("succeeded", "exit:0")
+    doctor = host.cli("--config", "/etc/unitvisor/unitvisor.toml", "doctor", check=False)
+    assert doctor.returncode == 0, doctor.stdout
+    assert any(line.startswith("warn") and "root runs" in line for line in doctor.stdout.splitlines())
