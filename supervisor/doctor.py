@@ -38,11 +38,13 @@ def cgroup_check(root: Path = CGROUP_ROOT) -> Check:
 def root_runs_check(runs: config.RunSettings) -> list[Check]:
     """Advice, not a failure: root runs are allowed when named, but a root run can read every other
     run's environment file and undo the host's sandbox, so the administrator should see it each time."""
-    if config.ROOT not in runs.allowed_users and runs.user != config.ROOT:
+    keys = [key for key, names_root in (("user", runs.user == config.ROOT),
+                                        ("allowed_users", config.ROOT in runs.allowed_users)) if names_root]
+    if not keys:
         return []
     who = "every run" if runs.user == config.ROOT else "a run that asks for it"
-    return [Check("root runs", "warn", f"[runs] allowed_users names root: {who} runs as root on this host; "
-                  "list a dedicated user instead unless a run really needs root")]
+    return [Check("root runs", "warn", f"[runs] {' and '.join(keys)} name{'s' if len(keys) == 1 else ''} root: "
+                  f"{who} runs as root on this host; list a dedicated user instead unless a run really needs root")]
 
 
 def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check]:

@@ -76,15 +76,15 @@ def test_no_run_is_root_by_default() -> None:
 
 # -- doctor -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("runs", "who"), [
-    (RunSettings(allowed_users=("root",)), "a run that asks for it"),
-    (RunSettings(user="root", allowed_users=("root",)), "every run"),
-    (RunSettings(user="root"), "every run"),  # not through parse(), which refuses it: still warned
+@pytest.mark.parametrize(("runs", "message"), [
+    (RunSettings(allowed_users=("root",)), "[runs] allowed_users names root: a run that asks for it runs as root"),
+    (RunSettings(user="root", allowed_users=("root",)), "[runs] user and allowed_users name root: every run runs"),
+    (RunSettings(user="root"), "[runs] user names root: every run runs as root"),  # parse() refuses it; warned too
 ])
-def test_doctor_warns_when_root_is_named(runs: RunSettings, who: str) -> None:
+def test_doctor_warns_when_root_is_named(runs: RunSettings, message: str) -> None:
     [check] = doctor.root_runs_check(runs)
     assert check.status == "warn" and check.name == "root runs"
-    assert who in check.message and "root" in check.message
+    assert check.message.startswith(message)
 
 
 @pytest.mark.parametrize("runs", [RunSettings(), RunSettings(user="svc", allowed_users=("alice", "rootless"))])
