@@ -234,7 +234,8 @@ def _load_run(conn: store.Connection, text: str) -> Run:
 @click.option("--max-attempts", type=_IntRange(1, 1000), default=1, show_default=True,
               help="Attempts in all, the first included.")
 @click.option("--env", "environment", multiple=True, callback=_env_pairs, metavar="NAME=VALUE",
-              help="Environment variable (repeatable). Not for secrets: unit environments are readable by all users.")
+              help="Environment variable (repeatable). Its value is on this command line, which other users of "
+                   "this machine can see while it runs: submit secrets with unitvisor.submit_run instead.")
 @click.option("--workdir", help="Working directory (absolute).")
 @click.option("--user", "run_user", help="Run as this user (the host must allow it).")
 @click.option("--host", "host_pin", help="Only this host id may run it.")

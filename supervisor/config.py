@@ -122,6 +122,9 @@ _CHOICES = {
 # \Z, not $: `$` also matches before a trailing newline.
 _SLICE_RE = re.compile(r"^[A-Za-z0-9_.\-]+\.slice\Z")
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
+# A run runs as root only where [runs] allowed_users names it: neither [runs] user nor a run's own
+# run_user gets there otherwise (unitspec and the claim refuse a run_user not in allowed_users).
+ROOT = "root"
 
 
 def machine_id() -> str:
@@ -178,6 +181,10 @@ def _validate(settings: Settings) -> None:
     for user in (settings.runs.user, *settings.runs.allowed_users):
         if user and not _USER_RE.match(user):
             raise ConfigError(f"[runs] user {user!r}: not a valid user name")
+    if settings.runs.user == ROOT and ROOT not in settings.runs.allowed_users:
+        # Every run of the host would be root: said twice, so that it is never one slip of a key.
+        raise ConfigError('[runs] user = "root" runs every run as root: also list "root" in [runs] '
+                          "allowed_users to mean it, or leave user empty (a DynamicUser for each run)")
     for pattern in settings.runs.allowed_executables:
         if not pattern.startswith("/"):
             raise ConfigError(f"[runs] allowed_executables: {pattern!r} is not an absolute path")

@@ -35,6 +35,18 @@ def cgroup_check(root: Path = CGROUP_ROOT) -> Check:
     return Check("cgroups", "ok", f"cgroup v2 with {', '.join(NEEDED_CONTROLLERS)}")
 
 
+def root_runs_check(runs: config.RunSettings) -> list[Check]:
+    """Advice, not a failure: root runs are allowed when named, but a root run can read every other
+    run's environment file and undo the host's sandbox, so the administrator should see it each time."""
+    keys = [key for key, names_root in (("user", runs.user == config.ROOT),
+                                        ("allowed_users", config.ROOT in runs.allowed_users)) if names_root]
+    if not keys:
+        return []
+    who = "every run" if runs.user == config.ROOT else "a run that asks for it"
+    return [Check("root runs", "warn", f"[runs] {' and '.join(keys)} name{'s' if len(keys) == 1 else ''} root: "
+                  f"{who} runs as root on this host; list a dedicated user instead unless a run really needs root")]
+
+
 def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check]:
     checks: list[Check] = []
     try:
@@ -46,6 +58,7 @@ def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check
         checks.append(Check("allowlist", "ok", f"{len(settings.runs.allowed_executables)} allowed executables"))
     else:
         checks.append(Check("allowlist", "warn", "[runs] allowed_executables is empty: this host claims no run"))
+    checks += root_runs_check(settings.runs)
     if os.geteuid() != 0:
         checks.append(Check("root", "warn", "not running as root: a daemon started like this claims no run "
                             "(systemd starts units only for root)"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = ("after-claim", "after-start", "before-outcome", "mid-reconcile")
+POINTS = ("after-claim", "after-environment-file", "after-start", "before-outcome", "mid-reconcile")
 
 
 def point(name: str) -> None:

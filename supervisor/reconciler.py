@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from supervisor import faults, fleet, store, unitspec
+from supervisor import faults, fleet, runenv, store, unitspec
 from supervisor.config import Settings, cut_off_after
 from supervisor.journal import Journal
 from supervisor.log import event
@@ -149,9 +149,11 @@ class Reconciler:
     by a crash is simply run again."""
 
     def __init__(self, settings: Settings, fence: store.Fence, conn: store.Connection, systemd: Systemd,
-                 journal: Journal | None = None, cut_off_units: set[str] | None = None) -> None:
+                 journal: Journal | None = None, cut_off_units: set[str] | None = None,
+                 env_files: runenv.EnvironmentFiles | None = None) -> None:
         """`cut_off_units`: units this host stopped itself while cut off from the database (the guard
-        fills it); their outcome is `lost`, whatever the stop made them exit with."""
+        fills it); their outcome is `lost`, whatever the stop made them exit with. `env_files`: where
+        runs' environments are written (runenv.DIRECTORY unless a test says otherwise)."""
         self.settings = settings
         self.fence = fence
         self.host_id = fence.host_id
@@ -162,6 +164,7 @@ class Reconciler:
         self.tick: Callable[[], None] = lambda: None
         self.systemd = systemd
         self.journal = journal or Journal()
+        self.env_files = env_files or runenv.EnvironmentFiles()
         self.random = random.Random()
         self.settled = 0
         self.in_flight = 0
@@ -215,7 +218,32 @@ class Reconciler:
             self.apply_orphan(decision)
             done.append(Planned(decision))
         self.in_flight = len(pairs)
+        self.sweep_environment_files()
         return done
+
+    def sweep_environment_files(self) -> list[str]:
+        """Remove every environment file whose attempt is not open on this host: its outcome is
+        recorded (the daemon died before removing it), it was taken over, or it never got further
+        than the file (killed between writing it and the start, then settled elsewhere). Files are
+        listed before the rows are read, as units are: an attempt claimed while the sweep runs has
+        its row committed before its file is written, so it is seen as open, never removed."""
+        try:
+            listing = self.env_files.listing()
+        except OSError as exc:  # a daemon that is not root: it starts nothing either, so wrote nothing
+            event("environment-files-unreadable", level=logging.WARNING, detail=str(exc))
+            return []
+        if not listing:
+            return []
+        owners = store.unit_owners(self.conn, sorted({unit for unit in listing.values() if unit}))
+        removed = []
+        for filename, unit in sorted(listing.items()):
+            owner = owners.get(unit) if unit else None
+            if owner is not None and owner.outcome is None and owner.host_id == self.host_id:
+                continue
+            if self.env_files.remove_file(filename):
+                removed.append(filename)
+                event("environment-file-removed", unit=unit or "-", detail="its attempt is not open on this host")
+        return removed
 
     def reconcile_one(self, run: Run, attempt: Attempt) -> Decision:
         return self._act(run, attempt, decide(run, attempt, self.systemd.state(attempt.unit_name)))
@@ -243,9 +271,16 @@ class Reconciler:
         """Start an attempt's unit; a name that already exists is adopted, never started twice."""
         try:
             props = unitspec.build(run, attempt, self.settings)
+            environment = unitspec.environment(run, self.settings.runs)
         except unitspec.Refused as exc:
             self.settle(run, attempt, Outcome("refused", None, str(exc)), unit_exists=False)
             return
+        if environment:
+            # Written before every start, also one that turns out to be an adoption: the same attempt,
+            # the same content. Removed when the outcome is recorded (settle), or by the sweep.
+            path = self.env_files.write(attempt.unit_name, environment)
+            props[b"EnvironmentFiles"] = [(str(path).encode(), False)]
+            faults.point("after-environment-file")
         try:
             created = self.systemd.start_transient(attempt.unit_name, props)
         except UnitRefused as exc:
@@ -336,6 +371,8 @@ class Reconciler:
             self.settled += 1
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
         self.cut_off_units.discard(attempt.unit_name)
+        # Its process has been spawned (PID 1 read the file then) or never will be.
+        self.env_files.remove(attempt.unit_name)
         # Released only once the outcome is committed: until then the unit is the only record of it.
         if unit_exists:
             self.systemd.release(attempt.unit_name)

@@ -13,7 +13,7 @@ import re
 import uuid
 from typing import Any
 
-from supervisor import globs
+from supervisor import envpolicy, globs
 from supervisor.config import UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
@@ -63,17 +63,25 @@ def _check_executable(argv: list[str], allowed: tuple[str, ...]) -> None:
         raise Refused(f"executable {path} is not in this host's allowed_executables")
 
 
-def _environment(env: Any) -> list[bytes]:
+def environment(run: Run, runs: RunSettings) -> dict[str, str]:
+    """The run's environment, checked: valid names and values, and no name this host refuses
+    (envpolicy: names that change what an allowed program runs). The claim already skips a run this
+    host refuses; this is the second line, for a row that reached the daemon anyway. Delivered
+    through a root-only file (runenv.py), never as the unit's Environment=."""
+    env = run.environment
     if not isinstance(env, dict):
         raise Refused("environment is not an object of NAME: value")
-    out = []
+    out = {}
     for name, value in env.items():
         if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
             raise Refused(f"environment name {name!r} is not valid")
         if not isinstance(value, str) or "\0" in value or "\n" in value:
             raise Refused(f"environment value of {name} must be a string without NUL or newline")
-        out.append(f"{name}={value}".encode())
-    return sorted(out)
+        why = envpolicy.refusal(name, runs.allowed_environment)
+        if why:
+            raise Refused(why)
+        out[name] = value
+    return out
 
 
 def _user(run: Run, runs: RunSettings) -> dict[bytes, Any]:
@@ -132,9 +140,10 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         b"ProtectSystem": runs.protect_system.encode(),
         b"ProtectHome": runs.protect_home.encode(),
     }
-    env = _environment(run.environment)
-    if env:
-        props[b"Environment"] = env
+    # Checked here so that a run this host refuses is never started; the values themselves are not
+    # a property (any user reads those over D-Bus): the reconciler writes them to a root-only file
+    # and adds EnvironmentFiles= (runenv.py).
+    environment(run, runs)
     if run.working_directory:
         props[b"WorkingDirectory"] = run.working_directory.encode()
     props.update(_user(run, runs))

@@ -150,7 +150,9 @@ class Host:
         self.stop()
         self.tb.run("systemctl", "stop", "unitvisor-run-*", check=False, timeout=60)
         self.tb.run("systemctl", "reset-failed", check=False)
-        self.tb.run("rm", "-rf", "/etc/unitvisor", "/etc/systemd/system/unitvisor.service.d", GATES, check=False)
+        # /run/unitvisor outlives the daemon (RuntimeDirectoryPreserve=): no test sees another's files.
+        self.tb.run("rm", "-rf", "/etc/unitvisor", "/etc/systemd/system/unitvisor.service.d", GATES, "/run/unitvisor",
+                    check=False)
 
 
 def journal_invocations(host: Host, unit: str) -> set[str]:

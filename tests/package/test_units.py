@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from supervisor import __version__
+from supervisor import __version__, runenv
 from tests.conftest import _unavailable
 from tests.harness.host import REPO
 
@@ -76,3 +76,15 @@ def test_the_restart_policy_is_what_the_units_comments_promise() -> None:
     # Nothing else stops the restarts.
     for key in ("RestartPreventExitStatus", "StartLimitAction"):
         assert key not in unit, f"{key}= would undo the promise; say why in the unit and here"
+
+
+def test_the_runtime_directory_holds_the_runs_environment_files_root_only() -> None:
+    """supervisor/runenv.py writes each run's environment under /run/unitvisor, which ProtectSystem=
+    strict leaves writable only as the daemon's RuntimeDirectory=: root-only, and kept when the
+    daemon stops, because a run whose start job PID 1 has not run yet still needs its file."""
+    unit = unit_settings("unitvisor.service")
+    assert unit["ProtectSystem"] == ["strict"]
+    assert unit["RuntimeDirectory"] == ["unitvisor"]
+    assert unit["RuntimeDirectoryMode"] == ["0700"]
+    assert unit["RuntimeDirectoryPreserve"] == ["yes"]
+    assert runenv.DIRECTORY.parent == Path("/run") / unit["RuntimeDirectory"][0]

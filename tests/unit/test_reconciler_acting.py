@@ -9,7 +9,9 @@ attempt anywhere owns them, and which errors end a pass and which stay with one 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from unittest import mock
@@ -17,7 +19,7 @@ from unittest import mock
 import psycopg
 import pytest
 
-from supervisor import fleet, store
+from supervisor import fleet, runenv, store
 from supervisor.config import RunSettings, Settings, cut_off_after
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import CLD_EXITED, CLD_KILLED, Outcome
@@ -436,3 +438,113 @@ def test_fenced_ends_the_pass(rec, st, systemd):
     st.mark_started.side_effect = store.Fenced("host me is fenced: its epoch 7 is over")
     with pytest.raises(store.Fenced):
         rec.isolated(run, attempt, lambda: rec.start(run, attempt))
+
+
+# -- the run's environment: a root-only file, written before the start, gone after the outcome ----
+
+def with_env(n=1, env=None, **kwargs):
+    run, attempt = pair(n, **kwargs)
+    return dataclasses.replace(run, environment=env if env is not None else {"SECRET": "s3cr3t $x"}), attempt
+
+
+def test_a_start_writes_the_environment_file_and_names_it_not_the_values(rec, st, systemd, environment_directory):
+    run, attempt = with_env(started=False)
+    rec.start(run, attempt)
+    (name, props), _ = systemd.start_transient.call_args
+    path = environment_directory / f"{attempt.unit_name}.env"
+    assert props[b"EnvironmentFiles"] == [(str(path).encode(), False)]
+    assert b"Environment" not in props
+    assert b"s3cr3t" not in repr(props).encode()
+    assert path.read_text() == 'SECRET="s3cr3t \\$x"\n'
+
+
+def test_a_start_without_environment_writes_no_file(rec, st, systemd, environment_directory):
+    run, attempt = with_env(env={}, started=False)
+    rec.start(run, attempt)
+    assert b"EnvironmentFiles" not in systemd.start_transient.call_args.args[1]
+    assert not environment_directory.exists() or os.listdir(environment_directory) == []
+
+
+def test_the_outcome_removes_the_file(rec, st, systemd, environment_directory):
+    run, attempt = with_env(started=False)
+    rec.start(run, attempt)
+    assert os.listdir(environment_directory) == [f"{attempt.unit_name}.env"]
+    rec.settle(run, attempt, Outcome("success", "exit:0", "exited 0"))
+    assert os.listdir(environment_directory) == []
+
+
+def test_a_refused_start_removes_the_file(rec, st, systemd, environment_directory):
+    run, attempt = with_env(started=False)
+    systemd.start_transient.side_effect = UnitRefused("bad property")
+    rec.start(run, attempt)
+    assert [o.outcome for _, o, _ in recorded(st)] == ["start-failed"]
+    assert os.listdir(environment_directory) == []
+
+
+def test_a_run_with_a_refused_name_is_refused_before_any_file(rec, st, systemd, environment_directory):
+    run, attempt = with_env(env={"LD_PRELOAD": "/tmp/evil.so", "OK": "1"}, started=False)
+    rec.start(run, attempt)
+    ((_, outcome, state),) = recorded(st)
+    assert (outcome.outcome, state) == ("refused", "failed")
+    assert outcome.reason.startswith("environment name LD_PRELOAD is refused: the dynamic loader")
+    systemd.start_transient.assert_not_called()
+    assert not environment_directory.exists()
+
+
+def test_an_unreachable_systemd_keeps_the_file_for_the_retry(rec, st, systemd, environment_directory):
+    run, attempt = with_env(started=False)
+    systemd.start_transient.side_effect = SystemdUnavailable("gone")
+    with pytest.raises(SystemdUnavailable):
+        rec.start(run, attempt)
+    assert os.listdir(environment_directory) == [f"{attempt.unit_name}.env"]  # the attempt is still open
+
+
+def test_the_sweep_removes_files_whose_attempt_is_not_open_here(rec, st, environment_directory, events):
+    files = runenv.EnvironmentFiles()
+    units = {key: unit_name(rid(n), 1) for n, key in enumerate(
+        ("open", "settled", "elsewhere", "no-row", "open-temp", "settled-temp"), start=1)}
+    for key in ("open", "settled", "elsewhere", "no-row"):
+        files.write(units[key], {"A": key})
+    temp = ".{}.env.0123456789abcdef.tmp"
+    (environment_directory / temp.format(units["open-temp"])).write_text("")
+    (environment_directory / temp.format(units["settled-temp"])).write_text("")
+    (environment_directory / "stray").write_text("")
+    st.unit_owners.return_value = {
+        units["open"]: store.UnitOwner("me", None), units["open-temp"]: store.UnitOwner("me", None),
+        units["settled"]: store.UnitOwner("me", "success"),
+        units["settled-temp"]: store.UnitOwner("me", "lost"),
+        units["elsewhere"]: store.UnitOwner("other", None),
+    }
+    removed = rec.sweep_environment_files()
+    kept = sorted([f"{units['open']}.env", temp.format(units["open-temp"])])
+    assert sorted(os.listdir(environment_directory)) == kept
+    assert len(removed) == 5
+    assert names(events) == ["environment-file-removed"] * 5
+
+
+def test_the_sweep_lists_files_before_it_reads_the_rows(rec, st, log, environment_directory):
+    """A file listed is one whose attempt's row was committed before it was written: reading the rows
+    after the listing sees that attempt open, so a claim racing the sweep never loses its file."""
+    unit = unit_name(rid(1), 1)
+    runenv.EnvironmentFiles().write(unit, {"A": "1"})
+    st.unit_owners.return_value = {unit: store.UnitOwner("me", None)}
+    assert rec.sweep_environment_files() == []
+    assert [entry[1] for entry in log if entry[0] == "unit_owners"] == [([unit],)]
+    assert os.listdir(environment_directory) == [f"{unit}.env"]
+
+
+def test_the_sweep_with_no_files_asks_nothing(rec, st):
+    assert rec.sweep_environment_files() == []
+    st.unit_owners.assert_not_called()
+
+
+def test_a_pass_sweeps(rec, st, environment_directory):
+    runenv.EnvironmentFiles().write(unit_name(rid(9), 1), {"A": "1"})
+    rec.reconcile_pass()
+    assert os.listdir(environment_directory) == []
+
+
+def test_an_unreadable_directory_is_reported_not_fatal(rec, st, mocker, events):
+    mocker.patch.object(runenv.EnvironmentFiles, "listing", side_effect=PermissionError(13, "Permission denied"))
+    assert rec.sweep_environment_files() == []
+    assert names(events) == ["environment-files-unreadable"]

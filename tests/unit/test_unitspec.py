@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from supervisor import config
+from supervisor import config, envpolicy
 from supervisor.config import RunSettings, Settings, SystemdSettings
 from supervisor.model import Attempt, Run
 from supervisor.unitspec import (
@@ -17,6 +17,7 @@ from supervisor.unitspec import (
     Refused,
     _check_executable,
     build,
+    environment,
     parse_unit_name,
     unit_name,
 )
@@ -406,19 +407,45 @@ def test_build_refuses_empty_or_non_string_argv(argv):
 
 # -- build: environment -----------------------------------------------------------------------------
 
-def test_build_environment_is_sorted_and_verbatim():
-    env = {"PATH": "/usr/bin", "A_1": "$HOME %n", "_x": "", "EQ": "a=b=c", "Q": "'\"\\", "T": "tab\there"}
+def env_of(cfg=None, **fields):
+    run, _ = make(**fields)
+    return environment(run, (cfg or settings()).runs)
+
+
+def test_environment_is_verbatim():
+    env = {"A_1": "$HOME %n", "_x": "", "EQ": "a=b=c", "Q": "'\"\\", "T": "tab\there", "G": "grüß"}
+    assert env_of(environment=env) == env
+
+
+@pytest.mark.parametrize("env", [{}, {"A": "1"}, {"SECRET": "s3cr3t", "B": "x"}])
+def test_build_never_puts_the_environment_in_a_property(env):
+    """Any local user reads a unit's properties over D-Bus: the values go through a root-only file
+    (runenv.py), which the reconciler adds as EnvironmentFiles=."""
     props = props_for(environment=env)
-    assert props[b"Environment"] == [b"A_1=$HOME %n", b"EQ=a=b=c", b"PATH=/usr/bin", b"Q='\"\\", b"T=tab\there",
-                                     b"_x="]
+    assert b"Environment" not in props and b"EnvironmentFiles" not in props
+    assert not any(b"s3cr3t" in repr(value).encode() for value in props.values())
 
 
-def test_build_environment_is_utf8():
-    assert props_for(environment={"GREETING": "grüß"})[b"Environment"] == ["GREETING=grüß".encode()]
+@pytest.mark.parametrize(("pattern", "why"), envpolicy.DENIED)
+def test_build_refuses_every_name_the_policy_refuses(pattern, why):
+    name = pattern.replace("*", "X")
+    with pytest.raises(Refused) as info:
+        props_for(environment={"OK": "1", name: "v"})
+    assert str(info.value) == envpolicy.refusal(name, ())
+    assert why in str(info.value)
 
 
-def test_build_empty_environment_sets_no_property():
-    assert b"Environment" not in props_for(environment={})
+@pytest.mark.parametrize(("pattern", "why"), envpolicy.DENIED)
+def test_build_accepts_a_refused_name_the_host_allows(pattern, why):
+    name = pattern.replace("*", "X")
+    cfg = settings(allowed_environment=(name,))
+    assert b"ExecStartEx" in props_for(environment={name: "v"}, cfg=cfg)
+    assert env_of(cfg, environment={name: "v"}) == {name: "v"}
+
+
+def test_build_allows_names_that_only_contain_a_refused_one():
+    env = {"MY_LD_PRELOAD": "x", "APP_PATH": "/srv", "XPYTHONPATH": "y", "NOT_BASH_ENV": "z", "path": "lower"}
+    assert env_of(environment=env) == env
 
 
 @pytest.mark.parametrize("name", ["1ABC", "A-B", "A B", "A=B", "", "A.B", "Ä", "A\nB", "A" * 129, 5, None])
@@ -430,7 +457,7 @@ def test_build_refuses_invalid_environment_names(name):
 
 def test_build_accepts_longest_environment_name():
     name = "A" * 128
-    assert props_for(environment={name: "v"})[b"Environment"] == [f"{name}=v".encode()]
+    assert env_of(environment={name: "v"}) == {name: "v"}
 
 
 def test_build_refuses_environment_name_with_trailing_newline():

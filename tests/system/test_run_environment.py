@@ -1,0 +1,176 @@
+"""A run's environment on a real host: delivered through a root-only file that no other user can
+read (never over D-Bus), exactly as written, gone once the outcome is recorded, and never left behind
+by a daemon killed after writing it; names the host refuses (BASH_ENV) and root runs are never
+claimed unless the host's config names them."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import shlex
+import uuid
+
+import psycopg
+
+from supervisor import store
+from tests.harness.host import GATES, Host, daemon_active, wait_for
+
+ENV_DIR = "/run/unitvisor/environment"
+
+
+def hostile(token: str) -> str:
+    """Every character the env-file encoding must carry through: quotes, backslashes (also last),
+    `$`, backticks, spaces (leading and trailing), a tab, `#`, `;`, `=`, unicode."""
+    return (f" {token} \"dq\" 'sq' \\back\\slash $HOME ${{HOME}} $(id) `id` # not a comment; a=b=c"
+            "\ttab gr\u00fc\u00df \U0001f511 \\\" \\$ end\\ ")
+
+
+def submit(host: Host, argv: list[str], environment: dict[str, str], **values: object) -> str:
+    """Straight into the database, as a control plane does: a secret given to `unitvisor submit
+    --env` would be on that command's command line, which every user of the host sees."""
+    with psycopg.connect(host.dsn, autocommit=True) as conn:
+        return str(store.submit_run(conn, argv=argv, environment=environment, **values))
+
+
+def sha256(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def checking_gated(host: Host, gate: str, expected: dict[str, str]) -> list[str]:
+    """A gated command that first checks each variable against the SHA-256 of its expected value
+    (exit 3 on a mismatch, before waiting): the command line holds digests, never a value."""
+    checks = " && ".join(
+        f'[ "$(printf %s "${name}" | sha256sum)" = {shlex.quote(sha256(value) + "  -")} ]'
+        for name, value in expected.items())
+    script = host.gated(gate)[2]
+    return ["/bin/sh", "-c", f"{checks} || exit 3; {script}"]
+
+
+def as_nobody(host: Host, *cmd: str) -> str:
+    """What an unprivileged local user sees: stdout and stderr of the command, run as nobody."""
+    result = host.tb.run("runuser", "-u", "nobody", "--", *cmd, check=False, timeout=60)
+    return result.stdout + result.stderr
+
+
+def env_files(host: Host) -> list[str]:
+    return host.tb.run("sh", "-c", f"ls -A {ENV_DIR} 2>/dev/null || true").stdout.split()
+
+
+def test_the_environment_reaches_the_run_exactly_and_no_other_user(host: Host) -> None:
+    host.start()
+    token = secrets.token_hex(16)
+    environment = {"SECRET": token, "HOSTILE": hostile(token), "EMPTY": ""}
+    run_id = submit(host, checking_gated(host, "secret", environment), environment)
+    unit = f"unitvisor-run-{run_id}-1.service"
+    wait_for(lambda: host.show(run_id)["state"] == "running", what="the run to run")
+
+    # root sees where the values are, and that the unit carries none of them
+    props = host.unit_props(unit, "Environment", "EnvironmentFiles", "MainPID")
+    assert props["Environment"] == ""
+    assert props["EnvironmentFiles"].startswith(f"{ENV_DIR}/{unit}.env ")
+    assert host.tb.run("stat", "-c", "%a %U", ENV_DIR, f"{ENV_DIR}/{unit}.env").stdout.split() == [
+        "700", "root", "600", "root"]
+    assert host.tb.run("stat", "-c", "%a", "/run/unitvisor").stdout.strip() == "700"
+    pid = props["MainPID"]
+    assert pid != "0"
+
+    # an unprivileged user finds no trace of either value, by any of these ways
+    [path] = host.tb.run("busctl", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                         "org.freedesktop.systemd1.Manager", "GetUnit", "s", unit).stdout.split()[1:]
+    seen = {
+        "systemctl show": as_nobody(host, "systemctl", "show", unit),
+        "systemctl show -p Environment": as_nobody(host, "systemctl", "show", "-p", "Environment", unit),
+        "systemctl status": as_nobody(host, "systemctl", "status", "--no-pager", "-n", "100", unit),
+        "systemctl cat": as_nobody(host, "systemctl", "cat", unit),
+        "busctl introspect": as_nobody(host, "busctl", "introspect", "--no-pager", "org.freedesktop.systemd1",
+                                       path.strip('"')),
+        "environ of the run": as_nobody(host, "cat", f"/proc/{pid}/environ"),
+        "environ of every visible process": as_nobody(host, "sh", "-c", "cat /proc/[0-9]*/environ 2>/dev/null"),
+        "the runtime directory": as_nobody(host, "ls", "-la", "/run/unitvisor", ENV_DIR),
+        "the file": as_nobody(host, "cat", f"{ENV_DIR}/{unit}.env"),
+        "everything under /run": as_nobody(host, "grep", "-r", "-a", "-D", "skip", "-F", token, "/run"),
+    }
+    # The ways work for nobody (else finding nothing in them would prove nothing)...
+    assert f"EnvironmentFiles={ENV_DIR}/{unit}.env" in seen["systemctl show"]
+    assert ".EnvironmentFiles" in seen["busctl introspect"] and ".Environment " in seen["busctl introspect"]
+    assert "Description=unitvisor run" in seen["systemctl cat"]
+    # ...and none shows the secret.
+    for where, text in seen.items():
+        assert token not in text, f"the secret is visible to nobody through {where}"
+    assert "Permission denied" in seen["the file"] and "Permission denied" in seen["environ of the run"]
+
+    host.open_gate("secret")
+    data = host.wait_run(run_id)
+    [attempt] = data["attempts"]
+    # exit 3 would mean that a value reached the run other than exactly as written
+    assert (data["state"], attempt["exit_status"]) == ("succeeded", "exit:0"), attempt
+    assert env_files(host) == []
+
+
+def test_a_daemon_killed_after_writing_the_file_leaves_none_behind(host: Host) -> None:
+    host.start()
+    done = submit(host, ["/bin/true"], {"A": "1"})
+    assert host.wait_run(done)["state"] == "succeeded"
+    host.stop()
+    host.install_units({"UNITVISOR_FAULT": "after-environment-file"})
+    host.tb.run("systemctl", "start", "--no-block", "unitvisor.service")
+    environment = {"SECRET": secrets.token_hex(16)}
+    run_id = submit(host, checking_gated(host, "killed", environment), environment)
+    unit = f"unitvisor-run-{run_id}-1.service"
+    wait_for(lambda: daemon_active(host) in ("failed", "inactive"), timeout=60, what="the daemon to die")
+    assert env_files(host) == [f"{unit}.env"]  # written, and the unit never started
+    assert host.loaded_run_units() == []
+
+    # Leftovers no open attempt owns: a file of a run that ended, a half-written one, a stray.
+    leftovers = [f"unitvisor-run-{done}-1.service.env", f".unitvisor-run-{uuid.uuid4()}-1.service.env."
+                 "0123456789abcdef.tmp", "stray"]
+    for name in leftovers:
+        host.tb.run("sh", "-c", f"umask 077; echo 'SECRET=\"old\"' > {ENV_DIR}/{name}")
+    host.tb.run("systemctl", "reset-failed", "unitvisor.service", check=False)
+    host.start()  # no fault now: the start-up reconcile pass starts the attempt and sweeps
+    wait_for(lambda: host.show(run_id)["state"] == "running", what="the attempt to be started after the crash")
+    wait_for(lambda: env_files(host) == [f"{unit}.env"], timeout=60, what="the leftovers to be swept")
+    host.open_gate("killed")
+    data = host.wait_run(run_id)
+    assert (data["state"], [a["exit_status"] for a in data["attempts"]]) == ("succeeded", ["exit:0"])
+    assert env_files(host) == []
+
+
+def test_a_run_that_sets_bash_env_waits_and_runs_only_where_allowed(host: Host) -> None:
+    """BASH_ENV names a file that bash runs before the script: here one that exits 7, so an allowed
+    /usr/bin/bash -c 'exit 0' would do something else than it says."""
+    host.start()
+    host.gated("bash-env")  # makes the directory, readable by runs
+    script = f"{GATES}/bash-env.sh"
+    # Through the container's own shell: /run there is a tmpfs the overlay's files do not reach.
+    host.tb.run("sh", "-c", f"umask 022; cat > {script}", input="exit 7\n")
+    run_id = submit(host, ["/usr/bin/bash", "-c", "exit 0"], {"BASH_ENV": script})
+    data = wait_for(lambda: (d := host.show(run_id))["wait_reason"] and d, timeout=60, what="the reason it waits")
+    assert data["wait_reason"] == "no live host accepts it: environment name BASH_ENV is not allowed (testhost-1)"
+    assert data["attempts"] == [] and data["state"] == "queued"
+    assert host.loaded_run_units() == []
+
+    host.stop()
+    host.configure(runs_extra='allowed_environment = ["BASH_ENV"]')
+    host.start()
+    data = host.wait_run(run_id)
+    [attempt] = data["attempts"]
+    assert (attempt["outcome"], attempt["exit_status"]) == ("exit-code", "exit:7")  # BASH_ENV ran
+
+
+def test_a_root_run_is_claimed_only_where_allowed_users_names_root(host: Host) -> None:
+    host.configure(runs_extra='user = "nobody"\nallowed_users = ["daemon"]')
+    host.start()
+    run_id = submit(host, ["/bin/sh", "-c", '[ "$(id -u)" = 0 ]'], {}, run_user="root")
+    data = wait_for(lambda: (d := host.show(run_id))["wait_reason"] and d, timeout=60, what="the reason it waits")
+    assert data["wait_reason"] == "no live host accepts it: user root is not allowed (testhost-1)"
+    assert data["attempts"] == [] and host.loaded_run_units() == []
+
+    host.stop()
+    host.configure(runs_extra='allowed_users = ["root"]')
+    host.start()
+    data = host.wait_run(run_id)
+    assert (data["state"], data["attempts"][0]["exit_status"]) == ("succeeded", "exit:0")
+    doctor = host.cli("--config", "/etc/unitvisor/unitvisor.toml", "doctor", check=False)
+    assert doctor.returncode == 0, doctor.stdout
+    assert any(line.startswith("warn") and "root runs" in line for line in doctor.stdout.splitlines())
