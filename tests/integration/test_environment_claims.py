@@ -121,10 +121,6 @@ def test_the_regexes_are_the_ones_a_daemon_registers(conn: psycopg.Connection) -
     assert all(re.fullmatch(r"\^.*\$", rx) for rx in denied)
 
 
-@pytest.mark.xfail(strict=True, reason="sql/003: refused_environment_name calls jsonb_object_keys on any "
-                   "environment; a row written around runs_environment_valid with an array breaks every claim "
-                   "(tests/system/test_bad_rows.py fails the same way); for migration 004 to guard with "
-                   "jsonb_typeof(r.environment) = 'object'")
 def test_a_row_whose_environment_is_not_an_object_does_not_break_the_claim(conn: psycopg.Connection) -> None:
     conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_environment_valid")
     bad = store.submit_run(conn, argv=["/bin/true"])
