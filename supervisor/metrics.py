@@ -171,7 +171,7 @@ class Metrics:
         except OSError as exc:
             event("metrics-unavailable", level=logging.WARNING, listen=listen,
                   detail=f"cannot listen on {listen}: {exc.strerror or exc}; the daemon goes on without metrics "
-                  "(set [metrics] listen to a free address, or \"\" for none)")
+                  "(set [metrics] listen to a free address, or empty for none)")
             return False
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
