@@ -128,7 +128,7 @@ def test_apt_installs_it_with_its_dependencies_and_it_waits_for_a_database(host:
     host.room.apt_get("install", host.deb)
     say(request, f"apt-get install {Path(host.deb).name} (with its dependencies) took "
                  f"{time.monotonic() - started:.1f}s")
-    for dep in ("python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click"):
+    for dep in ("python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click", "python3-prometheus-client"):
         assert "install ok installed" in host.run("dpkg-query", "-W", "-f=${Status}", dep).stdout
     assert host.run("systemctl", "is-enabled", SERVICE).stdout.strip() == "enabled"
     # No DSN yet: active, not crash-looping, and saying what it waits for.
