@@ -12,6 +12,7 @@ daemon goes on without metrics. It runs in a thread of its own; a scrape reads t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import socketserver
@@ -125,6 +126,7 @@ class Metrics:
         # replaced by the next claim, so that a unit never started (refused) is not kept for ever.
         self._claimed: dict[str, float] = {}
         self._server: WSGIServer | None = None
+        self._closing = False
         self._thread: threading.Thread | None = None
 
     # -- facts, as the daemon and the reconciler learn them ---------------------------------------
@@ -173,8 +175,8 @@ class Metrics:
                   detail=f"cannot listen on {listen}: {exc.strerror or exc}; the daemon goes on without metrics "
                   "(set [metrics] listen to a free address, or empty for none)")
             return False
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+        self._server, self._closing = server, False
+        self._thread = threading.Thread(target=self._serve, args=(server,), name="metrics", daemon=True)
         self._thread.start()
         event("metrics-listening", listen=listen, url=f"http://{listen}/metrics")
         return True
@@ -184,13 +186,22 @@ class Metrics:
         """Where the server listens, None when it does not."""
         return self._server.server_address[:2] if self._server else None
 
+    def _serve(self, server: WSGIServer) -> None:
+        # Not serve_forever, which wakes twice a second to look for a shutdown: an idle daemon wakes
+        # for nothing (docs/benchmarks.md), so this one waits for a request, and close() sends one.
+        server.timeout = None
+        while not self._closing:
+            server.handle_request()
+
     def close(self) -> None:
         if self._server is None:
             return
-        self._server.shutdown()
-        self._server.server_close()
+        self._closing = True
+        with contextlib.suppress(OSError):
+            socket.create_connection(self._server.server_address[:2], timeout=2).close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._server.server_close()
         self._server = self._thread = None
 
 
