@@ -16,6 +16,7 @@ import contextlib
 import logging
 import socket
 import socketserver
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -162,18 +163,18 @@ class Metrics:
     def serve(self, listen: str) -> bool:
         """Serve /metrics on `listen` ("ADDRESS:PORT", validated by the config; "" for none) from a
         thread of its own. False, after one event saying why, when it cannot: never an exception."""
-        address = parse_listen(listen)
-        if address is None:
-            event("metrics-off", detail="[metrics] listen is empty: no metrics are served")
-            return False
-        host, port = address
-        server_class = _Server6 if ":" in host else _Server
         try:
+            address = parse_listen(listen)  # validated with the config; a Settings made in code is not
+            if address is None:
+                event("metrics-off", detail="[metrics] listen is empty: no metrics are served")
+                return False
+            host, port = address
+            server_class = _Server6 if ":" in host else _Server
             server = make_server(host, port, make_wsgi_app(self.registry), server_class, handler_class=_QuietHandler)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             event("metrics-unavailable", level=logging.WARNING, listen=listen,
-                  detail=f"cannot listen on {listen}: {exc.strerror or exc}; the daemon goes on without metrics "
-                  "(set [metrics] listen to a free address, or empty for none)")
+                  detail=f"cannot listen on {listen}: {getattr(exc, 'strerror', None) or exc}; the daemon goes on "
+                  "without metrics (set [metrics] listen to a free address, or empty for none)")
             return False
         self._server, self._closing = server, False
         self._thread = threading.Thread(target=self._serve, args=(server,), name="metrics", daemon=True)
@@ -228,6 +229,12 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
         self.setup_environ()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # One event line, not socketserver's traceback on stderr (which the journal would split into
+        # many lines): a failed scrape is the scraper's to see, and never the daemon's end.
+        exc = sys.exc_info()[1]
+        event("metrics-scrape-failed", level=logging.WARNING, detail=f"{type(exc).__name__}: {exc}")
 
 
 class _Server6(_Server):

@@ -237,6 +237,29 @@ def test_a_port_in_use_logs_one_line_and_serves_nothing(events):
     m.close()  # nothing to close: no error
 
 
+def test_a_malformed_address_made_in_code_logs_and_serves_nothing(events):
+    m = Metrics()
+    assert m.serve("localhost:9863") is False  # the config refuses it at start; Settings made in code do not
+    [call] = events.call_args_list
+    assert call.args[0] == "metrics-unavailable" and "not an IP address" in call.kwargs["detail"]
+
+
+def test_a_failed_scrape_is_one_event_not_a_traceback(events, capsys):
+    m = Metrics()
+    listen = f"127.0.0.1:{free_port()}"
+    assert m.serve(listen)
+    try:
+        try:
+            raise BrokenPipeError("the scraper went away")
+        except BrokenPipeError:
+            m._server.handle_error(None, ("127.0.0.1", 1))
+    finally:
+        m.close()
+    assert events.call_args_list[-1].args[0] == "metrics-scrape-failed"
+    assert events.call_args_list[-1].kwargs["detail"] == "BrokenPipeError: the scraper went away"
+    assert capsys.readouterr().err == ""
+
+
 def test_empty_listen_serves_nothing(events):
     m = Metrics()
     assert m.serve("") is False
