@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.harness.postgres import free_port
 
@@ -31,6 +34,16 @@ def available() -> str | None:
         if not shutil.which(tool):
             return f"{tool} is not installed (apt-get install --no-install-recommends prometheus)"
     return None
+
+
+def require() -> None:
+    """Skip the calling test where Prometheus's tools are missing; under CI (CI=true) fail instead, as
+    tests/conftest.py does for every level: a skipped check is a check that did not run."""
+    reason = available()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"required in CI but unavailable: {reason}", pytrace=False)
+        pytest.skip(reason)
 
 
 def _die_with_the_test() -> None:

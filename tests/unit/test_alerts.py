@@ -5,13 +5,13 @@ check like lint, so it runs with the unit tests."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.harness import prometheus as prometheus_mod
 
 HERE = Path(__file__).resolve().parent
 ALERTS = HERE.parents[1] / "docs" / "alerts.yml"
@@ -20,12 +20,8 @@ RULE_TESTS = HERE / "alerts_test.yml"
 
 @pytest.fixture
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if not path:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not installed (make deps installs prometheus)", pytrace=False)
-        pytest.skip("promtool is not installed (apt-get install prometheus)")
-    return path
+    prometheus_mod.require()
+    return "promtool"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

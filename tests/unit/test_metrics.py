@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import shutil
 import socket
 import subprocess
 import urllib.request
@@ -31,6 +29,7 @@ from supervisor.outcomes import OUTCOMES, Outcome
 from supervisor.reconciler import Reconciler
 from supervisor.systemd import Systemd, UnitState
 from supervisor.unitspec import unit_name
+from tests.harness import prometheus as prometheus_mod
 from tests.harness.postgres import free_port
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -166,15 +165,11 @@ def test_names_and_labels_follow_the_conventions():
 
 
 def test_exposition_passes_promtool():
-    promtool = shutil.which("promtool")
-    if not promtool:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not installed (make deps installs prometheus)", pytrace=False)
-        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    prometheus_mod.require()
     m = Metrics(lambda: State(2, True, True, "active"))
     m.claimed([pair(1)], sent=0.0)
     m.settled("success")
-    result = subprocess.run([promtool, "check", "metrics"], input=generate_latest(m.registry), capture_output=True,
+    result = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(m.registry), capture_output=True,
                             timeout=60)
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), result
 
