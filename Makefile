@@ -11,9 +11,15 @@ APT_PACKAGES := postgresql systemd-container libsystemd-dev pkg-config gcc pytho
 # debootstrap for the clean-room install.
 APT_PACKAGES += build-essential dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools \
 	help2man python3-click python3-psycopg python3-pystemd python3-sdnotify python3-pytest python3-pytest-mock \
-	lintian debootstrap
-# bookworm's python3-psycopg 3.1.7, python3-pystemd 0.11.0, python3-sdnotify 0.3.1, python3-click 8.1.3
-DEBIAN_PY_PACKAGES := python3-psycopg python3-pystemd python3-sdnotify python3-click python3-pytest python3-pytest-mock
+	lintian debootstrap python3-prometheus-client
+# The metrics tests run a real Prometheus and promtool (tests/system/test_metrics.py). Installed without
+# its Recommends (prometheus-node-exporter, one more daemon nobody asked for); the prometheus.service
+# the package enables is never used by the tests, which start their own, and is masked in test beds.
+APT_NO_RECOMMENDS := prometheus
+# bookworm's python3-psycopg 3.1.7, python3-pystemd 0.11.0, python3-sdnotify 0.3.1, python3-click 8.1.3,
+# python3-prometheus-client 0.16.0
+DEBIAN_PY_PACKAGES := python3-psycopg python3-pystemd python3-sdnotify python3-click python3-pytest python3-pytest-mock \
+	python3-prometheus-client
 
 .PHONY: try test test-debian deps venv venv-debian lint clean
 
@@ -22,6 +28,11 @@ deps:
 	if [ -n "$$missing" ]; then \
 		echo "installing:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@missing=$$(for p in $(APT_NO_RECOMMENDS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing (without recommends):" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 $(VENV)/.installed: pyproject.toml

@@ -6,6 +6,7 @@ limit that silently falls back to a default is worse than a daemon that refuses 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -94,6 +95,23 @@ class RunSettings:
     protect_home: str = "yes"
 
 
+# Chosen, not inherited: on by default, so that a host has its metrics from the moment it is
+# installed (a local agent or `curl` reads them without a config change), but on loopback only: the
+# server has no authentication and no TLS, and the figures tell anyone who can reach them what this
+# host runs and when. Exposing them to a network is the administrator's decision (listen = "0.0.0.0:
+# 9863", or a proxy in front). 9863: in Prometheus's range for exporters (9100-9999, whose list of
+# allocations is full, so no port there is anyone's alone) and in this machine's /etc/services for
+# nothing; a port in use costs the metrics, never the daemon (supervisor/metrics.py).
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9863"
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    # "ADDRESS:PORT" (an IPv4 address, or an IPv6 one in brackets) to serve Prometheus metrics on at
+    # /metrics; "" serves none. See docs/metrics.md.
+    listen: str = DEFAULT_METRICS_LISTEN
+
+
 @dataclass(frozen=True)
 class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
@@ -102,6 +120,7 @@ class Settings:
     systemd: SystemdSettings = field(default_factory=SystemdSettings)
     runs: RunSettings = field(default_factory=RunSettings)
     fleet: FleetSettings = field(default_factory=FleetSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     source: str = "defaults"
 
     @property
@@ -121,6 +140,7 @@ _CHOICES = {
 }
 # \Z, not $: `$` also matches before a trailing newline.
 _SLICE_RE = re.compile(r"^[A-Za-z0-9_.\-]+\.slice\Z")
+_LISTEN_RE = re.compile(r"^(?:\[(?P<v6>[^\]]*)\]|(?P<v4>[^:\[\]]*)):(?P<port>[0-9]{1,5})\Z")
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
 # A run runs as root only where [runs] allowed_users names it: neither [runs] user nor a run's own
 # run_user gets there otherwise (unitspec and the claim refuse a run_user not in allowed_users).
@@ -198,6 +218,32 @@ def _validate(settings: Settings) -> None:
             raise ConfigError(f"[runs] allowed_environment: {pattern!r} is not an environment name "
                               "(letters, digits, _; * and ? as wildcards)")
     _validate_fleet(settings)
+    parse_listen(settings.metrics.listen)
+
+
+def parse_listen(value: str) -> tuple[str, int] | None:
+    """[metrics] listen as (address, port); None for "" (no metrics). Only IP addresses: the daemon
+    binds once at start, and a name would put a DNS lookup (which may hang, or answer several
+    addresses) in its start-up path."""
+    if value == "":
+        return None
+    where = "[metrics] listen"
+    match = _LISTEN_RE.match(value)
+    if not match:
+        raise ConfigError(f'{where}: {value!r} is not ADDRESS:PORT (for example "127.0.0.1:9863" or '
+                          '"[::1]:9863"; "" for no metrics)')
+    address = match.group("v6") if match.group("v6") is not None else match.group("v4")
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        raise ConfigError(f"{where}: {address!r} is not an IP address (a host name is not accepted: use "
+                          "127.0.0.1, [::1], or this host's address)") from None
+    if (parsed.version == 6) != (match.group("v6") is not None):
+        raise ConfigError(f"{where}: an IPv6 address goes in brackets, an IPv4 one without: {value!r}")
+    port = int(match.group("port"))
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{where}: port {port} is out of range (1 to 65535)")
+    return address, port
 
 
 def cut_off_after(settings: Settings) -> float:
@@ -228,6 +274,7 @@ _SECTIONS = {
     "systemd": SystemdSettings,
     "runs": RunSettings,
     "fleet": FleetSettings,
+    "metrics": MetricsSettings,
 }
 
 

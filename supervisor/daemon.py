@@ -25,6 +25,7 @@ from supervisor import __version__, faults, fleet, store, unitspec
 from supervisor.config import UNIT_PREFIX, ConfigError, Settings, cut_off_after, machine_id
 from supervisor.guard import Guard, GuardedConnection
 from supervisor.log import event
+from supervisor.metrics import Metrics, State
 from supervisor.model import Attempt, Run
 from supervisor.reconciler import Reconciler
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, Watcher
@@ -86,6 +87,7 @@ class Daemon:
         watchdog_usec = _watchdog_usec()
         self.watchdog_interval = watchdog_usec / 2e6 if watchdog_usec else 0.0
         self.wakeup_r = -1
+        self.metrics = Metrics(self._metrics_state)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -104,6 +106,7 @@ class Daemon:
                   detail="the daemon is not root: systemd would refuse its units, so it claims no run")
         event("starting", host=self.host_id, version=__version__, config=self.settings.source,
               instance=self.instance)
+        self.metrics.serve(self.settings.metrics.listen)
         self.guard.start()
         ready = False
         while not self.stopping:
@@ -125,6 +128,7 @@ class Daemon:
                 self.reconciler = Reconciler(self.settings, self.fence, self.conn, self.systemd,
                                              cut_off_units=self.guard.cut_off_units)
                 self.reconciler.tick = self._feed_watchdog
+                self.reconciler.metrics = self.metrics
                 if not self._guard(self._reconcile):
                     continue
                 if not ready:
@@ -138,6 +142,7 @@ class Daemon:
         self._guard(lambda: store.mark_host_stopped(self.conn, self.fence) if self.conn and self.fence else None)
         self.guard.stop()
         self._disconnect()
+        self.metrics.close()
         return 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -321,7 +326,9 @@ class Daemon:
         self._status()
 
     def _reconcile(self) -> None:
+        began = time.monotonic()
         self.reconciler.reconcile_pass()
+        self.metrics.reconciled(time.monotonic() - began)
         self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
 
     def _fleet_upkeep(self) -> None:
@@ -372,6 +379,13 @@ class Daemon:
             text = f"{self.problem}; retrying. {text}"
         self.notifier.notify(f"STATUS={text}")
 
+    def _metrics_state(self) -> State:
+        """What a scrape shows of the loop (called from the metrics server's thread: reads only)."""
+        reconciler, connected = self.reconciler, self.conn is not None and self.listen_conn is not None
+        return State(in_flight=reconciler.in_flight if reconciler else 0, database_up=connected,
+                     systemd_up=self.systemd.connected and self.watcher.connected,
+                     host_state=self.host_state if connected and self.fence else "unregistered")
+
     # -- work -------------------------------------------------------------------------------------
 
     def _claim_and_spawn(self) -> None:
@@ -380,7 +394,9 @@ class Daemon:
             return
         daemon = self.settings.daemon
         while not self.stopping:
+            sent = time.monotonic()
             claimed = store.claim(self.conn, self.fence, daemon.claim_batch, unitspec.UNIT_NAME_FORMAT)
+            self.metrics.claimed(claimed, sent)
             if not claimed:
                 return
             # Jobs left to other hosts' fair shares are anyone's after the spread grace: look again then.

@@ -36,6 +36,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from supervisor import faults, fleet, runenv, store, unitspec
 from supervisor.config import Settings, cut_off_after
@@ -44,6 +45,9 @@ from supervisor.log import event
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome, classify, is_setup_exit, retry_delay, run_state_after
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitBrief, UnitRefused, UnitState
+
+if TYPE_CHECKING:  # the CLI's passes count nothing, and need not import prometheus_client
+    from supervisor.metrics import Metrics
 
 
 class Action(enum.Enum):
@@ -162,6 +166,7 @@ class Reconciler:
         # Called once per run in a long pass: the daemon feeds systemd's watchdog there, so that a
         # pass over thousands of runs is not mistaken for a wedged loop.
         self.tick: Callable[[], None] = lambda: None
+        self.metrics: Metrics | None = None  # the daemon's, which it sets
         self.systemd = systemd
         self.journal = journal or Journal()
         self.env_files = env_files or runenv.EnvironmentFiles()
@@ -287,6 +292,8 @@ class Reconciler:
             self.settle(run, attempt, Outcome("start-failed", None, f"systemd refused the unit: {exc}"),
                         unit_exists=False)
             return
+        if created and self.metrics is not None:
+            self.metrics.started(attempt.unit_name)
         faults.point("after-start")
         event("started" if created else "adopted", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
         if created:
@@ -370,6 +377,8 @@ class Reconciler:
         if self._record(run, attempt, outcome, invocation_id, started_at, ended_at):
             self.settled += 1
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
+            if self.metrics is not None:
+                self.metrics.settled(outcome.outcome)
         self.cut_off_units.discard(attempt.unit_name)
         # Its process has been spawned (PID 1 read the file then) or never will be.
         self.env_files.remove(attempt.unit_name)
@@ -396,15 +405,22 @@ class Reconciler:
         """Declare every silent host dead (when this daemon is the one of the fleet doing it now) and
         settle its open attempts as lost, in one transaction: either a host is dead and all its attempts
         are settled, or nothing changed. Its runs then retry elsewhere or fail, by their own policy."""
+        taken: list[str] = []  # outcomes recorded, counted once the transaction committed
         with self.conn.transaction():
             dead = store.declare_dead_hosts(self.conn, self.fence, connected_for)
             for host in dead:
                 pairs = store.open_attempts(self.conn, host.host_id)
                 for run, attempt in pairs:
                     self.tick()
-                    self._record(run, attempt, fleet.takeover_outcome(run, host, self.host_id))
+                    outcome = fleet.takeover_outcome(run, host, self.host_id)
+                    if self._record(run, attempt, outcome):
+                        taken.append(outcome.outcome)
                 event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=len(pairs),
                       detail=f"silent for {host.silent:.0f}s (host_dead_after {host.dead_after:g}s)")
+        if self.metrics is not None:
+            self.metrics.declared_dead(len(dead))
+            for kind in taken:
+                self.metrics.settled(kind)
         return dead
 
     def explain_waiting(self) -> int:

@@ -27,6 +27,9 @@ PREFIX = "unitvisor-tb-"
 MASKED = (
     "postgresql.service", "getty@tty1.service", "console-getty.service", "apt-daily.timer",
     "apt-daily-upgrade.timer", "man-db.timer", "e2scrub_all.timer", "systemd-tmpfiles-clean.timer",
+    # Installed for the metrics tests, which start a Prometheus of their own: the package's service
+    # would listen on the machine's shared network (every test bed's, on one port) for nothing.
+    "prometheus.service", "prometheus-node-exporter.service",
 )
 
 

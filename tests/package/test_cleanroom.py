@@ -22,6 +22,7 @@ from tests.conftest import _unavailable
 from tests.harness import cleanroom, testbed
 from tests.harness.cleanroom import Cleanroom
 from tests.harness.host import REPO, wait_for
+from tests.harness.postgres import free_port
 
 # systemd-analyze security's overall exposure for the installed unit (0 best, 10 worst). What is
 # left is what talking to PID 1 and to PostgreSQL needs (the comments in units/unitvisor.service say
@@ -128,7 +129,7 @@ def test_apt_installs_it_with_its_dependencies_and_it_waits_for_a_database(host:
     host.room.apt_get("install", host.deb)
     say(request, f"apt-get install {Path(host.deb).name} (with its dependencies) took "
                  f"{time.monotonic() - started:.1f}s")
-    for dep in ("python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click"):
+    for dep in ("python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click", "python3-prometheus-client"):
         assert "install ok installed" in host.run("dpkg-query", "-W", "-f=${Status}", dep).stdout
     assert host.run("systemctl", "is-enabled", SERVICE).stdout.strip() == "enabled"
     # No DSN yet: active, not crash-looping, and saying what it waits for.
@@ -192,6 +193,28 @@ def test_configured_as_the_readme_says_it_runs_a_run(host: Host) -> None:
     runs = host.unitvisor("runs").stdout
     assert re.search(rf"^{run_id[:8]}\s+succeeded\b", runs, re.M), runs
     assert "hello from the clean room" in host.unitvisor("logs", run_id).stdout
+
+
+def test_the_packaged_daemon_serves_its_metrics(host: Host) -> None:
+    """Debian's python3-prometheus-client under the shipped unit's hardening, configured by uncommenting
+    the example config's line. On a free port: the clean room shares this machine's network, where
+    other test beds' daemons may hold the default one."""
+    port = free_port()
+    host.run("sed", "-i", f's|^# listen = "127.0.0.1:9863"$|listen = "127.0.0.1:{port}"|',
+             "/etc/unitvisor/unitvisor.toml")
+    assert f'listen = "127.0.0.1:{port}"' in host.run("cat", "/etc/unitvisor/unitvisor.toml").stdout
+    host.run("systemctl", "restart", SERVICE, timeout=120)
+    scrape = ("import sys, urllib.request; "
+              "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())")
+
+    def metrics() -> str:
+        result = host.run("python3", "-c", scrape, f"http://127.0.0.1:{port}/metrics", check=False)
+        return result.stdout if result.returncode == 0 else ""
+    text = wait_for(lambda: (t := metrics()) and "unitvisor_database_up 1.0" in t and t, timeout=60,
+                    what="the packaged daemon's metrics with its database up")
+    assert 'unitvisor_build_info{version="' in text
+    assert 'unitvisor_host_state{state="active"} 1.0' in text
+    assert "metrics-listening" in host.daemon_log()
 
 
 def test_restarting_the_daemon_leaves_a_run_running_and_adopted(host: Host, long_run: dict) -> None:

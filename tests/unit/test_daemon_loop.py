@@ -16,7 +16,7 @@ import pytest
 
 from supervisor import daemon as daemon_mod
 from supervisor import store
-from supervisor.config import HostSettings, RunSettings, Settings
+from supervisor.config import HostSettings, MetricsSettings, RunSettings, Settings
 from supervisor.daemon import Daemon, Timers
 
 DSN = "host=db.example dbname=unitvisor user=uv"
@@ -63,8 +63,10 @@ def boundaries(mocker, env):
 
 
 def settings() -> Settings:
+    # No metrics server: these tests run the loop, not a socket (tests/unit/test_metrics.py has it).
     return dataclasses.replace(Settings(), host=HostSettings(id="h1", name="host-1"),
-                               runs=RunSettings(allowed_executables=("/bin/*",)))
+                               runs=RunSettings(allowed_executables=("/bin/*",)),
+                               metrics=MetricsSettings(listen=""))
 
 
 @pytest.fixture
