@@ -990,7 +990,7 @@ def test_a_cancel_racing_a_retry_leaves_no_job_behind(conn: psycopg.Connection, 
             deadline = time.monotonic() + 10
             while not errors and time.monotonic() < deadline and not observer.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
-                    ("%UPDATE unitvisor.runs%",)).fetchone()[0]:
+                    ("%unitvisor.cancel_run(%",)).fetchone()[0]:  # the cancel waits for the run's row
                 time.sleep(0.01)
     thread.join(timeout=20)
     assert not errors, errors

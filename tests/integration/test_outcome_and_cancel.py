@@ -332,7 +332,7 @@ def test_cancel_during_a_claim_waits_and_then_asks_the_host(conn: psycopg.Connec
             while time.monotonic() < deadline and not errors:
                 blocked = observer.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE %s", ("%spawn_jobs%",)).fetchone()[0]
+                    "AND query LIKE %s", ("%unitvisor.cancel_run(%",)).fetchone()[0]  # it deletes the job first
                 if blocked:
                     break
                 time.sleep(0.02)
