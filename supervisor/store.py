@@ -514,8 +514,11 @@ def claim(conn: Connection, fence: Fence, batch: int, unit_format: str) -> list[
         rows = cur.execute(
             f"""SELECT c.run_id AS claimed_run, c.attempt AS claimed_attempt, c.unit_name AS claimed_unit,
                        c.claimed_at AS claimed_claimed_at, {_RUN_COLUMNS}
-                FROM unitvisor.claim_jobs(%s, %s, %s, %s) c JOIN unitvisor.runs r ON r.id = c.run_id""",
+                FROM unitvisor.claim_jobs(%s, %s, %s, %s) c LEFT JOIN unitvisor.runs r ON r.id = c.run_id""",
             (fence.host_id, fence.epoch, batch, unit_format)).fetchall()
+    # A LEFT JOIN, so that claim_jobs always runs to its end: with an inner join the planner may skip the
+    # function when runs looks empty, and a host role sees no run pinned elsewhere (the policy on runs), so
+    # the stale jobs of such runs would never be discarded. A claimed run is one this host may read.
     # The run rows are as the statement's snapshot saw them: before claim_jobs set them to starting.
     return [(Run(**{**{k: row[k] for k in _RUN_FIELDS}, "state": "starting", "wait_reason": None}),
              Attempt(run_id=row["claimed_run"], attempt=row["claimed_attempt"], host_id=fence.host_id,
@@ -610,3 +613,4 @@ def listen(conn: Connection, *channels: str) -> None:
 
 def now(conn: Connection) -> datetime:
     return conn.execute("SELECT now()").fetchone()[0]
+

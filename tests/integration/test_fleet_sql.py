@@ -28,6 +28,10 @@ from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome, retry_delay, run_state_after
 from tests.integration.conftest import ALLOW_ALL, TABLES, age_jobs, host_profile, register, silence
 
+# Each test runs twice: as the superuser, and with every host call of the store made as a login role
+# bound to its host id (tests/integration/conftest.py, as_bound_roles).
+pytestmark = pytest.mark.usefixtures("as_bound_roles")
+
 FMT = unitspec.UNIT_NAME_FORMAT
 MiB = 1 << 20
 WEEK = timedelta(days=7)

@@ -16,6 +16,10 @@ from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
 from tests.integration.conftest import fence_of, host_profile, register, silence, wait_notifies
 
+# Each test runs twice: as the superuser, and with every host call of the store made as a login role
+# bound to its host id (tests/integration/conftest.py, as_bound_roles).
+pytestmark = pytest.mark.usefixtures("as_bound_roles")
+
 SUCCEEDED = Outcome("success", "exit:0", "exited 0")
 FAILED = Outcome("exit-code", "exit:3", "exited with status 3")
 CANCELLED = Outcome("cancelled", "signal:TERM", "cancelled by request")
