@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
@@ -614,3 +614,88 @@ def listen(conn: Connection, *channels: str) -> None:
 def now(conn: Connection) -> datetime:
     return conn.execute("SELECT now()").fetchone()[0]
 
+
+# -- roles (sql/004_roles.sql) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What kind of role this session has: admin, submitter, host (bound to host_id) or unbound."""
+
+    kind: str
+    host_id: str | None
+
+
+def whoami(conn: Connection) -> Identity:
+    row = conn.execute("SELECT kind, host_id FROM unitvisor.whoami()").fetchone()
+    return Identity(row[0], row[1])
+
+
+_ROLE_NAME_UNSAFE = re.compile(r"[^a-z0-9_]+")
+_MAX_ROLE_NAME = 63  # PostgreSQL's NAMEDATALEN - 1, in bytes; the names made here are ASCII
+
+
+def default_host_role_name(host_id: str) -> str:
+    """unitvisor_host_<host id>, lowercase, anything but [a-z0-9_] as one _, so that it needs no quoting
+    in psql or pg_hba.conf. Cut to PostgreSQL's 63 bytes with a hash of the id at the end when longer,
+    so that two long ids do not end up as one role."""
+    name = "unitvisor_host_" + _ROLE_NAME_UNSAFE.sub("_", host_id.lower()).strip("_")
+    if len(name) > _MAX_ROLE_NAME:
+        digest = format(uuid.uuid5(uuid.NAMESPACE_OID, host_id).int & 0xFFFF_FFFF, "08x")
+        name = f"{name[:_MAX_ROLE_NAME - 9]}_{digest}"
+    return name
+
+
+def _scram(conn: Connection, role: str, password: str) -> str:
+    """The password as a SCRAM-SHA-256 verifier, made by libpq on this side: the server, its statement
+    log and pg_stat_activity never see the password itself. (PQencryptPasswordConn: psycopg 3.1 too.)"""
+    return conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256").decode()
+
+
+class AlreadyBound(DatabaseError):
+    """The host id has a role already (or the role name is taken)."""
+
+
+def add_host_role(conn: Connection, host_id: str, role: str, password: str) -> None:
+    """Create the login role `role` with this password, a member of unitvisor_host, bound to host_id,
+    in one transaction. Needs unitvisor_admin and the right to create roles."""
+    with conn.transaction():
+        bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
+                             (host_id,)).fetchone()
+        if bound is not None:
+            raise AlreadyBound(f"host id {host_id} is bound to role {bound[0]} already "
+                               "(--new-password gives that role a new password)")
+        # CREATE ROLE takes no parameters: the name is an Identifier, the password a quoted literal of
+        # its SCRAM verifier, never the password.
+        try:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                sql.Identifier(role), sql.Literal(_scram(conn, role, password)), sql.Identifier(HOST_ROLE)))
+        except psycopg.errors.DuplicateObject:
+            raise AlreadyBound(f"role {role} exists already; choose another name with --role") from None
+        try:
+            conn.execute("INSERT INTO unitvisor.host_roles (role_name, host_id) VALUES (%s, %s)", (role, host_id))
+        except psycopg.errors.UniqueViolation:
+            raise AlreadyBound(f"role {role} is bound to another host id already") from None
+
+
+def set_host_role_password(conn: Connection, host_id: str, password: str) -> str | None:
+    """Give the role bound to host_id a new password; returns its name (None: no role is bound to it)."""
+    with conn.transaction():
+        bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
+                             (host_id,)).fetchone()
+        if bound is None:
+            return None
+        conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+            sql.Identifier(bound[0]), sql.Literal(_scram(conn, bound[0], password))))
+    return bound[0]
+
+
+def dsn_for_role(dsn: str, role: str, password: str, db_host: str | None = None) -> str:
+    """The DSN a host logs in with: this DSN's server, port, database and options, with the role and
+    its password instead of ours (and db_host instead of our host when given, e.g. when we came in over
+    the local socket)."""
+    params = {key: value for key, value in conninfo_to_dict(dsn).items() if key not in ("user", "password", "passfile")}
+    if db_host:
+        params["host"] = db_host
+        params.pop("hostaddr", None)
+    return make_conninfo(**params, user=role, password=password)
