@@ -9,14 +9,17 @@ resumes and reads; a host goes through the whole daemon cycle; an admin drains a
 
 from __future__ import annotations
 
+import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from supervisor import store, unitspec
 from supervisor.model import Attempt
@@ -411,3 +414,79 @@ def test_admin_login_drains_forgets_and_acts_as_any_host(world: World, dsn: str,
         assert store.forget_host(admin, "h5") == ("stopped", 0)
         assert store.get_run(admin, world.pinned.run_id).environment == SECRET_ENV
         assert admin.execute("SELECT count(*) FROM unitvisor.host_roles").fetchone()[0] >= 2
+
+
+# -- migrate: concurrent databases, and the single-role deployment before it --------------------------
+
+
+def test_concurrent_migrates_in_two_databases_create_the_roles_once() -> None:
+    """Roles are the cluster's: a migrate in one database may create them while another database's
+    migrate is creating them too. A cluster of its own, where the roles do not exist yet."""
+    cluster = Postgres()
+    try:
+        cluster.init()
+        cluster.start()
+        with store.connect(cluster.dsn) as admin:
+            for name in ("one", "two"):
+                admin.execute(f"CREATE DATABASE {name}")
+        results: dict[str, list[str]] = {}
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(2)
+
+        def migrate(name: str) -> None:
+            try:
+                with store.connect(cluster.dsn_for(name)) as conn:
+                    barrier.wait(timeout=10)
+                    results[name] = store.migrate(conn)
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=migrate, args=(name,)) for name in ("one", "two")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not errors, errors
+        assert results["one"] == results["two"] == [path.stem for path in sorted(store.SQL_DIR.glob("*.sql"))]
+        with store.connect(cluster.dsn) as admin:
+            assert admin.execute("SELECT count(*) FROM pg_roles WHERE rolname IN (%s, %s, %s)",
+                                 (store.ADMIN_ROLE, store.SUBMITTER_ROLE, store.HOST_ROLE)).fetchone()[0] == 3
+    finally:
+        cluster.stop()
+
+
+def test_the_one_role_of_a_single_role_deployment_keeps_working(postgres: Postgres, empty_dsn: str,
+                                                                 tmp_path: Path) -> None:
+    """Before 004 one login role owned everything, and 0.2.0's daemons connect as it: after 004 (run by
+    the superuser) it is an admin member, and 0.2.0's own statements still work for it."""
+    ensure_login_role(postgres, "uvtest_legacy", "pg_monitor")  # any role: only the login matters
+    dbname = conninfo_to_dict(empty_dsn)["dbname"]
+    with store.connect(postgres.dsn) as superuser:
+        superuser.execute(f"ALTER DATABASE {dbname} OWNER TO uvtest_legacy")
+    for name in ("001_schema.sql", "002_fleet.sql", "003_run_policy.sql"):
+        shutil.copy(store.SQL_DIR / name, tmp_path / name)
+    with login(empty_dsn, "uvtest_legacy") as legacy:
+        store.migrate(legacy, tmp_path)  # as it was: the one role migrated, and owned, everything
+    with store.connect(empty_dsn) as superuser:
+        assert store.migrate(superuser)[0] == "004_roles"
+    with login(empty_dsn, "uvtest_legacy") as legacy:
+        assert store.whoami(legacy) == store.Identity("admin", None)
+        # 0.2.0's statements, as its store.py wrote them: register_host by name with 002's arguments,
+        # claim_jobs, the direct heartbeat, start and event with check_fence.
+        epoch = legacy.execute(
+            "SELECT epoch FROM unitvisor.register_host(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            ("old", "box-old", "inst-old", 10, None, "0.2.0", "boot", ["/**"], ["^/.*$"], "", [], True, None,
+             10.0, 60.0)).fetchone()[0]
+        run_id = legacy.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])").fetchone()[0]
+        legacy.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now() - interval '1 minute'")
+        [(claimed, attempt)] = legacy.execute(
+            "SELECT run_id, attempt FROM unitvisor.claim_jobs('old', %s, 10, %s)", (epoch, FMT)).fetchall()
+        assert claimed == run_id
+        assert legacy.execute("UPDATE unitvisor.hosts h SET heartbeat_at = now() WHERE h.id = 'old' "
+                              "AND h.epoch = %s RETURNING h.state", (epoch,)).fetchone() == ("active",)
+        legacy.execute("UPDATE unitvisor.attempts SET started_at = now() WHERE run_id = %s AND attempt = %s "
+                       "AND (SELECT unitvisor.check_fence('old', %s))", (run_id, attempt, epoch))
+        legacy.execute("INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason) "
+                       "SELECT %s, %s, 'old', 'running', 'x' WHERE unitvisor.check_fence('old', %s)",
+                       (run_id, attempt, epoch))
+        assert legacy.execute("SELECT count(*) FROM unitvisor.host_roles").fetchone() == (0,)
