@@ -333,6 +333,30 @@ def test_public_holds_no_privilege_on_the_schema_or_its_tables(conn: psycopg.Con
     assert (on_relations, on_schema) == ([], [])
 
 
+# What each role may run and touch, in full: a later migration that grants more must say so here.
+HOST_FUNCTIONS = {
+    "claim_jobs", "declare_dead_hosts", "explain_waiting", "heartbeat", "mark_host_stopped", "mark_started",
+    "my_host_id", "record_event", "record_outcome", "register_host", "register_host_environment", "whoami"}
+SUBMITTER_FUNCTIONS = {"cancel_run", "my_host_id", "resume_run", "submit_run", "whoami"}
+READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
+
+
+@pytest.mark.parametrize(("role", "functions", "tables"), [
+    (store.HOST_ROLE, HOST_FUNCTIONS, {(t, "SELECT") for t in READ}),
+    (store.SUBMITTER_ROLE, SUBMITTER_FUNCTIONS, {(t, "SELECT") for t in READ | {"spawn_jobs"}}),
+])
+def test_each_role_holds_exactly_its_privileges(conn: psycopg.Connection, role: str, functions: set[str],
+                                                tables: set[tuple[str, str]]) -> None:
+    executable = {row[0] for row in conn.execute(
+        """SELECT p.proname FROM pg_proc p
+           WHERE p.pronamespace = 'unitvisor'::regnamespace AND has_function_privilege(%s, p.oid, 'EXECUTE')""",
+        (role,))}
+    granted = set(conn.execute(
+        """SELECT c.relname, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+           WHERE c.relnamespace = 'unitvisor'::regnamespace AND a.grantee = %s::regrole""", (role,)).fetchall())
+    assert (executable, granted) == (functions, tables)
+
+
 def test_every_object_of_the_schema_is_the_admins(conn: psycopg.Connection) -> None:
     owners = conn.execute(
         """SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class c WHERE c.relnamespace = 'unitvisor'::regnamespace
