@@ -125,3 +125,17 @@ def test_a_submitter_submits_cancels_resumes_and_reads_with_the_cli(cli, dsn: st
     shown = cli("show", run_id, "--json", dsn=submitter)
     assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "queued"
     assert run_id[:8] in cli("runs", dsn=submitter).stdout
+
+
+def test_migrate_by_a_role_that_may_not_create_roles_says_what_it_needs(cli, empty_dsn: str,
+                                                                         postgres: Postgres) -> None:
+    """The one login role of a deployment before 004 owns the database but may not create or grant
+    roles: migration 004 is refused, in one line, and nothing of it is left behind."""
+    ensure_login_role(postgres, "uvtest_plain", "pg_monitor")  # any role: only the login matters
+    dbname = conninfo_to_dict(empty_dsn)["dbname"]
+    with store.connect(postgres.dsn) as superuser:
+        superuser.execute(f"ALTER DATABASE {dbname} OWNER TO uvtest_plain")
+    line = assert_one_line_error(cli("migrate", dsn=as_role(empty_dsn, "uvtest_plain")), 1)
+    assert "refused `unitvisor migrate`" in line and "it needs a role that may create roles" in line
+    with store.connect(empty_dsn) as conn:
+        assert store.pending_migrations(conn)[0] == "004_roles"
