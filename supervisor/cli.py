@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import sys
 import time
@@ -56,7 +57,7 @@ class CouldNotTell(Failure):
 # What main() must know before the command's own Context exists, or after it is gone: set by the
 # --debug option wherever it was given (before or after the subcommand), never by a scan of argv,
 # which would also see a run's own `--debug` after `--`.
-_options = {"debug": False}
+_options: dict[str, Any] = {"debug": False, "command": ""}
 
 
 class Context:
@@ -134,6 +135,7 @@ def cli(ctx: click.Context, config_path: Path | None, dsn: str | None, debug: bo
       unitvisor show 3f2a9c
     """
     _options["debug"] = _options["debug"] or debug
+    _options["command"] = ctx.invoked_subcommand or ""
     ctx.obj = Context(config_path, dsn, debug)
 
 
@@ -612,6 +614,7 @@ def hosts(click_ctx: click.Context, as_json: bool) -> None:
       unitvisor hosts forget web-7
     """
     if click_ctx.invoked_subcommand is not None:
+        _options["command"] = f"hosts {click_ctx.invoked_subcommand}"
         return
     ctx: Context = click_ctx.obj
     with ctx.connect() as conn:
@@ -667,6 +670,68 @@ def forget(ctx: Context, host: str) -> None:
     if state not in ("dead", "stopped"):
         raise Failure(f"host {host} is {state}: only a dead or stopped host can be forgotten (drain and stop it first)")
     click.echo(f"host {host} forgotten")
+
+
+@hosts.command("add")
+@click.argument("name")
+@click.option("--role", "role_name", metavar="ROLE",
+              help="The login role to create [default: unitvisor_host_NAME, lowercase, other characters as _].")
+@click.option("--new-password", is_flag=True,
+              help="Give the role already bound to NAME a new password (the old one stops working).")
+@click.option("--db-host", metavar="HOST",
+              help="The database server the printed DSN names [default: the one this command connects to], "
+                   "e.g. when this command comes in over the local socket.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def add(ctx: Context, name: str, role_name: str | None, new_password: bool, db_host: str | None,
+        as_json: bool) -> None:
+    """Give host NAME its own database role, bound to the host id NAME.
+
+    Creates a login role with a random password, a member of unitvisor_host, bound to NAME, in one
+    transaction, and prints what goes in that host's /etc/unitvisor/dsn (this command's DSN with
+    that role and password, which are shown only now) and the [host] id for its config. The host's
+    daemon may then act only as NAME. Needs unitvisor_admin and the right to create roles (a
+    superuser, or CREATEROLE). A NAME that has a role already is an error (exit 1); --new-password
+    rotates its password.
+
+    \b
+    Example:
+      runuser -u postgres -- unitvisor --dsn 'host=/var/run/postgresql dbname=unitvisor' \\
+          hosts add web-7 --db-host db.example.com
+    """
+    if not name.strip() or "\n" in name:
+        raise click.BadParameter("a host id is a non-empty line", param_hint="NAME")
+    if role_name is not None and (not role_name or len(role_name.encode()) > 63):
+        raise click.BadParameter("a role name is 1 to 63 bytes", param_hint="--role")
+    if new_password and role_name is not None:
+        raise click.UsageError("--new-password keeps the role bound to NAME; leave out --role")
+    password = secrets.token_urlsafe(24)
+    dsn = ctx.dsn()
+    with ctx.connect() as conn:
+        if new_password:
+            role = store.set_host_role_password(conn, name, password)
+            if role is None:
+                raise Failure(f"host id {name} has no role yet: run `unitvisor hosts add {name}` "
+                              "without --new-password")
+        else:
+            role = role_name or store.default_host_role_name(name)
+            store.add_host_role(conn, name, role, password)
+    host_dsn = store.dsn_for_role(dsn, role, password, db_host)
+    config_lines = f'[host]\nid = "{_toml_string(name)}"'
+    if as_json:
+        click.echo(json.dumps({"host_id": name, "role": role, "dsn": host_dsn, "config": config_lines,
+                               "new_password": new_password}, indent=2))
+        return
+    click.echo(f"# host {name}: role {role}" + (" has a new password" if new_password else " created and bound"))
+    click.echo(f"# /etc/unitvisor/dsn on {name} (mode 0600; the password is shown only now):")
+    click.echo(host_dsn)
+    click.echo(f"# /etc/unitvisor/unitvisor.toml on {name}:")
+    click.echo(config_lines)
+
+
+def _toml_string(value: str) -> str:
+    """The inside of a TOML basic string."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _set_host_state(ctx: Context, host: str | None, state: str) -> None:
@@ -824,6 +889,21 @@ def _usage_message(exc: click.UsageError) -> str:
 _SCHEMA_SQLSTATES = {"42P01", "42883", "3F000"}
 
 
+# insufficient_privilege: PostgreSQL's own refusals and unitvisor.require_host's (sql/004_roles.sql).
+_DENIED_SQLSTATE = "42501"
+_SUBMITTER = "unitvisor_submitter or unitvisor_admin (a control plane's or the admin's role)"
+_ADMIN = "unitvisor_admin"
+_HOST = "the role bound to this host's id (unitvisor hosts add) or unitvisor_admin"
+# The role each command needs, for the one line that says why the database refused it.
+_NEEDED_ROLE = {
+    "submit": _SUBMITTER, "cancel": _SUBMITTER, "resume": _SUBMITTER,
+    "drain": _ADMIN, "undrain": _ADMIN, "hosts forget": _ADMIN,
+    "hosts add": "unitvisor_admin and the right to create roles (a superuser, or CREATEROLE)",
+    "migrate": "a role that may create roles (a superuser, or CREATEROLE) for migration 004, then unitvisor_admin",
+    "daemon": _HOST, "reconcile": _HOST,
+}
+
+
 def main() -> None:
     _options["debug"] = False
     try:
@@ -846,6 +926,10 @@ def main() -> None:
     except psycopg.Error as exc:
         if _options["debug"]:
             raise
+        if exc.sqlstate == _DENIED_SQLSTATE:
+            command = _options["command"]
+            _fail(f"the database refused `unitvisor {command}` to this role ({store.one_line(exc)}): it needs "
+                  f"{_NEEDED_ROLE.get(command, 'a role allowed to (README, Roles: who may do what)')}", 1)
         if exc.sqlstate in _SCHEMA_SQLSTATES:
             _fail(f"the database schema is missing or behind ({store.one_line(exc)}): run `unitvisor migrate`", 1)
         _fail(f"database error: {store.one_line(exc)}", 1)

@@ -76,6 +76,7 @@ def _database_checks(settings: config.Settings, dsn_override: str | None, daemon
             pending = store.pending_migrations(conn)
             db_now = store.now(conn).timestamp()
             hosts = {row["id"]: row for row in store.list_hosts(conn)} if not pending else {}
+            identity = store.whoami(conn) if not pending else None
     except (config.ConfigError, store.DatabaseError) as exc:
         return [Check("database", "fail", str(exc))]
     checks = [Check("database", "ok", f"reachable at {store.dsn_location(dsn)}")]
@@ -83,6 +84,8 @@ def _database_checks(settings: config.Settings, dsn_override: str | None, daemon
         checks.append(Check("schema", "fail", f"missing migrations {', '.join(pending)}: run `unitvisor migrate`"))
     else:
         checks.append(Check("schema", "ok", "current"))
+    if identity is not None:
+        checks.append(role_check(identity, settings.host_id))
     if not pending:
         checks.append(host_id_check(settings.host_id, hosts.get(settings.host_id),
                                     fleet.instance_id(config.machine_id(), daemon_boot_id(daemon_pid))))
@@ -90,6 +93,24 @@ def _database_checks(settings: config.Settings, dsn_override: str | None, daemon
     checks.append(Check("clock", "ok" if skew < 1 else "warn",
                         f"{skew:.2f}s from the database's clock" + ("" if skew < 1 else "; run NTP on both")))
     return checks
+
+
+def role_check(identity: store.Identity, host_id: str) -> Check:
+    """Which kind of database role this host's DSN logs in as (README, Roles: who may do what), and
+    whether its daemon may act as this host's id with it."""
+    if identity.kind == "admin":
+        return Check("role", "ok", "admin (a member of unitvisor_admin: may act as any host; give each host "
+                     "its own role with `unitvisor hosts add`)")
+    if identity.kind == "host" and identity.host_id == host_id:
+        return Check("role", "ok", f"host, bound to {host_id}")
+    if identity.kind == "host":
+        return Check("role", "fail", f"host, bound to {identity.host_id}, but this host's id is {host_id}: the "
+                     f"daemon may not act as it; set [host] id = \"{identity.host_id}\" or use {host_id}'s DSN")
+    if identity.kind == "submitter":
+        return Check("role", "fail", "submitter (a control plane's role): the daemon may not act as any host; "
+                     "give this host its own role with `unitvisor hosts add`")
+    return Check("role", "fail", "unbound (no unitvisor role, or a host role bound to no host id): the daemon "
+                 "may not act as any host; give this host its own role with `unitvisor hosts add`")
 
 
 def host_id_check(host_id: str, row: dict | None, instance: str) -> Check:

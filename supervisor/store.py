@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
@@ -42,6 +42,11 @@ _MIGRATION_RE = re.compile(r"^(\d{3,})_[a-z0-9_]+\.sql\Z")
 # pg_advisory_lock key for migrations: the bytes of "unitvisr" as a bigint, so that two hosts that
 # migrate at once run one after the other.
 MIGRATION_LOCK_KEY = int.from_bytes(b"unitvisr", "big") & 0x7FFF_FFFF_FFFF_FFFF
+# The migration that creates the three roles (sql/004_roles.sql): those after it run as the admin.
+ROLES_MIGRATION = 4
+ADMIN_ROLE = "unitvisor_admin"
+SUBMITTER_ROLE = "unitvisor_submitter"
+HOST_ROLE = "unitvisor_host"
 SPAWN_CHANNEL = "unitvisor_spawn"
 CANCEL_CHANNEL = "unitvisor_cancel"
 
@@ -178,6 +183,10 @@ def migration_files(sql_dir: Path | None = None) -> list[tuple[str, Path]]:
     return files
 
 
+def _migration_number(version: str) -> int:
+    return int(version.split("_", 1)[0])
+
+
 def applied_migrations(conn: Connection) -> set[str]:
     exists = conn.execute("SELECT to_regclass('unitvisor.schema_migrations') IS NOT NULL").fetchone()[0]
     if not exists:
@@ -207,6 +216,10 @@ def migrate(conn: Connection, sql_dir: Path | None = None) -> list[str]:
             if version in done:
                 continue
             with conn.transaction():
+                if _migration_number(version) > ROLES_MIGRATION:
+                    # What a later migration creates must be the admin's, not the login role's that
+                    # happens to migrate (sql/004_roles.sql); SET LOCAL ends with the transaction.
+                    conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(ADMIN_ROLE)))
                 conn.execute(path.read_text())
                 conn.execute("INSERT INTO unitvisor.schema_migrations (version) VALUES (%s)", (version,))
             applied.append(version)
@@ -314,17 +327,8 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
 def record_event(conn: Connection, fence: Fence, attempt: Attempt, state: str, reason: str) -> None:
     """An event about an attempt that changes no state (a stop on its way, say), written by `fence`'s host."""
     with _fencing():
-        conn.execute(
-            """INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
-               SELECT %s, %s, %s, %s, %s WHERE unitvisor.check_fence(%s, %s)""",
-            (attempt.run_id, attempt.attempt, fence.host_id, state, reason, fence.host_id, fence.epoch))
-
-
-def _event(conn: Connection, run_id: uuid.UUID, state: str, reason: str,
-           attempt: int | None = None, host_id: str | None = None) -> None:
-    conn.execute(
-        "INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason) VALUES (%s, %s, %s, %s, %s)",
-        (run_id, attempt, host_id, state, reason))
+        conn.execute("SELECT unitvisor.record_event(%s, %s, %s, %s, %s, %s)",
+                     (attempt.run_id, attempt.attempt, fence.host_id, fence.epoch, state, reason))
 
 
 @dataclass(frozen=True)
@@ -337,49 +341,20 @@ class Transition:
 
 
 def cancel_run(conn: Connection, run_id: uuid.UUID) -> Transition:
-    """Ask for a run to be cancelled. A queued run is cancelled at once (its job removed); a
-    starting or running one is marked, and the owning daemon stops its unit."""
-    with conn.transaction():
-        # The job first, then the run: the claim query locks in the same order, so the two cannot
-        # deadlock, and a job being claimed right now makes this wait and then see the run starting.
-        conn.execute("DELETE FROM unitvisor.spawn_jobs WHERE run_id = %s AND state = 'available'", (run_id,))
-        row = conn.execute(
-            """UPDATE unitvisor.runs SET
-                   cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now(),
-                   state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
-                   finished_at = CASE WHEN state = 'queued' THEN now() ELSE finished_at END
-               WHERE id = %s AND state IN ('queued', 'starting', 'running')
-               RETURNING state""", (run_id,)).fetchone()
-        if row is None:
-            current = conn.execute("SELECT state FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
-            return Transition(current[0] if current else None, False)
-        state = row[0]
-        if state == "cancelled":
-            # A retry's job committed while this waited for the run's row lock (its outcome was being
-            # recorded): the run is cancelled now, so that job may never start it.
-            conn.execute("DELETE FROM unitvisor.spawn_jobs WHERE run_id = %s AND state = 'available'", (run_id,))
-        _event(conn, run_id, state, "cancelled while queued" if state == "cancelled" else "cancel requested")
-        conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, str(run_id)))
-    return Transition(state, True)
+    """Ask for a run to be cancelled (unitvisor.cancel_run, which control planes call too). A queued
+    run is cancelled at once (its job removed); a starting or running one is marked, and the owning
+    daemon stops its unit."""
+    row = conn.execute("SELECT state, changed FROM unitvisor.cancel_run(%s)", (run_id,)).fetchone()
+    return Transition(row[0], row[1])
 
 
 def resume_run(conn: Connection, run_id: uuid.UUID) -> Transition:
-    """Reopen a failed or cancelled run: back to queued with a new spawn job, in one transaction.
-    The next attempt is numbered after the last, and runs with the command and limits the row has
-    now. Refused (changed=False) for a run that is queued, starting, running or succeeded."""
-    with conn.transaction():
-        row = conn.execute(
-            """UPDATE unitvisor.runs SET state = 'queued', cancel_requested_at = NULL, finished_at = NULL,
-                   updated_at = now()
-               WHERE id = %s AND state IN ('failed', 'cancelled') RETURNING priority""", (run_id,)).fetchone()
-        if row is None:
-            current = conn.execute("SELECT state FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
-            return Transition(current[0] if current else None, False)
-        # A job left behind by an older race is the job this run needs: keep it, never fail on it.
-        conn.execute("""INSERT INTO unitvisor.spawn_jobs (run_id, priority) VALUES (%s, %s)
-                        ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING""", (run_id, row[0]))
-        _event(conn, run_id, "queued", "resumed by an operator")
-    return Transition("queued", True)
+    """Reopen a failed or cancelled run (unitvisor.resume_run, which control planes call too): back
+    to queued with a new spawn job, in one transaction. The next attempt is numbered after the last,
+    and runs with the command and limits the row has now. Refused (changed=False) for a run that is
+    queued, starting, running or succeeded."""
+    row = conn.execute("SELECT state, changed FROM unitvisor.resume_run(%s)", (run_id,)).fetchone()
+    return Transition(row[0], row[1])
 
 
 # -- hosts --------------------------------------------------------------------------------------
@@ -491,27 +466,15 @@ def probe(conn: Connection, fence: Fence, waited: timedelta) -> Probe:
     """The heartbeat and the fallback poll in one statement: an idle daemon asks the database one
     question per poll interval, and only claims, looks for cancels or does fleet upkeep when there is
     something. Raises Fenced when this host's epoch is over (declared dead, taken over, row deleted)."""
-    row = conn.execute(
-        """UPDATE unitvisor.hosts h SET heartbeat_at = now()
-           WHERE h.id = %(host)s AND h.epoch = %(epoch)s AND h.state <> 'dead'
-           RETURNING h.state,
-               EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
-                       WHERE j.state = 'available' AND j.scheduled_at <= now()
-                         AND (r.state <> 'queued' OR unitvisor.host_refusal(h, r) IS NULL)),
-               EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
-                       WHERE a.host_id = %(host)s AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL),
-               EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))
-               OR EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
-                          WHERE j.state = 'available' AND j.scheduled_at <= now() - %(waited)s)""",
-        {"host": fence.host_id, "epoch": fence.epoch, "waited": waited}).fetchone()
+    row = conn.execute("SELECT host_state, claimable, cancels, upkeep FROM unitvisor.heartbeat(%s, %s, %s)",
+                       (fence.host_id, fence.epoch, waited)).fetchone()
     if row is None:
         raise Fenced(f"host {fence.host_id} is fenced: its row is gone, or its epoch {fence.epoch} is over")
     return Probe(row[0], row[1], row[2], row[3])
 
 
 def mark_host_stopped(conn: Connection, fence: Fence) -> None:
-    conn.execute("UPDATE unitvisor.hosts SET state = 'stopped', heartbeat_at = now() "
-                 "WHERE id = %s AND epoch = %s AND state = 'active'", (fence.host_id, fence.epoch))
+    conn.execute("SELECT unitvisor.mark_host_stopped(%s, %s)", (fence.host_id, fence.epoch))
 
 
 # -- fleet upkeep -------------------------------------------------------------------------------
@@ -551,8 +514,11 @@ def claim(conn: Connection, fence: Fence, batch: int, unit_format: str) -> list[
         rows = cur.execute(
             f"""SELECT c.run_id AS claimed_run, c.attempt AS claimed_attempt, c.unit_name AS claimed_unit,
                        c.claimed_at AS claimed_claimed_at, {_RUN_COLUMNS}
-                FROM unitvisor.claim_jobs(%s, %s, %s, %s) c JOIN unitvisor.runs r ON r.id = c.run_id""",
+                FROM unitvisor.claim_jobs(%s, %s, %s, %s) c LEFT JOIN unitvisor.runs r ON r.id = c.run_id""",
             (fence.host_id, fence.epoch, batch, unit_format)).fetchall()
+    # A LEFT JOIN, so that claim_jobs always runs to its end: with an inner join the planner may skip the
+    # function when runs looks empty, and a host role sees no run pinned elsewhere (the policy on runs), so
+    # the stale jobs of such runs would never be discarded. A claimed run is one this host may read.
     # The run rows are as the statement's snapshot saw them: before claim_jobs set them to starting.
     return [(Run(**{**{k: row[k] for k in _RUN_FIELDS}, "state": "starting", "wait_reason": None}),
              Attempt(run_id=row["claimed_run"], attempt=row["claimed_attempt"], host_id=fence.host_id,
@@ -614,20 +580,9 @@ def mark_started(conn: Connection, fence: Fence, attempt: Attempt, invocation_id
     `started_at` is systemd's own time of the start when known (else now()); a start time already
     recorded is kept."""
     with _fencing():
-        conn.execute(
-            """WITH started AS (
-                   UPDATE unitvisor.attempts
-                   SET started_at = coalesce(started_at, %(started)s, now()),
-                       invocation_id = coalesce(invocation_id, %(inv)s)
-                   WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL AND host_id = %(host)s
-                     AND (SELECT unitvisor.check_fence(%(host)s, %(epoch)s)) RETURNING run_id),
-               moved AS (
-                   UPDATE unitvisor.runs SET state = 'running', updated_at = now()
-                   WHERE id IN (SELECT run_id FROM started) AND state = 'starting' RETURNING id)
-               INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
-               SELECT id, %(attempt)s, %(host)s, 'running', %(reason)s FROM moved""",
-            {"inv": invocation_id or None, "started": started_at, "run": attempt.run_id, "attempt": attempt.attempt,
-             "host": fence.host_id, "epoch": fence.epoch, "reason": reason or f"unit {attempt.unit_name} started"})
+        conn.execute("SELECT unitvisor.mark_started(%s, %s, %s, %s, %s, %s, %s)",
+                     (attempt.run_id, attempt.attempt, fence.host_id, fence.epoch, invocation_id or None, started_at,
+                      reason or f"unit {attempt.unit_name} started"))
 
 
 def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Outcome, next_state: str,
@@ -644,47 +599,11 @@ def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Ou
     that a daemon that was down when the run ended does not stretch its duration; now() otherwise. A
     start time already recorded is kept.
     """
-    with _fencing(), conn.transaction():
-        row = conn.execute(
-            """UPDATE unitvisor.attempts SET outcome = %(outcome)s, exit_status = %(status)s, reason = %(reason)s,
-                   ended_at = coalesce(%(ended)s, now()), invocation_id = coalesce(invocation_id, %(inv)s),
-                   -- a unit seen only once it had ended (adopted after a crash) did start
-                   started_at = CASE WHEN %(inv)s::text IS NULL AND %(started)s::timestamptz IS NULL THEN started_at
-                                     ELSE coalesce(started_at, %(started)s, now()) END
-               WHERE run_id = %(run)s AND attempt = %(attempt)s AND outcome IS NULL
-                 AND (SELECT unitvisor.check_fence(%(host)s, %(epoch)s))
-                 -- its own attempt, or one of a host declared dead that it is taking over
-                 AND (host_id = %(host)s OR EXISTS (SELECT 1 FROM unitvisor.hosts h
-                                                    WHERE h.id = attempts.host_id AND h.state = 'dead'))
-               RETURNING 1""",
-            {"outcome": outcome.outcome, "status": outcome.exit_status, "reason": outcome.reason,
-             "inv": invocation_id or None, "started": started_at, "ended": ended_at, "run": attempt.run_id,
-             "attempt": attempt.attempt, "host": fence.host_id, "epoch": fence.epoch}).fetchone()
-        if row is None:
-            return False
-        latest = conn.execute("SELECT max(attempt) FROM unitvisor.attempts WHERE run_id = %s",
-                              (attempt.run_id,)).fetchone()[0]
-        if latest != attempt.attempt:
-            return True  # an older attempt settled late; the run follows its newest attempt
-        detail = f"attempt {attempt.attempt}: {outcome.outcome} ({outcome.reason})"
-        if retry_delay is not None and conn.execute(
-                "SELECT cancel_requested_at IS NOT NULL FROM unitvisor.runs WHERE id = %s FOR UPDATE",
-                (attempt.run_id,)).fetchone()[0]:
-            # Cancelled while this outcome was on its way: the operator's word ends the run.
-            retry_delay, next_state = None, "cancelled"
-            detail += "; no retry, a cancel was requested"
-        if retry_delay is not None:
-            conn.execute(
-                """INSERT INTO unitvisor.spawn_jobs (run_id, priority, scheduled_at)
-                   SELECT id, priority, now() + %s FROM unitvisor.runs WHERE id = %s""",
-                (retry_delay, attempt.run_id))
-            detail += f"; retry in {retry_delay.total_seconds():.0f}s"
-        conn.execute(
-            """UPDATE unitvisor.runs SET state = %(state)s, updated_at = now(),
-                   finished_at = CASE WHEN %(state)s IN ('succeeded', 'failed', 'cancelled') THEN now() END
-               WHERE id = %(id)s""", {"state": next_state, "id": attempt.run_id})
-        _event(conn, attempt.run_id, next_state, detail, attempt.attempt, fence.host_id)
-    return True
+    with _fencing():
+        return conn.execute(
+            "SELECT unitvisor.record_outcome(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (attempt.run_id, attempt.attempt, fence.host_id, fence.epoch, outcome.outcome, outcome.exit_status,
+             outcome.reason, next_state, retry_delay, invocation_id or None, started_at, ended_at)).fetchone()[0]
 
 
 def listen(conn: Connection, *channels: str) -> None:
@@ -694,3 +613,89 @@ def listen(conn: Connection, *channels: str) -> None:
 
 def now(conn: Connection) -> datetime:
     return conn.execute("SELECT now()").fetchone()[0]
+
+
+# -- roles (sql/004_roles.sql) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What kind of role this session has: admin, submitter, host (bound to host_id) or unbound."""
+
+    kind: str
+    host_id: str | None
+
+
+def whoami(conn: Connection) -> Identity:
+    row = conn.execute("SELECT kind, host_id FROM unitvisor.whoami()").fetchone()
+    return Identity(row[0], row[1])
+
+
+_ROLE_NAME_UNSAFE = re.compile(r"[^a-z0-9_]+")
+_MAX_ROLE_NAME = 63  # PostgreSQL's NAMEDATALEN - 1, in bytes; the names made here are ASCII
+
+
+def default_host_role_name(host_id: str) -> str:
+    """unitvisor_host_<host id>, lowercase, anything but [a-z0-9_] as one _, so that it needs no quoting
+    in psql or pg_hba.conf. Cut to PostgreSQL's 63 bytes with a hash of the id at the end when longer,
+    so that two long ids do not end up as one role."""
+    name = "unitvisor_host_" + _ROLE_NAME_UNSAFE.sub("_", host_id.lower()).strip("_")
+    if len(name) > _MAX_ROLE_NAME:
+        digest = format(uuid.uuid5(uuid.NAMESPACE_OID, host_id).int & 0xFFFF_FFFF, "08x")
+        name = f"{name[:_MAX_ROLE_NAME - 9]}_{digest}"
+    return name
+
+
+def _scram(conn: Connection, role: str, password: str) -> str:
+    """The password as a SCRAM-SHA-256 verifier, made by libpq on this side: the server, its statement
+    log and pg_stat_activity never see the password itself. (PQencryptPasswordConn: psycopg 3.1 too.)"""
+    return conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256").decode()
+
+
+class AlreadyBound(DatabaseError):
+    """The host id has a role already (or the role name is taken)."""
+
+
+def add_host_role(conn: Connection, host_id: str, role: str, password: str) -> None:
+    """Create the login role `role` with this password, a member of unitvisor_host, bound to host_id,
+    in one transaction. Needs unitvisor_admin and the right to create roles."""
+    with conn.transaction():
+        bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
+                             (host_id,)).fetchone()
+        if bound is not None:
+            raise AlreadyBound(f"host id {host_id} is bound to role {bound[0]} already "
+                               "(--new-password gives that role a new password)")
+        # CREATE ROLE takes no parameters: the name is an Identifier, the password a quoted literal of
+        # its SCRAM verifier, never the password.
+        try:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                sql.Identifier(role), sql.Literal(_scram(conn, role, password)), sql.Identifier(HOST_ROLE)))
+        except psycopg.errors.DuplicateObject:
+            raise AlreadyBound(f"role {role} exists already; choose another name with --role") from None
+        try:
+            conn.execute("INSERT INTO unitvisor.host_roles (role_name, host_id) VALUES (%s, %s)", (role, host_id))
+        except psycopg.errors.UniqueViolation:
+            raise AlreadyBound(f"role {role} is bound to another host id already") from None
+
+
+def set_host_role_password(conn: Connection, host_id: str, password: str) -> str | None:
+    """Give the role bound to host_id a new password; returns its name (None: no role is bound to it)."""
+    with conn.transaction():
+        bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
+                             (host_id,)).fetchone()
+        if bound is None:
+            return None
+        conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+            sql.Identifier(bound[0]), sql.Literal(_scram(conn, bound[0], password))))
+    return bound[0]
+
+
+def dsn_for_role(dsn: str, role: str, password: str, db_host: str | None = None) -> str:
+    """The DSN a host logs in with: this DSN's server, port, database and options, with the role and
+    its password instead of ours (and db_host instead of our host when given, e.g. when we came in over
+    the local socket)."""
+    params = {key: value for key, value in conninfo_to_dict(dsn).items() if key not in ("user", "password", "passfile")}
+    if db_host:
+        params["host"] = db_host
+        params.pop("hostaddr", None)
+    return make_conninfo(**params, user=role, password=password)

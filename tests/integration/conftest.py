@@ -3,16 +3,21 @@ fixtures of tests/conftest.py), the real `unitvisor` executable, and no mocks an
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import re
 import select
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from supervisor import envpolicy, globs, store
 from tests.conftest import throwaway_database
@@ -156,3 +161,111 @@ def cli(empty_config: Path) -> Callable[..., CliResult]:
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
     return run
+
+
+# -- the store's host paths, run as bound host roles -----------------------------------------------
+#
+# The modules that exercise the daemon's queries (claim, start, outcome, retry, heartbeat, dead hosts,
+# stop) use `pytestmark = pytest.mark.usefixtures("as_bound_roles")`, and so run twice: as the
+# superuser, and with every host call of the store made as a login role bound to that call's host id
+# (and submit, cancel and resume as a unitvisor_submitter login role). The tests share one connection
+# between several host ids and the operator's own setup statements, so each such call switches the
+# session's login role around itself with SET SESSION AUTHORIZATION: session_user becomes the bound
+# role exactly as a login of that role makes it, and session_user is what the database checks
+# (unitvisor.require_host, the policy on runs). tests/integration/test_roles.py logs in for real.
+
+# A host id no test registers: the role for host calls that name no host (explain_waiting, ...).
+ANY_HOST = "any-host"
+TEST_SUBMITTER = "uvtest_submitter"
+_HOST_CALLS = {  # store function -> how to find the host id it acts as
+    "register_host": lambda args: args[1].host_id,
+    "probe": lambda args: args[1].host_id, "mark_host_stopped": lambda args: args[1].host_id,
+    "declare_dead_hosts": lambda args: args[1].host_id, "claim": lambda args: args[1].host_id,
+    "mark_started": lambda args: args[1].host_id, "record_outcome": lambda args: args[1].host_id,
+    "record_event": lambda args: args[1].host_id,
+    "open_attempts": lambda args: args[1], "host_fence": lambda args: args[1],
+    "explain_waiting": lambda args: ANY_HOST, "unit_owners": lambda args: ANY_HOST,
+    "unclaimed_attempts": lambda args: ANY_HOST,
+}
+_SUBMITTER_CALLS = ("submit_run", "cancel_run", "resume_run")
+
+
+# What ensure_login_role and bind_host_role made already: (cluster port, role) and (port, database, role).
+_made: set[tuple] = set()
+
+
+def bound_role_name(host_id: str) -> str:
+    """The login role a test binds to host_id."""
+    return "uvtest_host_" + re.sub(r"[^a-z0-9_]", "_", host_id.lower())
+
+
+def ensure_login_role(postgres: Postgres, role: str, member_of: str) -> None:
+    """A login role of the cluster (roles outlive the per-test databases), created once; without a
+    password, since the throwaway cluster trusts 127.0.0.1."""
+    if (postgres.port, role) in _made:
+        return
+    _made.add((postgres.port, role))
+    with store.connect(postgres.dsn) as admin:
+        try:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                sql.Identifier(role), sql.Identifier(member_of)))
+        except psycopg.errors.DuplicateObject:
+            pass
+
+
+def bind_host_role(conn: psycopg.Connection, postgres: Postgres, host_id: str) -> str:
+    """A login role bound to host_id in conn's database (created when missing); returns its name. The
+    binding commits at once, on a session of its own: inside the test's own transaction it would
+    hold up another session's binding of the same host until that transaction ends."""
+    role = bound_role_name(host_id)
+    ensure_login_role(postgres, role, store.HOST_ROLE)
+    if (postgres.port, conn.info.dbname, role) in _made:
+        return role
+    _made.add((postgres.port, conn.info.dbname, role))
+    with store.connect(postgres.dsn_for(conn.info.dbname)) as binder:
+        binder.execute("INSERT INTO unitvisor.host_roles (role_name, host_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                       (role, host_id))
+    return role
+
+
+@contextlib.contextmanager
+def session_as(conn: psycopg.Connection, role: str) -> Iterator[None]:
+    """Run what is inside as `role` (a superuser's session only), then as the login role again. Inside a
+    failed transaction nothing can run: its rollback undoes the SET as well."""
+    conn.execute(sql.SQL("SET SESSION AUTHORIZATION {}").format(sql.Identifier(role)))
+    try:
+        yield
+    finally:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:
+            conn.execute("RESET SESSION AUTHORIZATION")
+
+
+@pytest.fixture(params=["superuser", "bound roles"])
+def as_bound_roles(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, postgres: Postgres) -> str:
+    if request.param == "superuser":
+        return request.param
+    switched: set[int] = set()  # connections inside a wrapped call: nested store calls stay as they are
+    ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
+
+    def wrap(name: str, original: Callable[..., Any], role_for: Callable[[tuple], str]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            conn = args[0]
+            if id(conn) in switched:
+                return original(*args, **kwargs)
+            role = role_for(args)
+            switched.add(id(conn))
+            try:
+                with session_as(conn, role):
+                    return original(*args, **kwargs)
+            finally:
+                switched.discard(id(conn))
+        return call
+
+    for name, host_of in _HOST_CALLS.items():
+        monkeypatch.setattr(store, name, wrap(name, getattr(store, name),
+                                              lambda args, host_of=host_of: bind_host_role(args[0], postgres,
+                                                                                           host_of(args))))
+    for name in _SUBMITTER_CALLS:
+        monkeypatch.setattr(store, name, wrap(name, getattr(store, name), lambda args: TEST_SUBMITTER))
+    return request.param

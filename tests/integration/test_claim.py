@@ -15,6 +15,10 @@ from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome
 from tests.integration.conftest import age_jobs, fence_of, register
 
+# Each test runs twice: as the superuser, and with every host call of the store made as a login role
+# bound to its host id (tests/integration/conftest.py, as_bound_roles).
+pytestmark = pytest.mark.usefixtures("as_bound_roles")
+
 MiB = 1 << 20
 FAILED = Outcome("exit-code", "exit:1", "exited with status 1")
 SUCCEEDED = Outcome("success", "exit:0", "exited 0")

@@ -28,6 +28,10 @@ from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome, retry_delay, run_state_after
 from tests.integration.conftest import ALLOW_ALL, TABLES, age_jobs, host_profile, register, silence
 
+# Each test runs twice: as the superuser, and with every host call of the store made as a login role
+# bound to its host id (tests/integration/conftest.py, as_bound_roles).
+pytestmark = pytest.mark.usefixtures("as_bound_roles")
+
 FMT = unitspec.UNIT_NAME_FORMAT
 MiB = 1 << 20
 WEEK = timedelta(days=7)
@@ -990,7 +994,7 @@ def test_a_cancel_racing_a_retry_leaves_no_job_behind(conn: psycopg.Connection, 
             deadline = time.monotonic() + 10
             while not errors and time.monotonic() < deadline and not observer.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
-                    ("%UPDATE unitvisor.runs%",)).fetchone()[0]:
+                    ("%unitvisor.cancel_run(%",)).fetchone()[0]:  # the cancel waits for the run's row
                 time.sleep(0.01)
     thread.join(timeout=20)
     assert not errors, errors

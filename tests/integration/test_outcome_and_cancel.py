@@ -16,6 +16,10 @@ from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
 from tests.integration.conftest import fence_of, host_profile, register, silence, wait_notifies
 
+# Each test runs twice: as the superuser, and with every host call of the store made as a login role
+# bound to its host id (tests/integration/conftest.py, as_bound_roles).
+pytestmark = pytest.mark.usefixtures("as_bound_roles")
+
 SUCCEEDED = Outcome("success", "exit:0", "exited 0")
 FAILED = Outcome("exit-code", "exit:3", "exited with status 3")
 CANCELLED = Outcome("cancelled", "signal:TERM", "cancelled by request")
@@ -332,7 +336,7 @@ def test_cancel_during_a_claim_waits_and_then_asks_the_host(conn: psycopg.Connec
             while time.monotonic() < deadline and not errors:
                 blocked = observer.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE %s", ("%spawn_jobs%",)).fetchone()[0]
+                    "AND query LIKE %s", ("%unitvisor.cancel_run(%",)).fetchone()[0]  # it deletes the job first
                 if blocked:
                     break
                 time.sleep(0.02)

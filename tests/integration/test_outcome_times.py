@@ -1,3 +1,4 @@
+
 """Issue 12: the start and end that mark_started and record_outcome store are systemd's own times when
 given, the database's now() otherwise, and a recorded start is never replaced by a later-noticed one."""
 
@@ -7,11 +8,16 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 
 from supervisor import store, unitspec
 from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
 from tests.integration.conftest import fence_of, register
+
+# Each test runs twice: as the superuser, and with every host call of the store made as a login role
+# bound to its host id (tests/integration/conftest.py, as_bound_roles).
+pytestmark = pytest.mark.usefixtures("as_bound_roles")
 
 FAILED = Outcome("exit-code", "exit:3", "exited with status 3")
 REAL_START = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)

@@ -1,6 +1,12 @@
+import pytest
+
 from supervisor import store, unitspec
 from supervisor.outcomes import Outcome
 from tests.integration.conftest import register
+
+# Each test runs twice: as the superuser, and with every host call of the store made as a login role
+# bound to its host id (tests/integration/conftest.py, as_bound_roles).
+pytestmark = pytest.mark.usefixtures("as_bound_roles")
 
 
 def test_unclaimed_attempts_are_those_of_runs_in_flight_without_a_row(conn):

@@ -31,6 +31,9 @@ MAX_EXPOSURE = 1.9
 DB_PASSWORD = "clean-room-secret"
 ALLOWED = '["/bin/sh", "/bin/sleep", "/usr/bin/*"]'
 SERVICE = "unitvisor.service"
+HOST_ID = "web-1"  # README's Install: `unitvisor hosts add web-1`, and [host] id = "web-1"
+# The admin's login role, the operator's DSN for submit (the host's own role may not submit).
+OPERATOR_DSN = "postgresql://unitvisor:" + DB_PASSWORD + "@localhost:{port}/unitvisor"
 
 
 def say(request: pytest.FixtureRequest, text: str) -> None:
@@ -95,7 +98,8 @@ def host(deb: Path, request: pytest.FixtureRequest) -> Iterator[Host]:
 @pytest.fixture(scope="module")
 def long_run(host: Host) -> dict:
     """A run that outlives the restart and the reinstall below, seen running before either."""
-    run_id = host.unitvisor("submit", "--", "/bin/sleep", "600").stdout.strip()
+    run_id = host.unitvisor("submit", "--dsn", OPERATOR_DSN.format(port=host.room.pg_port), "--",
+                            "/bin/sleep", "600").stdout.strip()
     data = host.running(run_id)
     unit = data["attempts"][0]["unit"]
     return {"id": run_id, "unit": unit, "invocation": host.prop(unit, "InvocationID")}
@@ -169,22 +173,30 @@ def test_systemd_analyze_security_exposure(host: Host, request: pytest.FixtureRe
 
 
 def test_configured_as_the_readme_says_it_runs_a_run(host: Host) -> None:
-    host.room.psql(f"CREATE ROLE unitvisor LOGIN PASSWORD '{DB_PASSWORD}'")
+    host.room.psql(f"CREATE ROLE unitvisor LOGIN PASSWORD '{DB_PASSWORD}'")  # createuser --pwprompt
     host.room.psql("CREATE DATABASE unitvisor OWNER unitvisor")
-    dsn = f"postgresql://unitvisor:{DB_PASSWORD}@localhost:{host.room.pg_port}/unitvisor"
-    host.run("sh", "-c", "umask 077 && cat > /etc/unitvisor/dsn", input=dsn + "\n")
+    # migrate and hosts add as the postgres superuser over the local socket, as README's Install does
+    superuser = ("runuser", "-u", "postgres", "--", "unitvisor", "--dsn",
+                 f"host=/var/run/postgresql port={host.room.pg_port} dbname=unitvisor")
+    assert "applied" in host.run(*superuser, "migrate", timeout=120).stdout
+    added = json.loads(host.run(*superuser, "hosts", "add", HOST_ID, "--db-host", "localhost", "--json").stdout)
+    host.run("sh", "-c", "umask 077 && cat > /etc/unitvisor/dsn", input=added["dsn"] + "\n")
     assert host.run("stat", "-c", "%a %U", "/etc/unitvisor/dsn").stdout.split() == ["600", "root"]
-    assert "applied" in host.unitvisor("migrate").stdout
-    host.run("sed", "-i", f"s|^# allowed_executables = \\[\\]$|allowed_executables = {ALLOWED}|",
-             "/etc/unitvisor/unitvisor.toml")
-    assert f"allowed_executables = {ALLOWED}" in host.run("cat", "/etc/unitvisor/unitvisor.toml").stdout
+    host.run("sed", "-i", "-e", f"s|^# allowed_executables = \\[\\]$|allowed_executables = {ALLOWED}|",
+             "-e", f'0,/^# id = ""$/s||id = "{HOST_ID}"|', "/etc/unitvisor/unitvisor.toml")
+    config = host.run("cat", "/etc/unitvisor/unitvisor.toml").stdout
+    assert f"allowed_executables = {ALLOWED}" in config and f'\nid = "{HOST_ID}"\n' in config
     host.run("systemctl", "restart", SERVICE, timeout=120)
     wait_for(lambda: "waiting" not in host.prop(SERVICE, "StatusText"), timeout=30, what="a database connection")
     doctor = host.unitvisor("doctor", check=False)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert re.search(rf"^ok\s+role\s+host, bound to {HOST_ID}$", doctor.stdout, re.M), doctor.stdout
+    # The host's own role may not submit: the operator's DSN (the admin's login role) does.
+    refused = host.unitvisor("submit", "--", "/bin/true", check=False)
+    assert refused.returncode == 1 and "it needs unitvisor_submitter" in refused.stderr, refused.stderr
 
-    run_id = host.unitvisor("submit", "--memory", "64M", "--", "/bin/sh", "-c",
-                            "echo hello from the clean room; sleep 3").stdout.strip()
+    run_id = host.unitvisor("submit", "--dsn", OPERATOR_DSN.format(port=host.room.pg_port), "--memory", "64M",
+                            "--", "/bin/sh", "-c", "echo hello from the clean room; sleep 3").stdout.strip()
     unit = host.running(run_id)["attempts"][0]["unit"]
     status = host.run("systemctl", "status", unit, "--no-pager", check=False).stdout
     assert unit in status and "transient" in status and "Active: active" in status, status

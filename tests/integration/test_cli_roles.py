@@ -1,0 +1,141 @@
+"""`unitvisor hosts add`, and a command the database refuses to a role: the real executable, against
+the real database, logged in as each kind of role (sql/004_roles.sql)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from supervisor import store
+from tests.harness.postgres import Postgres
+from tests.integration.conftest import TEST_SUBMITTER, ensure_login_role
+from tests.integration.test_cli_db import assert_one_line_error
+
+
+def as_role(dsn: str, role: str) -> str:
+    return make_conninfo(dsn, user=role)
+
+
+@pytest.fixture
+def host_id() -> str:
+    """A host id of this test's own: roles are the cluster's, shared by every test database."""
+    return f"web-{uuid.uuid4().hex[:8]}"
+
+
+def add(cli, dsn: str, *args: str):
+    return cli("hosts", "add", *args, "--json", dsn=dsn)
+
+
+def test_hosts_add_creates_a_bound_login_role_and_prints_its_dsn(cli, dsn: str, conn: psycopg.Connection,
+                                                                 host_id: str) -> None:
+    result = add(cli, dsn, host_id)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    role = store.default_host_role_name(host_id)
+    assert (out["host_id"], out["role"], out["config"]) == (host_id, role, f'[host]\nid = "{host_id}"')
+    params = conninfo_to_dict(out["dsn"])
+    ours = conninfo_to_dict(dsn)
+    assert (params["user"], params["host"], params["port"], params["dbname"]) == (
+        role, ours["host"], ours["port"], ours["dbname"])
+    assert len(params["password"]) >= 32
+    # Stored as a SCRAM verifier made on the client: the password itself never reached the server.
+    stored, can_login = conn.execute("SELECT rolpassword, rolcanlogin FROM pg_authid WHERE rolname = %s",
+                                     (role,)).fetchone()
+    assert stored.startswith("SCRAM-SHA-256$") and params["password"] not in stored and can_login
+    assert conn.execute("SELECT host_id FROM unitvisor.host_roles WHERE role_name = %s", (role,)).fetchone() == (
+        host_id,)
+    with store.connect(out["dsn"]) as host:
+        assert store.whoami(host) == store.Identity("host", host_id)
+
+
+def test_hosts_add_prints_the_dsn_and_the_config_line_for_people(cli, dsn: str, host_id: str) -> None:
+    result = cli("hosts", "add", host_id, "--role", f"uvtest_{host_id.replace('-', '_')}", "--db-host",
+                 "db.example.com", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if not line.startswith("#")]
+    assert conninfo_to_dict(lines[0])["host"] == "db.example.com"
+    assert conninfo_to_dict(lines[0])["user"] == f"uvtest_{host_id.replace('-', '_')}"
+    assert lines[1:] == ["[host]", f'id = "{host_id}"']
+
+
+def test_hosts_add_refuses_a_host_id_bound_already(cli, dsn: str, host_id: str) -> None:
+    assert add(cli, dsn, host_id).returncode == 0
+    line = assert_one_line_error(add(cli, dsn, host_id, "--role", "uvtest_other"), 1)
+    assert f"host id {host_id} is bound to role {store.default_host_role_name(host_id)} already" in line
+    assert "--new-password" in line
+
+
+def test_hosts_add_new_password_rotates_the_password(cli, dsn: str, conn: psycopg.Connection,
+                                                     host_id: str) -> None:
+    first = json.loads(add(cli, dsn, host_id).stdout)
+    role = first["role"]
+    before = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,)).fetchone()[0]
+    result = add(cli, dsn, host_id, "--new-password")
+    assert result.returncode == 0, result.stderr
+    second = json.loads(result.stdout)
+    assert second["role"] == role and second["new_password"] is True
+    assert conninfo_to_dict(second["dsn"])["password"] != conninfo_to_dict(first["dsn"])["password"]
+    after = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,)).fetchone()[0]
+    assert after != before
+
+
+def test_hosts_add_new_password_of_an_unbound_host_id_is_an_error(cli, dsn: str, host_id: str) -> None:
+    line = assert_one_line_error(add(cli, dsn, host_id, "--new-password"), 1)
+    assert f"host id {host_id} has no role yet" in line
+
+
+def test_a_host_role_cannot_add_hosts(cli, dsn: str, host_id: str) -> None:
+    host_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    line = assert_one_line_error(add(cli, host_dsn, f"{host_id}-2"), 1)
+    assert "it needs unitvisor_admin and the right to create roles" in line
+
+
+def test_a_host_role_cannot_submit_and_is_told_which_role_can(cli, dsn: str, host_id: str) -> None:
+    host_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    line = assert_one_line_error(cli("submit", "--", "/bin/true", dsn=host_dsn), 1)
+    assert "refused `unitvisor submit`" in line and "it needs unitvisor_submitter" in line
+
+
+def test_a_host_role_cannot_cancel(cli, dsn: str, host_id: str, conn: psycopg.Connection) -> None:
+    run_id = store.submit_run(conn, argv=["/bin/true"])
+    host_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    line = assert_one_line_error(cli("cancel", str(run_id), dsn=host_dsn), 1)
+    assert "it needs unitvisor_submitter" in line
+    assert store.get_run(conn, run_id).state == "queued"
+
+
+def test_a_submitter_cannot_drain_and_is_told_which_role_can(cli, dsn: str, postgres: Postgres) -> None:
+    ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
+    line = assert_one_line_error(cli("drain", "h1", dsn=as_role(dsn, TEST_SUBMITTER)), 1)
+    assert "refused `unitvisor drain`" in line and line.endswith("it needs unitvisor_admin")
+
+
+def test_a_submitter_submits_cancels_resumes_and_reads_with_the_cli(cli, dsn: str, postgres: Postgres) -> None:
+    ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
+    submitter = as_role(dsn, TEST_SUBMITTER)
+    submitted = cli("submit", "--", "/bin/true", dsn=submitter)
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    assert cli("cancel", run_id, dsn=submitter).returncode == 0
+    assert cli("resume", run_id, dsn=submitter).returncode == 0
+    shown = cli("show", run_id, "--json", dsn=submitter)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "queued"
+    assert run_id[:8] in cli("runs", dsn=submitter).stdout
+
+
+def test_migrate_by_a_role_that_may_not_create_roles_says_what_it_needs(cli, empty_dsn: str,
+                                                                         postgres: Postgres) -> None:
+    """The one login role of a deployment before 004 owns the database but may not create or grant
+    roles: migration 004 is refused, in one line, and nothing of it is left behind."""
+    ensure_login_role(postgres, "uvtest_plain", "pg_monitor")  # any role: only the login matters
+    dbname = conninfo_to_dict(empty_dsn)["dbname"]
+    with store.connect(postgres.dsn) as superuser:
+        superuser.execute(f"ALTER DATABASE {dbname} OWNER TO uvtest_plain")
+    line = assert_one_line_error(cli("migrate", dsn=as_role(empty_dsn, "uvtest_plain")), 1)
+    assert "refused `unitvisor migrate`" in line and "it needs a role that may create roles" in line
+    with store.connect(empty_dsn) as conn:
+        assert store.pending_migrations(conn)[0] == "004_roles"
