@@ -189,3 +189,19 @@ def test_bad_values_are_refused_naming_the_key(line, message):
     with pytest.raises(ConfigError) as info:
         parse_runs(line)
     assert message in str(info.value)
+
+
+def test_the_benchmarks_unsandboxed_config_gives_the_units_of_before_the_sandbox():
+    """bench.run's "sandbox off" passes must measure the old units: every sandbox property either
+    left out or set to systemd's own default (verified live: `systemctl show` of such a unit)."""
+    from bench.inside import BENCH_CONFIG, UNSANDBOXED_RUNS
+
+    runs = config.parse(BENCH_CONFIG + UNSANDBOXED_RUNS).runs
+    off = sandbox(**{f.name: getattr(runs, f.name) for f in dataclasses.fields(runs)})
+    assert off == {
+        b"ProtectProc": b"default", b"ProcSubset": b"all", b"ProtectKernelTunables": False,
+        b"ProtectKernelModules": False, b"ProtectKernelLogs": False, b"ProtectControlGroups": False,
+        b"ProtectClock": False, b"ProtectHostname": False, b"RestrictSUIDSGID": False, b"RestrictRealtime": False,
+        b"LockPersonality": False, b"PrivateDevices": False, b"PrivateUsers": False,
+        b"MemoryDenyWriteExecute": False, b"PrivateNetwork": False, b"UMask": 0o022,
+    }
