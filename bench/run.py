@@ -212,6 +212,7 @@ class Bench:
                 "n": n, "loop_seconds": raw["loop_s"], "starts_per_s": n / raw["loop_s"],
                 "call_ms": summary(raw["call_ms"]), "all_ran_seconds": raw["drain_s"],
                 "all_ran_per_s": n / raw["drain_s"], "all_ran": raw["drained"],
+                "throttled_seconds": raw["throttled_s"],
             }
         for props in ("bare", "product", "unsandboxed"):
             raw = self.inside("active", "--n", str(self.sizes.latency), "--props", props)
@@ -383,7 +384,8 @@ class Bench:
             out[label] = {"passes": []}
         for round_ in range(self.sizes.sandbox_rounds):
             for label in ("sandboxed", "unsandboxed"):
-                say(f"(7) sandbox: {label}, round {round_ + 1}: exposure, then {n} runs at once ...")
+                then = "exposure, then " if round_ == 0 else ""
+                say(f"(7) sandbox: {label}, round {round_ + 1}: {then}{n} runs at once ...")
                 self.host.stop()
                 self.start_daemon("" if label == "sandboxed" else UNSANDBOXED_RUNS)
                 if round_ == 0:
