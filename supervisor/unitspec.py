@@ -110,8 +110,10 @@ def _capability_mask(names: tuple[str, ...]) -> int:
 
 
 def _sandbox(runs: RunSettings, run: Run) -> dict[bytes, Any]:
-    """The run sandbox ([runs] in config.py says why each default is what it is). A key turned off
-    leaves its property out, so that the unit has systemd's own default, as before the sandbox."""
+    """The run sandbox ([runs] in config.py says why each default is what it is). A boolean turned
+    off is sent as false, an empty list, capability_bounding_set ["all"], restrict_namespaces false
+    or system_call_error "kill" leave the property out: either way systemd's own default, as before
+    the sandbox."""
     props: dict[bytes, Any] = {
         b"ProtectProc": runs.protect_proc.encode(),
         b"ProcSubset": runs.proc_subset.encode(),
