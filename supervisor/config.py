@@ -98,10 +98,12 @@ class RunSettings:
     # Other users' processes are invisible in /proc, the daemon's and other runs' among them.
     protect_proc: str = "invisible"
     # "all", not "pid" as a hardened service could: a batch command reads /proc/meminfo, /proc/cpuinfo
-    # or /proc/loadavg to size itself (JVMs, numpy, `free`, `nproc --all`), which "pid" hides; it
-    # costs 0.1 of the score.
+    # or /proc/loadavg to size itself (JVMs, numpy, `free`, `nproc --all`), which "pid" hides.
+    # systemd-analyze lists it at 0.1; the overall score stays 1.5 either way.
     proc_subset: str = "all"
-    # ProtectKernelTunables, ProtectKernelModules and ProtectKernelLogs together.
+    # ProtectKernelTunables, ProtectKernelModules and ProtectKernelLogs together. Tunables is most of
+    # the sandbox's cost in start-up time (docs/benchmarks.md), and stays on: a run as root owns the
+    # files of /proc/sys even without capabilities. Off, the score is 2.0.
     protect_kernel: bool = True
     protect_control_groups: bool = True
     protect_clock: bool = True
@@ -115,7 +117,7 @@ class RunSettings:
     system_call_architectures: tuple[str, ...] = ("native",)
     # An allow list of calls and @groups, resolved by PID 1; empty: no filter. The daemon's own unit
     # also denies @privileged and @resources: not here, because that breaks `nice`, `ulimit` and the
-    # chown of tar or `cp -p`, which batch commands use; it costs 0.4 of the score.
+    # chown of tar or `cp -p`, which batch commands use (with them the score would be 1.3).
     system_call_filter: tuple[str, ...] = ("@system-service",)
     # What a call outside the filter returns: an errno name, so that the program sees an error it can
     # report (`Operation not permitted`), or "kill" (SIGSYS, a core dump that says nothing of why).
@@ -127,14 +129,14 @@ class RunSettings:
     umask: str = "0077"
     # false: a run reaches the network unless it asks for none (`submit --private-network`); true
     # makes every run on this host networkless but for its own loopback. Most runs need the network,
-    # so the default leaves it, and costs 0.5 of the score.
+    # so the default leaves it (a networkless run scores 1.0).
     private_network: bool = False
     # false: in a user namespace of its own, every file of another user (root's included) would show
     # as owned by nobody, which breaks ownership checks (git's safe.directory, ssh's key files, `test
-    # -O`); it costs 0.2 of the score.
+    # -O`); with it the score would be 1.3.
     private_users: bool = False
     # false: it breaks every JIT (the JVM, node, PyPy, LuaJIT, .NET, a regex JIT), which needs memory
-    # that is writable and then executable; it costs 0.1 of the score.
+    # that is writable and then executable; systemd-analyze lists it at 0.1.
     memory_deny_write_execute: bool = False
     # RemoveIPC= and KeyringMode= are left out: DynamicUser= implies RemoveIPC, and for a fixed User=
     # it would remove the IPC objects of that user's other runs still running when one run ends;
