@@ -70,8 +70,8 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 # Benchmarks against systemd's own limit (never part of `make test`): docs/benchmarks.md.
-# About 12 minutes in all (docs/benchmarks.md): about 9 for the single-host figures, then about 2 for
-# the fleet's; `.venv/bin/python -m bench.run --tiny` runs every figure in seconds.
+# About 26 minutes in all on a loaded machine (docs/benchmarks.md): 24 for the single-host figures
+# (9 before the run sandbox, on the machine alone), then about 2 for the fleet's; `.venv/bin/python -m bench.run --tiny` runs every figure in seconds.
 # `make bench` reproduces every figure of docs/benchmarks.md: the single-host figures, then the fleet's
 # (one after the other: both load this machine's cores). `make bench-fleet` re-measures only the
 # fleet's (about 2 minutes), e.g. after a change to claims or dead-host timing; `--tiny` in seconds.

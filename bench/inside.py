@@ -7,6 +7,7 @@ the checkout is not on sys.path.
 
 Subcommands:
   limit      StartTransientUnit in a loop on one connection: systemd's own limit, the baseline
+  active     one start at a time, timed to the unit being active
   units      start long-running units under given names (the loaded units of a reconcile pass)
   reconcile  one reconcile pass (or its decide phase) through supervisor.reconciler.Reconciler
 """
@@ -34,6 +35,25 @@ BENCH_CONFIG = """
 [runs]
 allowed_executables = ["/bin/true", "/bin/sleep"]
 """
+# [runs] keys that turn the run sandbox off: a run's unit as it was before issue 11 (every property
+# left at systemd's default), so that one benchmark run compares the sandbox with its absence.
+UNSANDBOXED_RUNS = """
+capability_bounding_set = ["all"]
+protect_proc = "default"
+protect_kernel = false
+protect_control_groups = false
+protect_clock = false
+protect_hostname = false
+restrict_namespaces = false
+restrict_suid_sgid = false
+restrict_realtime = false
+lock_personality = false
+system_call_architectures = []
+system_call_filter = []
+restrict_address_families = []
+private_devices = false
+umask = "0022"
+"""
 
 
 def _bare_props(argv: list[str]) -> dict[bytes, Any]:
@@ -44,9 +64,10 @@ def _bare_props(argv: list[str]) -> dict[bytes, Any]:
     }
 
 
-def _product_props(argv: list[str]) -> dict[bytes, Any]:
-    """Exactly the properties the daemon gives a run's unit (unitspec.build), for a run of argv."""
-    settings = config.parse(BENCH_CONFIG)
+def _product_props(argv: list[str], sandbox: bool = True) -> dict[bytes, Any]:
+    """Exactly the properties the daemon gives a run's unit (unitspec.build), for a run of argv; with
+    `sandbox` off, as a host configured with UNSANDBOXED_RUNS gives it."""
+    settings = config.parse(BENCH_CONFIG + ("" if sandbox else UNSANDBOXED_RUNS))
     run_id = uuid.uuid4()
     run = Run(id=run_id, argv=argv)
     attempt = Attempt(run_id=run_id, attempt=1, host_id="bench", unit_name=unitspec.unit_name(run_id, 1))
@@ -73,10 +94,31 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
+def _props(kind: str, argv: list[str]) -> dict[bytes, Any]:
+    if kind == "bare":
+        return _bare_props(argv)
+    return _product_props(argv, sandbox=kind == "product")
+
+
+# PID 1 tracks the bus client of every queued job with a match rule of its own, and dbus-daemon allows
+# one connection 512 (max_match_rules_per_connection): with more start jobs queued than that, PID 1
+# loses its bus connection ("Message recipient disconnected from message bus without replying",
+# seen with the sandboxed units, whose starts are slower than the loop). The daemon never has more
+# than max_runs (64) starts in flight; the loop here waits for the queue to halve past this many.
+MAX_QUEUED_JOBS = 256
+
+
+def _queued_jobs(systemd: Systemd) -> int:
+    from supervisor.systemd import MANAGER_IFACE, MANAGER_PATH
+
+    return len(systemd._call(MANAGER_PATH, MANAGER_IFACE, b"ListJobs", [], "listing jobs"))
+
+
 def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
     """N starts back to back on one connection, each call timed; then how long systemd took to run
-    them all (the loop only enqueues start jobs: StartTransientUnit returns before the unit runs)."""
-    props = _bare_props(["/bin/true"]) if args.props == "bare" else _product_props(["/bin/true"])
+    them all (the loop only enqueues start jobs: StartTransientUnit returns before the unit runs; it
+    waits only when MAX_QUEUED_JOBS are queued, and says for how long)."""
+    props = _props(args.props, ["/bin/true"])
     if args.with_props:
         # Which of the daemon's unit properties cost systemd what: bare, plus only these.
         product = _product_props(["/bin/true"])
@@ -85,8 +127,13 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
     systemd = Systemd()
     systemd.connect()
     calls = []
+    throttled_s = 0.0
     t0 = time.perf_counter()
     for i in range(args.n):
+        if i % 32 == 0 and _queued_jobs(systemd) > MAX_QUEUED_JOBS:
+            w0 = time.perf_counter()
+            _wait(lambda: _queued_jobs(systemd) <= MAX_QUEUED_JOBS // 2, 300)
+            throttled_s += time.perf_counter() - w0
         c0 = time.perf_counter()
         systemd.start_transient(f"{args.prefix}-{i}.service", props)
         calls.append((time.perf_counter() - c0) * 1000)
@@ -104,7 +151,7 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
         systemd.release(name)
     systemd.close()
     return {"n": args.n, "props": args.props, "call_ms": calls, "loop_s": loop_s, "drain_s": drain_s,
-            "drained": drained}
+            "drained": drained, "throttled_s": throttled_s}
 
 
 def cmd_active(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,7 +161,7 @@ def cmd_active(args: argparse.Namespace) -> dict[str, Any]:
 
     from supervisor.systemd import DEST, MANAGER_IFACE, MANAGER_PATH, PROPS_IFACE
 
-    props = _bare_props(["/bin/true"]) if args.props == "bare" else _product_props(["/bin/true"])
+    props = _props(args.props, ["/bin/true"])
     props[b"RemainAfterExit"] = True  # so that the timestamp can still be read after the exit
     systemd = Systemd()
     systemd.connect()
@@ -227,18 +274,22 @@ def cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
             "profile": profile}
 
 
+# bare: what `systemd-run` sends; product: the daemon's; unsandboxed: the daemon's without the sandbox.
+PROPS = ("bare", "product", "unsandboxed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("limit")
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--prefix", default="bench-raw")
-    p.add_argument("--props", choices=("bare", "product"), default="bare")
+    p.add_argument("--props", choices=PROPS, default="bare")
     p.add_argument("--with-props", help="comma-separated properties of the daemon's units to add to bare ones")
     p = sub.add_parser("active")
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--prefix", default="bench-active")
-    p.add_argument("--props", choices=("bare", "product"), default="product")
+    p.add_argument("--props", choices=PROPS, default="product")
     sub.add_parser("units")
     p = sub.add_parser("reconcile")
     p.add_argument("--dsn", required=True)

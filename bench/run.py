@@ -3,7 +3,8 @@ from the same run.
 
 Boots a throwaway PostgreSQL (with pg_stat_statements and commit timestamps) and a throwaway systemd
 test bed with the test harness, runs the daemon there under the real unitvisor.service, and
-measures: (1) the limit, (2) throughput, (3) latency, (4) reconcile, (5) idle, (6) scaling. What
+measures: (1) the limit, (2) throughput, (3) latency, (4) reconcile, (5) idle, (6) scaling, (7) the
+run sandbox (its systemd-analyze security exposure, and throughput with it and without it). What
 each figure means, and the latest results, are in docs/benchmarks.md. Everything it starts is gone
 when it ends, also on failure or Ctrl-C (the harness's context managers).
 
@@ -33,6 +34,7 @@ from typing import Any
 
 import psycopg
 
+from bench.inside import UNSANDBOXED_RUNS
 from supervisor import __version__, store
 from tests.harness import postgres as postgres_mod
 from tests.harness import testbed as testbed_mod
@@ -69,10 +71,15 @@ class Sizes:
     reconcile_units: int = 1000
     idle_seconds: float = 60.0
     scaling: list[int] = field(default_factory=lambda: [100, 1000, 10_000])
+    # (7): passes of `throughput` runs for each of sandboxed and unsandboxed, alternating, so that a
+    # load that comes and goes on the machine falls on both.
+    sandbox_rounds: int = 2
 
 
 TINY = Sizes(limit=40, throughput=20, latency=8, reconcile=200, reconcile_units=20, idle_seconds=3.0,
-             scaling=[10, 20])
+             scaling=[10, 20], sandbox_rounds=1)
+# The goal of issue 11: a run's unit rated 3.0 or lower by systemd-analyze security, network allowed.
+EXPOSURE_GOAL = 3.0
 
 TARGETS = {
     "throughput_ratio": "throughput >= 0.8 of the limit",
@@ -82,6 +89,7 @@ TARGETS = {
     "idle_statements": "idle: at most a handful of statements a minute (the heartbeat: <= 6)",
     "idle_cpu": "idle: no measurable CPU (< 0.05 s a minute)",
     "idle_memory": "idle: under 60 MB resident",
+    "sandbox_exposure": f"a live run's systemd-analyze security exposure <= {EXPOSURE_GOAL} (network allowed)",
 }
 
 
@@ -198,22 +206,24 @@ class Bench:
         self.results["loadavg"]["limit"] = loadavg()
         say(f"(1) the limit: {n} StartTransientUnit calls of /bin/true on one connection ...")
         out: dict[str, Any] = {}
-        for props in ("bare", "product"):
+        for props in ("bare", "product", "unsandboxed"):
             raw = self.inside("limit", "--n", str(n), "--props", props, "--prefix", f"bench-{props}")
             out[props] = {
                 "n": n, "loop_seconds": raw["loop_s"], "starts_per_s": n / raw["loop_s"],
                 "call_ms": summary(raw["call_ms"]), "all_ran_seconds": raw["drain_s"],
                 "all_ran_per_s": n / raw["drain_s"], "all_ran": raw["drained"],
+                "throttled_seconds": raw["throttled_s"],
             }
-        for props in ("bare", "product"):
+        for props in ("bare", "product", "unsandboxed"):
             raw = self.inside("active", "--n", str(self.sizes.latency), "--props", props)
             out[props]["start_to_active_ms"] = summary(raw["to_active_ms"])
         self.results["limit"] = out
 
     # -- daemon -----------------------------------------------------------------------------------
 
-    def start_daemon(self) -> None:
-        self.host.configure(config=DAEMON_CONFIG)
+    def start_daemon(self, runs_extra: str = "") -> None:
+        """The daemon with DAEMON_CONFIG, plus `runs_extra` keys in its [runs]."""
+        self.host.configure(config=DAEMON_CONFIG + runs_extra)
         self.host.start()
         wait_for(lambda: self.client.execute("SELECT count(*) FROM unitvisor.hosts WHERE id = %s",
                                              (HOST_ID,)).fetchone()[0], what="the host row")
@@ -348,6 +358,49 @@ class Bench:
                                  "--output", str(RESULTS / f"profile-{label}.txt")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+    # -- (7) the run sandbox ----------------------------------------------------------------------
+
+    def exposure(self) -> dict[str, Any]:
+        """systemd-analyze security of one live run's unit, as the running daemon started it."""
+        run_id = self.client.execute("SELECT unitvisor.submit_run(ARRAY['/bin/sleep', '300'])").fetchone()[0]
+        unit = wait_for(lambda: (row := self.client.execute(
+            """SELECT a.unit_name FROM unitvisor.runs r JOIN unitvisor.attempts a ON a.run_id = r.id
+               WHERE r.id = %s AND r.state = 'running'""", (run_id,)).fetchone()) and row[0],
+            timeout=60, what="the run to be running")
+        out = self.tb.run("systemd-analyze", "security", "--no-pager", unit, timeout=120).stdout
+        self.host.cli("cancel", str(run_id))
+        self.wait_quiet()
+        overall = next(line for line in out.splitlines() if "Overall exposure level" in line)
+        failed = [line.split()[1] for line in out.splitlines() if line.startswith("✗")]
+        return {"exposure": float(overall.split(":")[1].split()[0]), "overall": overall.strip("→ "),
+                "not_met": failed}
+
+    def sandbox(self) -> dict[str, Any]:
+        """The exposure and the throughput of the daemon with the sandbox (the defaults) and without it
+        (UNSANDBOXED_RUNS: a run's unit as before), each pass a daemon restarted with its config."""
+        n = self.sizes.throughput
+        out: dict[str, Any] = {"n": n, "unsandboxed_config": UNSANDBOXED_RUNS.strip().splitlines()}
+        for label in ("sandboxed", "unsandboxed"):
+            out[label] = {"passes": []}
+        for round_ in range(self.sizes.sandbox_rounds):
+            for label in ("sandboxed", "unsandboxed"):
+                then = "exposure, then " if round_ == 0 else ""
+                say(f"(7) sandbox: {label}, round {round_ + 1}: {then}{n} runs at once ...")
+                self.host.stop()
+                self.start_daemon("" if label == "sandboxed" else UNSANDBOXED_RUNS)
+                if round_ == 0:
+                    out[label].update(self.exposure())
+                row = self.throughput(n)
+                out[label]["passes"].append({k: row[k] for k in ("seconds", "runs_per_s", "outcomes",
+                                                                 "daemon_cpu_ms_per_run", "cpu_seconds")})
+        for label in ("sandboxed", "unsandboxed"):
+            passes = out[label]["passes"]
+            out[label]["runs_per_s"] = sum(p["runs_per_s"] for p in passes) / len(passes)
+            out[label]["pid1_cpu_ms_per_run"] = sum(p["cpu_seconds"]["pid1"] for p in passes) * 1000 / (n * len(passes))
+        out["throughput_ratio"] = out["sandboxed"]["runs_per_s"] / out["unsandboxed"]["runs_per_s"]
+        self.host.stop()
+        return out
+
     # -- (4) reconcile ----------------------------------------------------------------------------
 
     def reconcile(self, sizes: list[int]) -> list[dict[str, Any]]:
@@ -462,6 +515,7 @@ def targets(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     scaling = r["scaling"]["reconcile"]
     growth = scaling[-1]["plan"]["statements"] - scaling[0]["plan"]["statements"] if len(scaling) > 1 else 0
     gap = lat["to_active_ms"]["p50"] - limit["call_ms"]["p50"]
+    exposure = r["sandbox"]["sandboxed"]["exposure"]
     values = {
         "throughput_ratio": (tp["ratio_to_limit"], tp["ratio_to_limit"] >= 0.8),
         "latency_to_active": (gap, gap <= 15),
@@ -470,6 +524,7 @@ def targets(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "idle_statements": (idle["statements_per_min"], idle["statements_per_min"] <= 6),
         "idle_cpu": (idle["cpu_seconds_per_min"], idle["cpu_seconds_per_min"] < 0.05),
         "idle_memory": (idle["vmhwm_mb"], idle["vmhwm_mb"] < 60),
+        "sandbox_exposure": (exposure, exposure <= EXPOSURE_GOAL),
     }
     return {name: {"goal": TARGETS[name], "value": value, "met": met} for name, (value, met) in values.items()}
 
@@ -527,6 +582,20 @@ def table(r: dict[str, Any]) -> str:
         rows.append((f"(6) throughput at {row['n']} runs",
                      f"{row['runs_per_s']:.0f} runs/s ({row['seconds']:.2f} s)", f"{bare['starts_per_s']:.0f} starts/s",
                      f"{row['runs_per_s'] / bare['starts_per_s']:.2f} of limit"))
+    sb = r["sandbox"]
+    on, off, raw_off = sb["sandboxed"], sb["unsandboxed"], r["limit"]["unsandboxed"]
+    rows += [
+        ("(7) sandbox: systemd-analyze security, a live run", f"{on['exposure']:.1f}", f"{off['exposure']:.1f} (off)",
+         f"goal <= {EXPOSURE_GOAL}: {mark('sandbox_exposure')}"),
+        (f"(7) sandbox: throughput, {sb['n']} runs at once", f"{on['runs_per_s']:.0f} runs/s",
+         f"{off['runs_per_s']:.0f} runs/s (off)", f"{sb['throughput_ratio']:.2f}x"),
+        ("(7) ... PID 1 CPU per run", f"{on['pid1_cpu_ms_per_run']:.2f} ms",
+         f"{off['pid1_cpu_ms_per_run']:.2f} ms (off)", ""),
+        ("(7) ... raw starts with the daemon's props", f"{prod['starts_per_s']:.0f} starts/s",
+         f"{raw_off['starts_per_s']:.0f} starts/s (off)", f"{prod['starts_per_s'] / raw_off['starts_per_s']:.2f}x"),
+        ("(7) ... raw start -> active p50", f"{prod['start_to_active_ms']['p50']:.1f} ms",
+         f"{raw_off['start_to_active_ms']['p50']:.1f} ms (off)", ""),
+    ]
     for row in r["scaling"]["reconcile"]:
         plan = row["plan"]
         rows.append((f"(6) reconcile at {row['runs']} runs ({row['units']} units)", f"{plan['seconds']:.3f} s",
@@ -542,7 +611,7 @@ def table(r: dict[str, Any]) -> str:
 
 def _sizes(args: argparse.Namespace) -> Sizes:
     sizes = TINY if args.tiny else Sizes()
-    for name in ("limit", "throughput", "latency", "reconcile", "reconcile_units", "idle_seconds"):
+    for name in ("limit", "throughput", "latency", "reconcile", "reconcile_units", "idle_seconds", "sandbox_rounds"):
         value = getattr(args, name)
         if value is not None:
             setattr(sizes, name, value)
@@ -602,6 +671,7 @@ def run(sizes: Sizes, profile: bool) -> dict[str, Any]:
             r["throughput"] = main
             reconciled = bench.reconcile(sorted(set(sizes.scaling) | {sizes.reconcile}))
             r["reconcile"] = next(row for row in reconciled if row["runs"] == sizes.reconcile)
+            r["sandbox"] = bench.sandbox()
             r["scaling"] = {
                 "throughput": [{k: row[k] for k in ("n", "seconds", "runs_per_s", "statements_per_run",
                                                     "daemon_cpu_ms_per_run", "cpu_seconds")} for row in scaled
@@ -649,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{name}", type=int, help=f"how many {help_text}")
     parser.add_argument("--idle-seconds", type=float, help="how long the idle daemon is watched")
     parser.add_argument("--scaling", help="comma-separated sizes for (6) [default: 100,1000,10000]")
+    parser.add_argument("--sandbox-rounds", type=int, help="passes of (7) for each of sandboxed and unsandboxed")
     args = parser.parse_args(argv)
     sizes = _sizes(args)
     out = args.out or RESULTS / ("latest-tiny.json" if args.tiny else "latest.json")

@@ -26,6 +26,8 @@ in UTC; absent values are `null`.
 | `argv` | the command, exactly as it runs |
 | `environment` | object of NAME: value |
 | `working_directory`, `user`, `host_pin`, `priority` | as submitted |
+| `private_network` | `true`: the run asked for no network but its loopback (a host's `[runs] \
+private_network` takes it from every run) |
 | `limits` | `memory_max` (bytes), `cpu_quota_percent`, `tasks_max`, `io_weight`, `runtime_max_sec` |
 | `max_attempts` | attempts in all |
 | `cancel_requested_at`, `created_at`, `finished_at` | times |

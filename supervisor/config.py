@@ -6,6 +6,7 @@ limit that silently falls back to a default is worse than a daemon that refuses 
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
@@ -93,6 +94,60 @@ class RunSettings:
     private_tmp: bool = True
     protect_system: str = "strict"
     protect_home: str = "yes"
+    # -- the run sandbox (unitspec._sandbox): what a hardened system service gets and a batch command
+    # tolerates; `systemd-analyze security` rates a run 1.5 with these, 8.1 without (docs/benchmarks.md).
+    # Names of the capabilities a run keeps: none, also for a run as root (it stays root for files,
+    # and for nothing else). ["all"] leaves the bounding set as systemd's default, every capability.
+    capability_bounding_set: tuple[str, ...] = ()
+    # Other users' processes are invisible in /proc, the daemon's and other runs' among them.
+    protect_proc: str = "invisible"
+    # "all", not "pid" as a hardened service could: a batch command reads /proc/meminfo, /proc/cpuinfo
+    # or /proc/loadavg to size itself (JVMs, numpy, `free`, `nproc --all`), which "pid" hides.
+    # systemd-analyze lists it at 0.1; the overall score stays 1.5 either way.
+    proc_subset: str = "all"
+    # ProtectKernelTunables, ProtectKernelModules and ProtectKernelLogs together. Tunables is most of
+    # the sandbox's cost in start-up time (docs/benchmarks.md), and stays on: a run as root owns the
+    # files of /proc/sys even without capabilities. Off, the score is 2.0.
+    protect_kernel: bool = True
+    protect_control_groups: bool = True
+    protect_clock: bool = True
+    protect_hostname: bool = True
+    # No new namespace of any kind (unshare, clone flags, user namespaces for rootless containers).
+    restrict_namespaces: bool = True
+    restrict_suid_sgid: bool = True
+    restrict_realtime: bool = True
+    lock_personality: bool = True
+    # Empty: any architecture's system calls (an x86 host would also take 32-bit ones).
+    system_call_architectures: tuple[str, ...] = ("native",)
+    # An allow list of calls and @groups, resolved by PID 1; empty: no filter. The daemon's own unit
+    # also denies @privileged and @resources: not here, because that breaks `nice`, `ulimit` and the
+    # chown of tar or `cp -p`, which batch commands use (with them the score would be 1.3).
+    system_call_filter: tuple[str, ...] = ("@system-service",)
+    # What a call outside the filter returns: an errno name, so that the program sees an error it can
+    # report (`Operation not permitted`), or "kill" (SIGSYS, a core dump that says nothing of why).
+    system_call_error: str = "EPERM"
+    # Empty: every address family. Network is allowed by default (the database, an API, a mirror);
+    # AF_NETLINK, AF_PACKET and the rest are what a batch command does not need.
+    restrict_address_families: tuple[str, ...] = ("AF_UNIX", "AF_INET", "AF_INET6")
+    private_devices: bool = True
+    umask: str = "0077"
+    # false: a run reaches the network unless it asks for none (`submit --private-network`); true
+    # makes every run on this host networkless but for its own loopback. Most runs need the network,
+    # so the default leaves it (a networkless run scores 1.0).
+    private_network: bool = False
+    # false: in a user namespace of its own, every file of another user (root's included) would show
+    # as owned by nobody, which breaks ownership checks (git's safe.directory, ssh's key files, `test
+    # -O`); with it the score would be 1.3.
+    private_users: bool = False
+    # false: it breaks every JIT (the JVM, node, PyPy, LuaJIT, .NET, a regex JIT), which needs memory
+    # that is writable and then executable; systemd-analyze lists it at 0.1.
+    memory_deny_write_execute: bool = False
+    # RemoveIPC= and KeyringMode= are left out: DynamicUser= implies RemoveIPC, and for a fixed User=
+    # it would remove the IPC objects of that user's other runs still running when one run ends;
+    # KeyringMode=private is already systemd's default for system services. DevicePolicy= is left
+    # out because PrivateDevices= already makes it `closed` (the one device systemd-analyze still
+    # counts, /dev/rtc read-only, comes with ProtectClock). IPAddressDeny= and RootDirectory= are
+    # left out: where a run may connect, and what it runs on, are the run's business, not the host's.
 
 
 # Chosen, not inherited: on by default, so that a host has its metrics from the moment it is
@@ -137,7 +192,22 @@ _DURATION_KEYS = {"poll_interval", "reconcile_interval", "stop_grace", "host_dea
 _CHOICES = {
     "protect_system": {"strict", "full", "yes", "no"},
     "protect_home": {"yes", "read-only", "tmpfs", "no"},
+    "protect_proc": {"default", "invisible", "ptraceable", "noaccess"},
+    "proc_subset": {"all", "pid"},
 }
+# Linux's capability numbers (linux/capability.h): a name's index is its bit in the D-Bus bitmask.
+CAPABILITIES = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT",
+    "CAP_SYS_NICE", "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+    "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG",
+    "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
+)
+_ADDRESS_FAMILY_RE = re.compile(r"^AF_[A-Z0-9]+\Z")
+_SYSCALL_RE = re.compile(r"^@?[a-z0-9_-]+\Z")
+_UMASK_RE = re.compile(r"^0?[0-7]{3}\Z")
 # \Z, not $: `$` also matches before a trailing newline.
 _SLICE_RE = re.compile(r"^[A-Za-z0-9_.\-]+\.slice\Z")
 _LISTEN_RE = re.compile(r"^(?:\[(?P<v6>[^\]]*)\]|(?P<v4>[^:\[\]]*)):(?P<port>[0-9]{1,5})\Z")
@@ -217,6 +287,7 @@ def _validate(settings: Settings) -> None:
         if not NAME_PATTERN_RE.match(pattern):
             raise ConfigError(f"[runs] allowed_environment: {pattern!r} is not an environment name "
                               "(letters, digits, _; * and ? as wildcards)")
+    _validate_sandbox(settings.runs)
     _validate_fleet(settings)
     parse_listen(settings.metrics.listen)
 
@@ -244,6 +315,31 @@ def parse_listen(value: str) -> tuple[str, int] | None:
     if not 1 <= port <= 65535:
         raise ConfigError(f"{where}: port {port} is out of range (1 to 65535)")
     return address, port
+
+
+def _validate_sandbox(runs: RunSettings) -> None:
+    caps = runs.capability_bounding_set
+    if caps != ("all",):
+        for name in caps:
+            if name not in CAPABILITIES:
+                raise ConfigError(f"[runs] capability_bounding_set: {name!r} is not a capability name "
+                                  "(CAP_NET_BIND_SERVICE, ...; or [\"all\"] alone for every capability)")
+    for name in runs.system_call_architectures:
+        if not re.match(r"^[a-z0-9_-]+\Z", name):
+            raise ConfigError(f"[runs] system_call_architectures: {name!r} is not an architecture name "
+                              "(native, x86-64, ...)")
+    for name in runs.system_call_filter:
+        if not _SYSCALL_RE.match(name):
+            raise ConfigError(f"[runs] system_call_filter: {name!r} is not a system call or @group name")
+    if runs.system_call_error != "kill" and not (
+            runs.system_call_error.startswith("E") and runs.system_call_error in errno.errorcode.values()):
+        raise ConfigError(f"[runs] system_call_error: {runs.system_call_error!r} is not an errno name "
+                          "(EPERM, EACCES, ...) or \"kill\"")
+    for name in runs.restrict_address_families:
+        if not _ADDRESS_FAMILY_RE.match(name):
+            raise ConfigError(f"[runs] restrict_address_families: {name!r} is not an address family (AF_INET, ...)")
+    if not _UMASK_RE.match(runs.umask):
+        raise ConfigError(f"[runs] umask: {runs.umask!r} is not an octal mode like \"0077\"")
 
 
 def cut_off_after(settings: Settings) -> float:

@@ -36,6 +36,18 @@ _EXTRA_SIGNATURES = {
     b"LogExtraFields": b"aay",
     b"IOWeight": b"t",
     b"OOMPolicy": b"s",
+    # The run sandbox (unitspec._sandbox); checked against systemd 252's dbus-execute.c and a live PID 1.
+    b"CapabilityBoundingSet": b"t",
+    b"ProtectProc": b"s",
+    b"ProcSubset": b"s",
+    b"ProtectKernelLogs": b"b",
+    b"ProtectClock": b"b",
+    b"ProtectHostname": b"b",
+    b"RestrictNamespaces": b"t",
+    b"RestrictSUIDSGID": b"b",
+    b"SystemCallErrorNumber": b"i",
+    b"RestrictAddressFamilies": b"(bas)",
+    b"UMask": b"u",
 }
 unit_signatures.KNOWN_UNIT_SIGNATURES.update(_EXTRA_SIGNATURES)
 

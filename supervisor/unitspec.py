@@ -8,13 +8,14 @@ database type guarantees it, and `unit_name` takes a `uuid.UUID`), so no run id 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import uuid
 from typing import Any
 
 from supervisor import envpolicy, globs
-from supervisor.config import UNIT_PREFIX, RunSettings, Settings
+from supervisor.config import CAPABILITIES, UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
 # One format for Python and for the claim query (store.py passes it to SQL's format()), so that the
@@ -109,6 +110,55 @@ def _limits(run: Run) -> dict[bytes, Any]:
     return props
 
 
+def _capability_mask(names: tuple[str, ...]) -> int:
+    mask = 0
+    for name in names:
+        mask |= 1 << CAPABILITIES.index(name)
+    return mask
+
+
+def _sandbox(runs: RunSettings, run: Run) -> dict[bytes, Any]:
+    """The run sandbox ([runs] in config.py says why each default is what it is). A boolean turned
+    off is sent as false, an empty list, capability_bounding_set ["all"], restrict_namespaces false
+    or system_call_error "kill" leave the property out: either way systemd's own default, as before
+    the sandbox."""
+    props: dict[bytes, Any] = {
+        b"ProtectProc": runs.protect_proc.encode(),
+        b"ProcSubset": runs.proc_subset.encode(),
+        b"ProtectKernelTunables": runs.protect_kernel,
+        b"ProtectKernelModules": runs.protect_kernel,
+        b"ProtectKernelLogs": runs.protect_kernel,
+        b"ProtectControlGroups": runs.protect_control_groups,
+        b"ProtectClock": runs.protect_clock,
+        b"ProtectHostname": runs.protect_hostname,
+        b"RestrictSUIDSGID": runs.restrict_suid_sgid,
+        b"RestrictRealtime": runs.restrict_realtime,
+        b"LockPersonality": runs.lock_personality,
+        b"PrivateDevices": runs.private_devices,
+        b"PrivateUsers": runs.private_users,
+        b"MemoryDenyWriteExecute": runs.memory_deny_write_execute,
+        # Either says no network: the host for all of its runs, or the run for itself.
+        b"PrivateNetwork": runs.private_network or run.private_network,
+        b"UMask": int(runs.umask, 8),
+    }
+    if runs.capability_bounding_set != ("all",):
+        # A bitmask of the capabilities kept; 0 is the empty set, also for a run as root.
+        props[b"CapabilityBoundingSet"] = _capability_mask(runs.capability_bounding_set)
+    if runs.restrict_namespaces:
+        # The namespace types still ALLOWED (CLONE_NEW* flags): none.
+        props[b"RestrictNamespaces"] = 0
+    if runs.system_call_architectures:
+        props[b"SystemCallArchitectures"] = [a.encode() for a in runs.system_call_architectures]
+    if runs.system_call_filter:
+        # (allow list?, names): true makes it an allow list; PID 1 resolves the @groups itself.
+        props[b"SystemCallFilter"] = (True, [n.encode() for n in runs.system_call_filter])
+        if runs.system_call_error != "kill":
+            props[b"SystemCallErrorNumber"] = getattr(errno, runs.system_call_error)
+    if runs.restrict_address_families:
+        props[b"RestrictAddressFamilies"] = (True, [f.encode() for f in runs.restrict_address_families])
+    return props
+
+
 def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
     """The unit's properties. Raises Refused when the run may not or cannot run here."""
     if attempt.unit_name != unit_name(run.id, attempt.attempt):
@@ -148,4 +198,5 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         props[b"WorkingDirectory"] = run.working_directory.encode()
     props.update(_user(run, runs))
     props.update(_limits(run))
+    props.update(_sandbox(runs, run))
     return props

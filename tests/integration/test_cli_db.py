@@ -64,6 +64,17 @@ def test_submit_with_every_option(cli, dsn: str, conn: psycopg.Connection) -> No
     assert run.argv == ["/usr/bin/env", "--ignore-environment", "-u", "X"]
 
 
+def test_submit_private_network_is_stored_shown_and_in_json(cli, dsn: str, conn: psycopg.Connection) -> None:
+    networkless = submit(cli, dsn, "--private-network", "--", "/bin/true")
+    default = submit(cli, dsn, "--", "/bin/true")
+    assert store.get_run(conn, networkless).private_network is True
+    assert store.get_run(conn, default).private_network is False
+    assert json.loads(cli("show", str(networkless), "--json", dsn=dsn).stdout)["private_network"] is True
+    assert json.loads(cli("show", str(default), "--json", dsn=dsn).stdout)["private_network"] is False
+    assert "  network:   none but loopback (--private-network)\n" in cli("show", str(networkless), dsn=dsn).stdout
+    assert "  network:   the host's" in cli("show", str(default), dsn=dsn).stdout
+
+
 def test_submit_stores_sql_looking_strings_verbatim(cli, dsn: str, conn: psycopg.Connection) -> None:
     run_id = submit(cli, dsn, "--env", f"X={HOSTILE}", "--workdir", f"/tmp/{HOSTILE}", "--host", HOSTILE,
                     "--", "/bin/echo", HOSTILE, "$(id)", "%s")

@@ -31,6 +31,9 @@ FIGURES = [
     ("machine", "nproc"), ("machine", "memory_mb"), ("machine", "kernel"), ("machine", "cgroup"),
     ("versions", "python"), ("versions", "psycopg"), ("versions", "pystemd"), ("versions", "systemd"),
     ("versions", "postgresql"), ("date",),
+    ("sandbox", "sandboxed", "exposure"), ("sandbox", "unsandboxed", "exposure"), ("sandbox", "throughput_ratio"),
+    ("sandbox", "sandboxed", "runs_per_s"), ("sandbox", "unsandboxed", "runs_per_s"),
+    ("limit", "unsandboxed", "starts_per_s"), ("limit", "unsandboxed", "start_to_active_ms", "p50"),
 ]
 FLEET_FIGURES = [
     ("power_off", "last_running_s", "p50"), ("power_off", "last_running_s", "max"),
@@ -73,12 +76,13 @@ def assert_every_figure(data: dict, figures: list[tuple[str, ...]]) -> None:
 
 
 def test_bench_tiny_writes_every_figure(tmp_path: Path) -> None:
-    data = tiny(tmp_path, "bench.run", ("(2) throughput", "(5) idle"))
+    data = tiny(tmp_path, "bench.run", ("(2) throughput", "(5) idle", "(7) sandbox"))
     assert_every_figure(data, FIGURES)
     assert [row["n"] for row in data["scaling"]["throughput"]] == data["sizes"]["scaling"]
     assert [row["runs"] for row in data["scaling"]["reconcile"]] == data["sizes"]["scaling"]
     assert set(data["throughput"]["outcomes"]) == {"success"}
-    assert set(data["targets"]) >= {"throughput_ratio", "latency_to_active", "reconcile_time", "idle_memory"}
+    assert set(data["targets"]) >= {"throughput_ratio", "latency_to_active", "reconcile_time", "idle_memory",
+                                    "sandbox_exposure"}
 
 
 def test_bench_fleet_tiny_writes_every_figure(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from supervisor.unitspec import (
     parse_unit_name,
     unit_name,
 )
+from tests.unit.test_sandbox import SANDBOX_DEFAULTS
 
 RUN_ID = uuid.UUID("12345678-9abc-4def-8123-456789abcdef")
 NAME_1 = "unitvisor-run-12345678-9abc-4def-8123-456789abcdef-1.service"
@@ -177,7 +178,7 @@ def test_build_exact_key_set_without_options():
         b"Description", b"Slice", b"Type", b"RemainAfterExit", b"ExecStartEx", b"LogExtraFields", b"KillMode",
         b"TimeoutStopUSec", b"SendSIGKILL", b"NoNewPrivileges", b"PrivateTmp", b"ProtectSystem", b"ProtectHome",
         b"DynamicUser",
-    }
+    } | set(SANDBOX_DEFAULTS)
 
 
 def test_build_exec_start_ex_passes_argv_with_no_env_expand():
