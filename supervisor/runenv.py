@@ -26,7 +26,8 @@ from pathlib import Path
 
 # Under the daemon's RuntimeDirectory= (units/unitvisor.service), which systemd makes 0700 root and
 # keeps across daemon restarts (RuntimeDirectoryPreserve=yes): runs in flight keep their files.
-DIRECTORY = Path("/run/unitvisor/environment")
+RUNTIME_DIRECTORY = Path("/run/unitvisor")
+DIRECTORY = RUNTIME_DIRECTORY / "environment"
 SUFFIX = ".env"
 # A file being written: `.<unit name>.env.<random>.tmp`, renamed to its final name once complete, so
 # that PID 1 never reads half a file. The unit name stays readable in it, for the sweep.

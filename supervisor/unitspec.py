@@ -14,7 +14,7 @@ import re
 import uuid
 from typing import Any
 
-from supervisor import envpolicy, globs
+from supervisor import envpolicy, globs, runenv
 from supervisor.config import CAPABILITIES, UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
@@ -189,6 +189,11 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         b"PrivateTmp": runs.private_tmp,
         b"ProtectSystem": runs.protect_system.encode(),
         b"ProtectHome": runs.protect_home.encode(),
+        # Not a key, and not part of the sandbox one may turn off: the daemon's runtime directory holds
+        # every run's environment file, which a run as root could read (it owns them, capabilities or
+        # not). PID 1 reads a unit's own file before it sets up the unit's mount namespace, so the run
+        # still gets its environment. "-": no error on a host where the directory does not exist.
+        b"InaccessiblePaths": [b"-" + str(runenv.RUNTIME_DIRECTORY).encode()],
     }
     # Checked here so that a run this host refuses is never started; the values themselves are not
     # a property (any user reads those over D-Bus): the reconciler writes them to a root-only file

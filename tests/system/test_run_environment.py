@@ -174,3 +174,24 @@ def test_a_root_run_is_claimed_only_where_allowed_users_names_root(host: Host) -
     doctor = host.cli("--config", "/etc/unitvisor/unitvisor.toml", "doctor", check=False)
     assert doctor.returncode == 0, doctor.stdout
     assert any(line.startswith("warn") and "root runs" in line for line in doctor.stdout.splitlines())
+
+
+def test_a_root_run_reads_its_own_environment_and_no_other_runs(host: Host) -> None:
+    """A run as root owns the environment files (capabilities do not matter for the owner), so the
+    daemon's runtime directory is inaccessible in every run's namespace; its own values still arrive,
+    because PID 1 reads the file before it sets the namespace up."""
+    host.configure(runs_extra='allowed_users = ["root"]')
+    host.start()
+    secret = secrets.token_hex(16)
+    other = submit(host, checking_gated(host, "other-run", {"OTHER_SECRET": secret}), {"OTHER_SECRET": secret})
+    wait_for(lambda: host.show(other)["state"] == "running", what="the other run to run")
+    assert env_files(host), "the other run's environment file is there to be read"
+    mine = secrets.token_hex(16)
+    probe = ["/bin/sh", "-c",
+             f'[ "$MINE" = {mine} ] || exit 3; cat /run/unitvisor/environment/* && exit 4; '
+             'ls /run/unitvisor && exit 5; [ "$(id -u)" = 0 ] || exit 6; exit 0']
+    run_id = submit(host, probe, {"MINE": mine}, run_user="root")
+    data = host.wait_run(run_id)
+    assert (data["state"], data["attempts"][0]["exit_status"]) == ("succeeded", "exit:0"), data
+    host.open_gate("other-run")
+    assert host.wait_run(other)["state"] == "succeeded"

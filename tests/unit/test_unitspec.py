@@ -177,7 +177,7 @@ def test_build_exact_key_set_without_options():
     assert set(props) == {
         b"Description", b"Slice", b"Type", b"RemainAfterExit", b"ExecStartEx", b"LogExtraFields", b"KillMode",
         b"TimeoutStopUSec", b"SendSIGKILL", b"NoNewPrivileges", b"PrivateTmp", b"ProtectSystem", b"ProtectHome",
-        b"DynamicUser",
+        b"DynamicUser", b"InaccessiblePaths",
     } | set(SANDBOX_DEFAULTS)
 
 
@@ -555,3 +555,8 @@ def test_allowlist_glob_matches_one_path_component_like_a_shell():
     with pytest.raises(Refused, match="not in this host's allowed_executables"):
         _check_executable(["/usr/bin/sub/x"], ("/usr/bin/*",))
     _check_executable(["/opt/tool-2/bin/run"], ("/opt/tool-*/bin/run",))
+
+
+def test_every_run_is_kept_out_of_the_daemons_runtime_directory():
+    """Every run's environment file is there; a run as root would own them."""
+    assert props_for()[b"InaccessiblePaths"] == [b"-/run/unitvisor"]
