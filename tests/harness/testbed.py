@@ -183,13 +183,7 @@ class Testbed:
             raise TestbedError("systemd-nspawn survived SIGKILL") from exc
         self.proc = None
         self.leader = 0
-        if namespace:
-            deadline = time.monotonic() + timeout
-            while _namespace_members(namespace):
-                if time.monotonic() > deadline:
-                    raise TestbedError(f"processes of the container outlived its power cut: "
-                                       f"{_namespace_members(namespace)}")
-                time.sleep(0.02)
+        _wait_until_empty(namespace, timeout, "its power cut")
 
     @property
     def running(self) -> bool:
@@ -198,6 +192,7 @@ class Testbed:
     def _stop_container(self) -> None:
         if self.proc is None:
             return
+        namespace = _pid_namespace(self.leader) if self.leader else ""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)  # powers the container off cleanly
             try:
@@ -208,6 +203,10 @@ class Testbed:
                 self.proc.wait(timeout=10)
         self.proc = None
         self.leader = 0
+        # nspawn may exit while the kernel is still killing what was left in the namespace (its PID 1
+        # gone, the rest get SIGKILL and take a moment to exit): wait for them, as power_cut does, so
+        # that "no process left" holds when destroy() returns, not a few milliseconds later.
+        _wait_until_empty(namespace, 30, "its power-off")
 
     def destroy(self) -> None:
         """Power off and remove every trace: no process, no mount, no directory left."""
@@ -270,6 +269,14 @@ def _namespace_members(namespace: str) -> list[int]:
                 if Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
                     pids.append(int(entry.name))
     return pids
+
+
+def _wait_until_empty(namespace: str, timeout: float, after: str) -> None:
+    deadline = time.monotonic() + timeout
+    while namespace and _namespace_members(namespace):
+        if time.monotonic() > deadline:
+            raise TestbedError(f"processes of the container outlived {after}: {_namespace_members(namespace)}")
+        time.sleep(0.02)
 
 
 def _kill_container(nspawn_pid: int, leader: int) -> None:
