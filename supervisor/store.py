@@ -262,7 +262,12 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
     try:
         return conn.execute(call, params).fetchone()[0]
     except psycopg.errors.CheckViolation as exc:
-        raise DatabaseError(f"the database refused the run: {exc.diag.constraint_name or exc}") from None
+        # submit_run's message names the argument and what is allowed, and holds no value of the
+        # environment (sql/005_sql_api.sql); the constraint's name is what a script may match on.
+        message = exc.diag.message_primary or ""
+        constraint = exc.diag.constraint_name
+        raise DatabaseError(f"the database refused the run: {message} ({constraint})" if message and constraint
+                            else f"the database refused the run: {constraint or message}") from None
     except psycopg.DataError as exc:
         raise DatabaseError(f"the database refused the run: {one_line(exc)}") from None
 

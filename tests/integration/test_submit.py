@@ -260,3 +260,108 @@ def test_an_array_with_another_lower_bound_cannot_smuggle_a_relative_argv0(conn:
             conn.execute("SELECT unitvisor.submit_run('[2:3]={sh,-c}'::text[])")
     finally:
         assert_nothing_written(conn)
+
+
+# -- refusals a caller can act on (sql/005_sql_api.sql) ------------------------------------------------
+
+SECRET = "s3cr3t-Value-never-logged"
+# Every environment a refusal case sends holds SECRET as a value (and, where the name is refused, in
+# the name too): no message, detail, hint or context may ever show it.
+REFUSALS = [
+    # (arguments, constraint, the message's start)
+    pytest.param({"argv": []}, "runs_argv_valid", "argv: must be a one-dimensional array", id="argv-empty"),
+    pytest.param({"argv": ["/bin/echo", None]}, "runs_argv_valid", "argv: element 2 is NULL", id="argv-null"),
+    pytest.param({"argv": ["sh", "-c"]}, "runs_argv_valid", "argv: the first element must be an absolute path",
+                 id="argv-relative"),
+    pytest.param({"environment": ["A=x"]}, "runs_environment_valid",
+                 "environment: must be a JSON object of NAME -> string, not a JSON array", id="env-array"),
+    pytest.param({"environment": {f"PASSWORD={SECRET}": "x", "OK": SECRET}}, "runs_environment_valid",
+                 "environment: 1 name(s) are not valid variable names", id="env-name"),
+    pytest.param({"environment": {"OK": SECRET, "N": 1}}, "runs_environment_valid",
+                 "environment: the value of N is not a string", id="env-value-type"),
+    pytest.param({"environment": {"OK": SECRET + "\nmore"}}, "runs_environment_valid",
+                 "environment: the value of OK contains a newline", id="env-value-newline"),
+    pytest.param({"working_directory": "tmp"}, "runs_working_directory_valid",
+                 "working_directory: must be an absolute path", id="workdir"),
+    pytest.param({"run_user": "Root"}, "runs_run_user_valid", "run_user: is not a user name", id="run-user"),
+    pytest.param({"memory_max": 1024}, "runs_memory_max_valid",
+                 "memory_max: 1024 is out of range (1048576 to 4611686018427387904 bytes)", id="memory-max"),
+    pytest.param({"cpu_quota_percent": 0}, "runs_cpu_quota_valid",
+                 "cpu_quota_percent: 0 is out of range (1 to 100000", id="cpu-quota"),
+    pytest.param({"tasks_max": 0}, "runs_tasks_max_valid", "tasks_max: 0 is out of range (1 to 4194304 tasks)",
+                 id="tasks-max"),
+    pytest.param({"io_weight": 10001}, "runs_io_weight_valid", "io_weight: 10001 is out of range (1 to 10000)",
+                 id="io-weight"),
+    pytest.param({"runtime_max_sec": 0}, "runs_runtime_max_valid",
+                 "runtime_max_sec: 0 is out of range (1 to 315360000 seconds)", id="runtime-max"),
+    pytest.param({"max_attempts": 1001}, "runs_max_attempts_valid", "max_attempts: 1001 is out of range (1 to 1000)",
+                 id="max-attempts"),
+    pytest.param({"retry_backoff_sec": -1}, "runs_backoff_valid",
+                 "retry_backoff_sec: -1 is out of range (0 to 86400 seconds)", id="backoff"),
+    pytest.param({"retry_backoff_sec": 100, "retry_backoff_max_sec": 50}, "runs_backoff_valid",
+                 "retry_backoff_max_sec: 50 is out of range (retry_backoff_sec, here 100, to 604800 seconds)",
+                 id="backoff-max"),
+    pytest.param({"retry_on": ["success"]}, "runs_retry_on_valid", "retry_on: may hold only exit-code",
+                 id="retry-on"),
+]
+
+
+def assert_no_secret(exc: psycopg.Error) -> None:
+    diag = exc.diag
+    for part in (str(exc), diag.message_primary, diag.message_detail, diag.message_hint, diag.context):
+        assert SECRET not in (part or "")
+    # The row is never dumped: the DETAIL PostgreSQL gives a failed CHECK ("Failing row contains").
+    assert diag.message_detail is None
+
+
+def test_every_constraint_of_runs_that_an_argument_can_break_has_a_refusal_case(conn: psycopg.Connection) -> None:
+    constraints = {row[0] for row in conn.execute(
+        "SELECT conname FROM pg_constraint WHERE conrelid = 'unitvisor.runs'::regclass AND contype = 'c'")}
+    covered = {case.values[1] for case in REFUSALS}
+    # runs_state_valid: state is no argument of submit_run, which always inserts 'queued'.
+    assert constraints - covered == {"runs_state_valid"}
+
+
+@pytest.mark.parametrize(("values", "constraint", "message"), REFUSALS)
+def test_a_refused_argument_gets_one_clear_message_without_the_row(conn: psycopg.Connection, values: dict,
+                                                                  constraint: str, message: str) -> None:
+    values = {"environment": {"TOKEN": SECRET}, **values}
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        call_submit(conn, **values)
+    assert info.value.diag.message_primary.startswith(message)
+    assert info.value.diag.constraint_name == constraint
+    assert_no_secret(info.value)
+    assert_nothing_written(conn)
+
+
+@pytest.mark.parametrize("argument", ["max_attempts", "priority", "retry_backoff_sec", "retry_backoff_max_sec"])
+def test_an_explicit_null_for_a_not_null_column_names_the_argument(conn: psycopg.Connection, argument: str) -> None:
+    with pytest.raises(psycopg.errors.NotNullViolation) as info:
+        call_submit(conn, environment={"TOKEN": SECRET}, **{argument: None})
+    assert info.value.diag.message_primary.startswith(f"{argument}: must not be NULL")
+    assert_no_secret(info.value)
+    assert_nothing_written(conn)
+
+
+def test_a_null_argv_names_the_argument(conn: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.NotNullViolation, match="argv: must not be NULL"):
+        conn.execute("SELECT unitvisor.submit_run(NULL::text[])")
+
+
+def test_a_constraint_submit_run_does_not_foresee_does_not_leak_the_row(conn: psycopg.Connection) -> None:
+    # A constraint added later (by a migration, or a control plane's own): the function knows nothing
+    # of it, and the row must still not reach the caller's logs.
+    conn.execute("ALTER TABLE unitvisor.runs ADD CONSTRAINT runs_pin_not_forbidden CHECK (host_pin <> 'forbidden')")
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        call_submit(conn, environment={"TOKEN": SECRET}, host_pin="forbidden")
+    assert info.value.diag.constraint_name == "runs_pin_not_forbidden"
+    assert info.value.diag.message_primary == "the run was refused by constraint runs_pin_not_forbidden"
+    assert_no_secret(info.value)
+    assert_nothing_written(conn)
+
+
+def test_store_submit_passes_the_refusal_on(conn: psycopg.Connection) -> None:
+    with pytest.raises(store.DatabaseError) as info:
+        store.submit_run(conn, argv=["/bin/true"], memory_max=1024, environment={"TOKEN": SECRET})
+    assert str(info.value) == ("the database refused the run: memory_max: 1024 is out of range "
+                               "(1048576 to 4611686018427387904 bytes) (runs_memory_max_valid)")
