@@ -169,3 +169,29 @@ BEGIN
     END;
     RETURN new_id;
 END $$;
+-- -- run_status: what a control plane asks about a run ---------------------------------------------
+--
+-- One row (none: no such run, or not one the caller may see), from the caller's own snapshot, so it
+-- can be read inside the transaction that submitted the run. Invoker's rights: it reads what the
+-- caller may read anyway (submitter and admin read every run). The latest attempt's columns are NULL
+-- until a host has claimed the run; wait_reason is why a queued run has not started
+-- (explain_waiting), NULL otherwise. `unitvisor wait` reads a run's state through it.
+CREATE FUNCTION unitvisor.run_status(run_id uuid)
+RETURNS TABLE (id uuid, state text, created_at timestamptz, finished_at timestamptz, attempts integer,
+               attempt integer, host_id text, outcome text, exit_status text, reason text,
+               cancel_requested boolean, wait_reason text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT r.id, r.state, r.created_at, r.finished_at,
+        (SELECT count(*)::integer FROM unitvisor.attempts c WHERE c.run_id = r.id),
+        a.attempt, a.host_id, a.outcome, a.exit_status, a.reason,
+        r.cancel_requested_at IS NOT NULL,
+        CASE WHEN r.state = 'queued' THEN (SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) END
+    FROM unitvisor.runs r
+    LEFT JOIN LATERAL (
+        SELECT l.attempt, l.host_id, l.outcome, l.exit_status, l.reason FROM unitvisor.attempts l
+        WHERE l.run_id = r.id ORDER BY l.attempt DESC LIMIT 1) a ON true
+    WHERE r.id = run_status.run_id
+$$;
+
+REVOKE EXECUTE ON FUNCTION unitvisor.run_status(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION unitvisor.run_status(uuid) TO unitvisor_submitter;

@@ -589,7 +589,8 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
         with ctx.connect() as conn:
             rid = resolve_run_id(conn, run_id)
             while True:
-                run = store.get_run(conn, rid)
+                # The status control planes read (unitvisor.run_status), so the two agree.
+                run = store.run_status(conn, rid)
                 if run is None:
                     raise Failure(f"run {rid} was deleted")
                 if run.state in TERMINAL_STATES:

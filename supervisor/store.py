@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
-from supervisor.model import Attempt, Run
+from supervisor.model import Attempt, Run, RunStatus
 from supervisor.outcomes import Outcome
 
 # Where the numbered migrations are, first found wins: inside the package in an installed wheel
@@ -275,6 +275,17 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
 def get_run(conn: Connection, run_id: uuid.UUID) -> Run | None:
     with conn.cursor(row_factory=class_row(Run)) as cur:
         return cur.execute(f"SELECT {_RUN_COLUMNS} FROM unitvisor.runs r WHERE r.id = %s", (run_id,)).fetchone()
+
+
+# In the order unitvisor.run_status returns them (sql/005_sql_api.sql), named, never `*`.
+_RUN_STATUS_COLUMNS = ", ".join(f.name for f in fields(RunStatus))
+
+
+def run_status(conn: Connection, run_id: uuid.UUID) -> RunStatus | None:
+    """A run's status through the function control planes call, so that the CLI and they cannot
+    disagree on it. None: no such run."""
+    with conn.cursor(row_factory=class_row(RunStatus)) as cur:
+        return cur.execute(f"SELECT {_RUN_STATUS_COLUMNS} FROM unitvisor.run_status(%s)", (run_id,)).fetchone()
 
 
 def get_runs(conn: Connection, run_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Run]:

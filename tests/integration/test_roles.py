@@ -239,6 +239,11 @@ def test_host_cannot_resume_a_run(world: World) -> None:
     refused_call(lambda: store.resume_run(world.h1, world.mine.run_id))
 
 
+def test_host_cannot_read_a_runs_status_through_run_status(world: World) -> None:
+    # A host reads runs through the policy on runs; run_status is the control plane's.
+    refused(world.h1, "SELECT * FROM unitvisor.run_status(%s)", (world.free.run_id,))
+
+
 def test_host_cannot_read_the_host_role_bindings(world: World) -> None:
     refused(world.h1, "SELECT * FROM unitvisor.host_roles")
 
@@ -337,7 +342,7 @@ def test_public_holds_no_privilege_on_the_schema_or_its_tables(conn: psycopg.Con
 HOST_FUNCTIONS = {
     "claim_jobs", "declare_dead_hosts", "explain_waiting", "heartbeat", "mark_host_stopped", "mark_started",
     "my_host_id", "record_event", "record_outcome", "register_host", "register_host_environment", "whoami"}
-SUBMITTER_FUNCTIONS = {"cancel_run", "my_host_id", "resume_run", "submit_run", "whoami"}
+SUBMITTER_FUNCTIONS = {"cancel_run", "my_host_id", "resume_run", "run_status", "submit_run", "whoami"}
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 
@@ -389,6 +394,7 @@ def test_submitter_submits_cancels_resumes_and_reads(world: World) -> None:
     assert {r["id"] for r in store.list_runs(s)} >= {run_id, world.pinned.run_id}
     assert {h["id"] for h in store.list_hosts(s)} == {"h1", "h2"}
     assert s.execute("SELECT kind FROM unitvisor.whoami()").fetchone() == ("submitter",)
+    assert store.run_status(s, world.pinned.run_id).host_id == "h2"
 
 
 def test_host_goes_through_the_whole_daemon_cycle(world: World) -> None:

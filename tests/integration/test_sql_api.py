@@ -1,0 +1,80 @@
+"""The SQL API a control plane calls (sql/005_sql_api.sql): run_status, and the completion signal."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from supervisor import store
+from tests.integration.test_outcome_and_cancel import (
+    CANCELLED,
+    FAILED,
+    SUCCEEDED,
+    claim_one,
+    mark_started,
+    record_outcome,
+    started,
+    submit,
+)
+
+# Each test runs twice: as the superuser, and with the store's calls made as bound host roles and as a
+# submitter (tests/integration/conftest.py, as_bound_roles).
+pytestmark = pytest.mark.usefixtures("as_bound_roles")
+
+
+# -- run_status ---------------------------------------------------------------------------------------
+
+
+def test_run_status_of_a_queued_run_has_no_attempt(conn: psycopg.Connection) -> None:
+    run_id = submit(conn)
+    status = store.run_status(conn, run_id)
+    assert status is not None
+    assert (status.id, status.state, status.attempts, status.attempt, status.host_id, status.outcome) == (
+        run_id, "queued", 0, None, None, None)
+    assert status.finished_at is None and status.created_at is not None
+    assert status.cancel_requested is False and status.wait_reason is None
+
+
+def test_run_status_of_an_unknown_run_is_no_row(conn: psycopg.Connection) -> None:
+    assert store.run_status(conn, uuid.uuid4()) is None
+
+
+def test_run_status_sees_a_run_submitted_in_the_same_transaction(conn: psycopg.Connection) -> None:
+    with conn.transaction():
+        run_id = submit(conn)
+        assert store.run_status(conn, run_id).state == "queued"
+        raise psycopg.Rollback()
+    assert store.run_status(conn, run_id) is None
+
+
+def test_run_status_reports_the_latest_attempt(conn: psycopg.Connection) -> None:
+    run_id, first = started(conn, max_attempts=2)
+    assert record_outcome(conn, first, FAILED, "queued", timedelta(0))
+    second = claim_one(conn, "h1")
+    mark_started(conn, second, "inv-2")
+    status = store.run_status(conn, run_id)
+    assert (status.state, status.attempts, status.attempt, status.host_id, status.outcome) == (
+        "running", 2, 2, "h1", None)
+    assert record_outcome(conn, second, SUCCEEDED, "succeeded")
+    status = store.run_status(conn, run_id)
+    assert (status.state, status.attempts, status.attempt, status.outcome, status.exit_status, status.reason) == (
+        "succeeded", 2, 2, "success", "exit:0", "exited 0")
+    assert status.finished_at is not None
+
+
+def test_run_status_shows_a_cancel_requested(conn: psycopg.Connection) -> None:
+    run_id, attempt = started(conn)
+    store.cancel_run(conn, run_id)
+    status = store.run_status(conn, run_id)
+    assert (status.state, status.cancel_requested) == ("running", True)
+    assert record_outcome(conn, attempt, CANCELLED, "cancelled")
+    assert store.run_status(conn, run_id).state == "cancelled"
+
+
+def test_run_status_says_why_a_queued_run_waits(conn: psycopg.Connection) -> None:
+    run_id = submit(conn)
+    conn.execute("INSERT INTO unitvisor.run_waits (run_id, reason) VALUES (%s, 'no live host')", (run_id,))
+    assert store.run_status(conn, run_id).wait_reason == "no live host"
