@@ -195,3 +195,26 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION unitvisor.run_status(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION unitvisor.run_status(uuid) TO unitvisor_submitter;
+
+-- -- the completion signal: NOTIFY unitvisor_run_finished ------------------------------------------
+--
+-- Whenever a run reaches succeeded, failed or cancelled (by any path: an outcome, a cancel of a
+-- queued run, an admin's UPDATE), one notification on the documented channel unitvisor_run_finished
+-- with the payload {"run_id": "<uuid>", "state": "<terminal state>"}. NOTIFY is delivered at commit,
+-- so a listener never hears of a state the database does not have yet; a rolled-back change sends
+-- nothing. A run resumed and finished again notifies again. (As for any NOTIFY, identical payloads in
+-- one transaction are delivered once.) A listener still re-reads run_status after (re)connecting:
+-- notifications sent while it was not listening are not replayed.
+CREATE FUNCTION unitvisor.notify_run_finished() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_notify('unitvisor_run_finished',
+                      json_build_object('run_id', NEW.id, 'state', NEW.state)::text);
+    RETURN NULL;
+END $$;
+REVOKE EXECUTE ON FUNCTION unitvisor.notify_run_finished() FROM PUBLIC;
+
+CREATE TRIGGER runs_notify_finished AFTER UPDATE OF state ON unitvisor.runs
+    FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state AND NEW.state IN ('succeeded', 'failed', 'cancelled'))
+    EXECUTE FUNCTION unitvisor.notify_run_finished();

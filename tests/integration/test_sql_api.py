@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
 import pytest
 
 from supervisor import store
+from supervisor.outcomes import Outcome
+from tests.integration.conftest import wait_notifies
 from tests.integration.test_outcome_and_cancel import (
     CANCELLED,
     FAILED,
@@ -78,3 +82,83 @@ def test_run_status_says_why_a_queued_run_waits(conn: psycopg.Connection) -> Non
     run_id = submit(conn)
     conn.execute("INSERT INTO unitvisor.run_waits (run_id, reason) VALUES (%s, 'no live host')", (run_id,))
     assert store.run_status(conn, run_id).wait_reason == "no live host"
+
+
+# -- the completion signal ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def finished_listener(dsn: str) -> Iterator[psycopg.Connection]:
+    with store.connect(dsn) as connection:
+        store.listen(connection, "unitvisor_run_finished")
+        yield connection
+
+
+def finished(listener: psycopg.Connection, timeout: float = 1.0) -> list[dict]:
+    """Every unitvisor_run_finished payload heard within timeout, decoded."""
+    notes = wait_notifies(listener, timeout=timeout, count=100)
+    assert {n.channel for n in notes} <= {"unitvisor_run_finished"}
+    return [json.loads(n.payload) for n in notes]
+
+
+@pytest.mark.parametrize(("outcome", "state"), [(SUCCEEDED, "succeeded"), (FAILED, "failed"),
+                                                (CANCELLED, "cancelled")])
+def test_a_finished_run_notifies_once_and_intermediate_states_never(
+        conn: psycopg.Connection, finished_listener: psycopg.Connection, outcome: Outcome, state: str) -> None:
+    run_id, attempt = started(conn)  # queued, starting, running: nothing
+    assert finished(finished_listener, timeout=0.3) == []
+    assert record_outcome(conn, attempt, outcome, state)
+    assert finished(finished_listener) == [{"run_id": str(run_id), "state": state}]
+
+
+def test_a_retry_is_not_a_finish_and_the_last_attempt_is(conn: psycopg.Connection,
+                                                        finished_listener: psycopg.Connection) -> None:
+    run_id, first = started(conn, max_attempts=2)
+    assert record_outcome(conn, first, FAILED, "queued", timedelta(0))  # back to queued
+    second = claim_one(conn, "h1")
+    mark_started(conn, second, "inv-2")
+    assert finished(finished_listener, timeout=0.3) == []
+    assert record_outcome(conn, second, FAILED, "failed")
+    assert finished(finished_listener) == [{"run_id": str(run_id), "state": "failed"}]
+
+
+def test_cancelling_a_queued_run_notifies(conn: psycopg.Connection, finished_listener: psycopg.Connection) -> None:
+    run_id = submit(conn)
+    store.cancel_run(conn, run_id)
+    assert finished(finished_listener) == [{"run_id": str(run_id), "state": "cancelled"}]
+    # A cancel of a finished run changes nothing, and says nothing again.
+    store.cancel_run(conn, run_id)
+    assert finished(finished_listener, timeout=0.3) == []
+
+
+def test_a_resumed_run_notifies_again_when_it_finishes_again(conn: psycopg.Connection,
+                                                            finished_listener: psycopg.Connection) -> None:
+    run_id = submit(conn)
+    store.cancel_run(conn, run_id)
+    store.resume_run(conn, run_id)
+    store.cancel_run(conn, run_id)
+    assert finished(finished_listener) == [{"run_id": str(run_id), "state": "cancelled"}] * 2
+
+
+def test_the_notification_is_sent_at_commit_and_not_on_rollback(conn: psycopg.Connection,
+                                                               finished_listener: psycopg.Connection) -> None:
+    kept, dropped = submit(conn), submit(conn)
+    with conn.transaction():
+        store.cancel_run(conn, kept)
+        # Inside the transaction the listener hears nothing: the run is not cancelled for anyone else yet.
+        assert finished(finished_listener, timeout=0.3) == []
+    assert finished(finished_listener) == [{"run_id": str(kept), "state": "cancelled"}]
+    with conn.transaction():
+        store.cancel_run(conn, dropped)
+        raise psycopg.Rollback()
+    assert finished(finished_listener, timeout=0.3) == []
+
+
+def test_one_notification_per_run_of_a_batch(conn: psycopg.Connection, finished_listener: psycopg.Connection) -> None:
+    ids = {submit(conn) for _ in range(5)}
+    with conn.transaction():
+        for run_id in ids:
+            store.cancel_run(conn, run_id)
+    heard = finished(finished_listener)
+    assert sorted(n["run_id"] for n in heard) == sorted(map(str, ids))
+    assert {n["state"] for n in heard} == {"cancelled"}
