@@ -1,7 +1,42 @@
 -- unitvisor schema, version 5: the SQL API as a control plane's front door (issue 13, first part).
 --
--- Expand only: submit_run keeps its name, arguments and SQLSTATEs (CREATE OR REPLACE, so its owner and
--- grants stay as 004 made them); the rest is new. The previous release (0.2.0) calls nothing here.
+-- Expand only: runs gains two columns (0.2.0 reads runs by explicit column lists), and submit_run two
+-- arguments, last and defaulted, so that every call written for versions 1 to 4 (positional or named,
+-- as 0.2.0's CLI makes them) still means what it meant. The rest is new.
+
+-- -- labels and idempotency keys -------------------------------------------------------------------
+
+-- Labels: a control plane's own tags on a run (tenant, job, pipeline step), to find its runs again
+-- (runs_with_labels). A JSON object of string -> string; keys as Kubernetes' label names, so that
+-- they survive being put in a URL or a metric label; bounded, so that a run row stays small.
+CREATE FUNCTION unitvisor.labels_are_valid(labels jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN jsonb_typeof(labels) <> 'object' THEN false
+        ELSE (SELECT count(*) FROM jsonb_object_keys(labels)) <= 64 AND NOT EXISTS (
+            SELECT 1 FROM jsonb_each(labels) AS l(key, value)
+            WHERE l.key !~ '^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$'
+               OR jsonb_typeof(l.value) <> 'string'
+               OR length(l.value #>> '{}') > 255
+               OR (l.value #>> '{}') ~ '[[:cntrl:]]')
+    END
+$$;
+REVOKE EXECUTE ON FUNCTION unitvisor.labels_are_valid(jsonb) FROM PUBLIC;
+
+-- idempotency_key: the caller's name for one submit, so that a retried submit (a timeout, a crash
+-- between COMMIT and hearing of it) finds the run it made instead of making another. Unique among all
+-- runs of the database, for as long as the run exists: a control plane that shares the database with
+-- others prefixes its keys.
+ALTER TABLE unitvisor.runs
+    ADD COLUMN labels jsonb NOT NULL DEFAULT '{}'::jsonb,
+    ADD COLUMN idempotency_key text,
+    ADD CONSTRAINT runs_labels_valid CHECK (unitvisor.labels_are_valid(labels)),
+    ADD CONSTRAINT runs_idempotency_key_valid CHECK (
+        idempotency_key IS NULL OR (length(idempotency_key) BETWEEN 1 AND 255 AND idempotency_key !~ '[[:cntrl:]]'));
+
+-- The arbiter of concurrent submits with one key (INSERT ... ON CONFLICT in submit_run).
+CREATE UNIQUE INDEX runs_idempotency_key_idx ON unitvisor.runs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+-- runs_with_labels' containment (@>): jsonb_path_ops is smaller and faster for @>, the only operator used.
+CREATE INDEX runs_labels_idx ON unitvisor.runs USING gin (labels jsonb_path_ops);
 
 -- -- submit_run: one clear error per refused argument ----------------------------------------------
 --
@@ -15,7 +50,12 @@
 --
 -- The bounds here repeat those of the constraints in 001_schema.sql; the constraints stay the
 -- authority (tests/integration/test_submit.py has a case per constraint, through this function).
-CREATE OR REPLACE FUNCTION unitvisor.submit_run(
+--
+-- Re-created (new arguments change its signature): DROP and CREATE, then 004's SECURITY DEFINER,
+-- search_path, owner (the admin, who runs this migration) and grants again.
+DROP FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer, bigint,
+    integer, text, integer, integer, integer, text[], boolean);
+CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
     environment           jsonb   DEFAULT '{}'::jsonb,
     working_directory     text    DEFAULT NULL,
@@ -31,12 +71,18 @@ CREATE OR REPLACE FUNCTION unitvisor.submit_run(
     retry_backoff_sec     integer DEFAULT 10,
     retry_backoff_max_sec integer DEFAULT 600,
     retry_on              text[]  DEFAULT NULL,
-    private_network       boolean DEFAULT false
+    private_network       boolean DEFAULT false,
+    idempotency_key       text    DEFAULT NULL,
+    labels                jsonb   DEFAULT '{}'::jsonb
 ) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- Bare names in the statements are runs' columns (ON CONFLICT's idempotency_key); the arguments are
+-- always written submit_run.<name>.
+#variable_conflict use_column
 DECLARE
     new_id uuid;
     env jsonb := coalesce(submit_run.environment, '{}'::jsonb);
+    run_labels jsonb := coalesce(submit_run.labels, '{}'::jsonb);
     bad_name text;
     refused_constraint text;
     refused_state text;
@@ -148,18 +194,46 @@ BEGIN
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_retry_on_valid';
     END IF;
 
+    IF NOT unitvisor.labels_are_valid(run_labels) THEN
+        RAISE EXCEPTION 'labels: must be a JSON object of at most 64 key -> string pairs; a key is 1 to 63 letters, digits, ".", "_", "-" and "/", starting and ending with a letter or digit; a value is at most 255 characters, without control characters'
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_labels_valid';
+    END IF;
+    IF submit_run.idempotency_key IS NOT NULL AND (length(submit_run.idempotency_key) NOT BETWEEN 1 AND 255
+                                                   OR submit_run.idempotency_key ~ '[[:cntrl:]]') THEN
+        RAISE EXCEPTION 'idempotency_key: must be 1 to 255 characters without control characters (or NULL: none)'
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
+                  CONSTRAINT = 'runs_idempotency_key_valid';
+    END IF;
+
+    -- A retried submit: the run its key made, whatever the other arguments say now (as Stripe's and
+    -- River's idempotency keys: the key names the request, the first one wins). Nothing is written.
+    IF submit_run.idempotency_key IS NOT NULL THEN
+        SELECT r.id INTO new_id FROM unitvisor.runs r WHERE r.idempotency_key = submit_run.idempotency_key;
+        IF FOUND THEN
+            RETURN new_id;
+        END IF;
+    END IF;
+
     -- A constraint this function did not foresee (one added later) must not leak the row either:
     -- caught, and raised again with its name but without the DETAIL that holds the row.
     BEGIN
         INSERT INTO unitvisor.runs (argv, environment, working_directory, run_user, memory_max,
             cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, host_pin, priority,
-            retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network)
+            retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
             submit_run.priority, submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec,
-            submit_run.retry_on, coalesce(submit_run.private_network, false))
+            submit_run.retry_on, coalesce(submit_run.private_network, false), submit_run.idempotency_key,
+            run_labels)
+        -- Another submit with the same key committed since the look-up above (this waited for it):
+        -- insert nothing, and return its run below.
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id INTO new_id;
+        IF new_id IS NULL THEN
+            SELECT r.id INTO STRICT new_id FROM unitvisor.runs r WHERE r.idempotency_key = submit_run.idempotency_key;
+            RETURN new_id;
+        END IF;
         INSERT INTO unitvisor.spawn_jobs (run_id, priority) VALUES (new_id, submit_run.priority);
         INSERT INTO unitvisor.run_events (run_id, state, reason) VALUES (new_id, 'queued', 'submitted');
     EXCEPTION WHEN integrity_constraint_violation THEN
@@ -169,6 +243,12 @@ BEGIN
     END;
     RETURN new_id;
 END $$;
+
+REVOKE EXECUTE ON FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer,
+    bigint, integer, text, integer, integer, integer, text[], boolean, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer,
+    bigint, integer, text, integer, integer, integer, text[], boolean, text, jsonb) TO unitvisor_submitter;
+
 -- -- run_status: what a control plane asks about a run ---------------------------------------------
 --
 -- One row (none: no such run, or not one the caller may see), from the caller's own snapshot, so it
@@ -179,13 +259,14 @@ END $$;
 CREATE FUNCTION unitvisor.run_status(run_id uuid)
 RETURNS TABLE (id uuid, state text, created_at timestamptz, finished_at timestamptz, attempts integer,
                attempt integer, host_id text, outcome text, exit_status text, reason text,
-               cancel_requested boolean, wait_reason text)
+               cancel_requested boolean, wait_reason text, labels jsonb)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT r.id, r.state, r.created_at, r.finished_at,
         (SELECT count(*)::integer FROM unitvisor.attempts c WHERE c.run_id = r.id),
         a.attempt, a.host_id, a.outcome, a.exit_status, a.reason,
         r.cancel_requested_at IS NOT NULL,
-        CASE WHEN r.state = 'queued' THEN (SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) END
+        CASE WHEN r.state = 'queued' THEN (SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) END,
+        r.labels
     FROM unitvisor.runs r
     LEFT JOIN LATERAL (
         SELECT l.attempt, l.host_id, l.outcome, l.exit_status, l.reason FROM unitvisor.attempts l
@@ -195,6 +276,24 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION unitvisor.run_status(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION unitvisor.run_status(uuid) TO unitvisor_submitter;
+
+-- The status (run_status's columns) of every run that carries all the given labels (its labels @> the
+-- argument; '{}' matches every run), newest first, at most max_rows of them. A filter that is not a
+-- JSON object matches no run. Invoker's rights, as run_status. (LANGUAGE sql: in PL/pgSQL the argument
+-- labels and the result column labels would be one variable.)
+CREATE FUNCTION unitvisor.runs_with_labels(labels jsonb, max_rows integer DEFAULT 100)
+RETURNS TABLE (id uuid, state text, created_at timestamptz, finished_at timestamptz, attempts integer,
+               attempt integer, host_id text, outcome text, exit_status text, reason text,
+               cancel_requested boolean, wait_reason text, labels jsonb)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT s.* FROM (SELECT r.id AS run_id, r.created_at AS run_created_at FROM unitvisor.runs r
+                     WHERE r.labels @> runs_with_labels.labels
+                     ORDER BY r.created_at DESC, r.id LIMIT runs_with_labels.max_rows) m
+    CROSS JOIN LATERAL unitvisor.run_status(m.run_id) s
+    ORDER BY m.run_created_at DESC, m.run_id
+$$;
+REVOKE EXECUTE ON FUNCTION unitvisor.runs_with_labels(jsonb, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION unitvisor.runs_with_labels(jsonb, integer) TO unitvisor_submitter;
 
 -- -- the completion signal: NOTIFY unitvisor_run_finished ------------------------------------------
 --

@@ -35,6 +35,7 @@ class Run:
     updated_at: datetime | None = None
     finished_at: datetime | None = None
     wait_reason: str | None = None  # why no live host accepts it, while it is queued
+    labels: dict[str, str] = field(default_factory=dict)  # the control plane's own tags (schema 005)
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,4 @@ class RunStatus:
     reason: str | None
     cancel_requested: bool
     wait_reason: str | None  # why no live host accepts it, while it is queued
+    labels: dict[str, str]

@@ -162,3 +162,42 @@ def test_one_notification_per_run_of_a_batch(conn: psycopg.Connection, finished_
     heard = finished(finished_listener)
     assert sorted(n["run_id"] for n in heard) == sorted(map(str, ids))
     assert {n["state"] for n in heard} == {"cancelled"}
+
+
+# -- runs_with_labels ---------------------------------------------------------------------------------
+
+
+def test_runs_with_labels_returns_the_runs_carrying_every_given_pair(conn: psycopg.Connection) -> None:
+    both = submit(conn, labels={"team": "infra", "job": "backup"})
+    team_only = submit(conn, labels={"team": "infra", "job": "restore"})
+    other = submit(conn, labels={"team": "web"})
+    submit(conn)  # no labels
+    assert [s.id for s in store.runs_with_labels(conn, {"team": "infra", "job": "backup"})] == [both]
+    assert {s.id for s in store.runs_with_labels(conn, {"team": "infra"})} == {both, team_only}
+    assert store.runs_with_labels(conn, {"team": "nobody"}) == []
+    assert len(store.runs_with_labels(conn, {})) == 4  # no condition: every run
+    status = store.runs_with_labels(conn, {"team": "web"})[0]
+    assert status == store.run_status(conn, other)  # the same columns as run_status
+    assert status.labels == {"team": "web"} and status.state == "queued"
+
+
+def test_runs_with_labels_is_newest_first_and_bounded(conn: psycopg.Connection) -> None:
+    ids = [submit(conn, labels={"batch": "7"}) for _ in range(3)]
+    conn.execute("UPDATE unitvisor.runs SET created_at = now() - make_interval(secs => %s) WHERE id = %s",
+                  (10, ids[0]))
+    found = [s.id for s in store.runs_with_labels(conn, {"batch": "7"}, max_rows=2)]
+    assert len(found) == 2 and ids[0] not in found
+
+
+def test_a_filter_that_is_not_an_object_matches_nothing(conn: psycopg.Connection) -> None:
+    submit(conn, labels={"a": "b"})
+    assert conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('[\"a\"]'::jsonb)").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels(NULL)").fetchone() == (0,)
+
+
+def test_runs_with_labels_uses_the_gin_index(conn: psycopg.Connection) -> None:
+    conn.execute("SET enable_seqscan = off")
+    plan = "\n".join(row[0] for row in conn.execute(
+        "EXPLAIN SELECT r.id FROM unitvisor.runs r WHERE r.labels @> '{\"a\": \"b\"}'::jsonb"))
+    conn.execute("RESET enable_seqscan")
+    assert "runs_labels_idx" in plan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -22,6 +23,7 @@ ARG_TYPES = {
     "memory_max": "bigint", "cpu_quota_percent": "integer", "tasks_max": "integer", "io_weight": "integer",
     "runtime_max_sec": "bigint", "max_attempts": "integer", "host_pin": "text", "priority": "integer",
     "retry_backoff_sec": "integer", "retry_backoff_max_sec": "integer", "retry_on": "text[]",
+    "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
 }
 
 
@@ -30,7 +32,7 @@ def call_submit(conn: psycopg.Connection, **values: Any) -> uuid.UUID:
     values.setdefault("argv", ["/bin/true"])
     args = sql.SQL(", ").join(
         sql.SQL("{} => %s::{}").format(sql.Identifier(name), sql.SQL(ARG_TYPES[name])) for name in values)
-    params = [Jsonb(v) if name == "environment" else v for name, v in values.items()]
+    params = [Jsonb(v) if name in ("environment", "labels") else v for name, v in values.items()]
     return conn.execute(sql.SQL("SELECT unitvisor.submit_run({})").format(args), params).fetchone()[0]
 
 
@@ -303,6 +305,17 @@ REFUSALS = [
                  id="backoff-max"),
     pytest.param({"retry_on": ["success"]}, "runs_retry_on_valid", "retry_on: may hold only exit-code",
                  id="retry-on"),
+    pytest.param({"labels": {"team": 1}}, "runs_labels_valid", "labels: must be a JSON object", id="labels-number"),
+    pytest.param({"labels": {"-bad": "x"}}, "runs_labels_valid", "labels: must be a JSON object", id="labels-key"),
+    pytest.param({"labels": {"k": "x" * 256}}, "runs_labels_valid", "labels: must be a JSON object",
+                 id="labels-long-value"),
+    pytest.param({"labels": {f"k{i}": "v" for i in range(65)}}, "runs_labels_valid", "labels: must be a JSON object",
+                 id="labels-too-many"),
+    pytest.param({"labels": ["a"]}, "runs_labels_valid", "labels: must be a JSON object", id="labels-array"),
+    pytest.param({"idempotency_key": ""}, "runs_idempotency_key_valid", "idempotency_key: must be 1 to 255",
+                 id="key-empty"),
+    pytest.param({"idempotency_key": "a\nb"}, "runs_idempotency_key_valid", "idempotency_key: must be 1 to 255",
+                 id="key-newline"),
 ]
 
 
@@ -365,3 +378,111 @@ def test_store_submit_passes_the_refusal_on(conn: psycopg.Connection) -> None:
         store.submit_run(conn, argv=["/bin/true"], memory_max=1024, environment={"TOKEN": SECRET})
     assert str(info.value) == ("the database refused the run: memory_max: 1024 is out of range "
                                "(1048576 to 4611686018427387904 bytes) (runs_memory_max_valid)")
+
+
+# -- labels and idempotency keys (sql/005_sql_api.sql) -------------------------------------------------
+
+
+def test_labels_are_stored_and_default_to_none(conn: psycopg.Connection) -> None:
+    labelled = call_submit(conn, labels={"team": "infra", "app.kubernetes.io/name": "x-1"})
+    assert store.get_run(conn, labelled).labels == {"team": "infra", "app.kubernetes.io/name": "x-1"}
+    assert store.get_run(conn, call_submit(conn)).labels == {}
+    # SQL NULL is no labels (a JSON null is refused, as for environment).
+    other = conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'], labels => NULL)").fetchone()[0]
+    assert store.get_run(conn, other).labels == {}
+
+
+def test_a_retried_submit_with_the_same_key_returns_the_same_run_and_writes_nothing(conn: psycopg.Connection) -> None:
+    first = call_submit(conn, idempotency_key="order-42")
+    before = table_counts(conn)
+    assert call_submit(conn, idempotency_key="order-42") == first
+    # Other arguments under the same key: the key names the request, and the first one wins.
+    assert call_submit(conn, argv=["/bin/false"], idempotency_key="order-42") == first
+    assert table_counts(conn) == before
+    assert store.get_run(conn, first).argv == ["/bin/true"]
+    assert call_submit(conn, idempotency_key="order-43") != first
+    assert call_submit(conn) != call_submit(conn)  # no key: a new run each time
+
+
+def test_a_key_is_valid_input_even_when_it_looks_like_sql(conn: psycopg.Connection) -> None:
+    first = call_submit(conn, idempotency_key=HOSTILE)
+    assert call_submit(conn, idempotency_key=HOSTILE) == first
+
+
+def test_concurrent_submits_with_one_key_make_one_run(conn: psycopg.Connection, dsn: str) -> None:
+    with store.connect(dsn) as a, store.connect(dsn) as b:
+        with a.transaction():
+            first = call_submit(a, idempotency_key="race")
+            # b's submit waits on a's uncommitted row (the unique index), then returns a's run.
+            result: list[uuid.UUID] = []
+            worker = threading.Thread(target=lambda: result.append(call_submit(b, idempotency_key="race")))
+            worker.start()
+            worker.join(0.5)
+            assert worker.is_alive(), "the second submit did not wait for the first"
+        worker.join(10)
+        assert result == [first]
+    assert table_counts(conn)["runs"] == 1 and table_counts(conn)["spawn_jobs"] == 1
+
+
+def test_a_key_whose_first_submit_rolled_back_is_free_again(conn: psycopg.Connection, dsn: str) -> None:
+    with store.connect(dsn) as a, store.connect(dsn) as b:
+        result: list[uuid.UUID] = []
+        worker = threading.Thread(target=lambda: result.append(call_submit(b, idempotency_key="retry-me")))
+        with a.transaction():
+            call_submit(a, idempotency_key="retry-me")
+            worker.start()
+            worker.join(0.5)
+            assert worker.is_alive(), "the second submit did not wait for the first"
+            raise psycopg.Rollback()  # what a failed first submit leaves: nothing
+        worker.join(10)
+    assert len(result) == 1 and store.get_run(conn, result[0]) is not None
+    assert table_counts(conn)["runs"] == 1
+
+
+def test_calls_written_for_earlier_versions_still_work(conn: psycopg.Connection) -> None:
+    # Version 1's fifteen arguments, positional, as a control plane may have written them.
+    positional = conn.execute(
+        "SELECT unitvisor.submit_run(ARRAY['/bin/true'], '{}'::jsonb, NULL, NULL, 1048576, NULL, NULL, NULL, "
+        "NULL, 2, NULL, 3, 10, 600, NULL)").fetchone()[0]
+    assert (store.get_run(conn, positional).max_attempts, store.get_run(conn, positional).priority) == (2, 3)
+    # 0.2.0's CLI: named arguments, each cast (store.submit_run of that release).
+    named = conn.execute("SELECT unitvisor.submit_run(argv => %s::text[], memory_max => %s::bigint, "
+                         "priority => %s::integer, private_network => %s::boolean)",
+                         (["/bin/true"], 1 << 30, 1, True)).fetchone()[0]
+    run = store.get_run(conn, named)
+    assert (run.memory_max, run.priority, run.private_network, run.labels) == (1 << 30, 1, True, {})
+
+
+def test_submit_run_is_a_security_definer_with_the_grants_of_004(conn: psycopg.Connection) -> None:
+    rows = conn.execute(
+        """SELECT p.prosecdef, p.proconfig, pg_get_userbyid(p.proowner),
+                  has_function_privilege('unitvisor_submitter', p.oid, 'EXECUTE'),
+                  has_function_privilege('unitvisor_host', p.oid, 'EXECUTE')
+           FROM pg_proc p WHERE p.oid = 'unitvisor.submit_run'::regproc""").fetchall()
+    assert rows == [(True, ["search_path=pg_catalog, pg_temp"], store.ADMIN_ROLE, True, False)]
+
+
+def test_under_repeatable_read_a_concurrent_submit_with_one_key_is_a_serialization_failure(
+        conn: psycopg.Connection, dsn: str) -> None:
+    # What docs/sql-api.md tells a caller to expect, and to retry: the retry returns the run.
+    with store.connect(dsn) as a, store.connect(dsn) as b:
+        b.execute("SET default_transaction_isolation = 'repeatable read'")
+        errors: list[BaseException] = []
+
+        def second() -> None:
+            try:
+                with b.transaction():
+                    call_submit(b, idempotency_key="rr")
+            except psycopg.Error as exc:
+                errors.append(exc)
+
+        worker = threading.Thread(target=second)
+        with a.transaction():
+            first = call_submit(a, idempotency_key="rr")
+            worker.start()
+            worker.join(0.5)
+        worker.join(10)
+        assert [type(e) for e in errors] == [psycopg.errors.SerializationFailure]
+        with b.transaction():
+            assert call_submit(b, idempotency_key="rr") == first
+    assert table_counts(conn)["runs"] == 1
