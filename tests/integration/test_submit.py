@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -409,6 +410,18 @@ def test_a_key_is_valid_input_even_when_it_looks_like_sql(conn: psycopg.Connecti
     assert call_submit(conn, idempotency_key=HOSTILE) == first
 
 
+def blocked(conn: psycopg.Connection, waiter: psycopg.Connection, worker: threading.Thread) -> None:
+    """Until `waiter`'s session waits on a lock (the other's uncommitted key), never by a sleep that a
+    loaded machine could outrun: a test must know the second submit really met the first one's row."""
+    pid = waiter.info.backend_pid
+    deadline = time.monotonic() + 30
+    while not conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                           (pid,)).fetchone()[0]:
+        assert worker.is_alive(), "the second submit ended without waiting for the first"
+        assert time.monotonic() < deadline, "the second submit never waited for the first"
+        time.sleep(0.01)
+
+
 def test_concurrent_submits_with_one_key_make_one_run(conn: psycopg.Connection, dsn: str) -> None:
     with store.connect(dsn) as a, store.connect(dsn) as b:
         with a.transaction():
@@ -417,8 +430,7 @@ def test_concurrent_submits_with_one_key_make_one_run(conn: psycopg.Connection, 
             result: list[uuid.UUID] = []
             worker = threading.Thread(target=lambda: result.append(call_submit(b, idempotency_key="race")))
             worker.start()
-            worker.join(0.5)
-            assert worker.is_alive(), "the second submit did not wait for the first"
+            blocked(conn, b, worker)
         worker.join(10)
         assert result == [first]
     assert table_counts(conn)["runs"] == 1 and table_counts(conn)["spawn_jobs"] == 1
@@ -431,8 +443,7 @@ def test_a_key_whose_first_submit_rolled_back_is_free_again(conn: psycopg.Connec
         with a.transaction():
             call_submit(a, idempotency_key="retry-me")
             worker.start()
-            worker.join(0.5)
-            assert worker.is_alive(), "the second submit did not wait for the first"
+            blocked(conn, b, worker)
             raise psycopg.Rollback()  # what a failed first submit leaves: nothing
         worker.join(10)
     assert len(result) == 1 and store.get_run(conn, result[0]) is not None
@@ -480,7 +491,7 @@ def test_under_repeatable_read_a_concurrent_submit_with_one_key_is_a_serializati
         with a.transaction():
             first = call_submit(a, idempotency_key="rr")
             worker.start()
-            worker.join(0.5)
+            blocked(conn, b, worker)
         worker.join(10)
         assert [type(e) for e in errors] == [psycopg.errors.SerializationFailure]
         with b.transaction():
