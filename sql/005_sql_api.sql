@@ -275,7 +275,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 REVOKE EXECUTE ON FUNCTION unitvisor.run_status(uuid) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION unitvisor.run_status(uuid) TO unitvisor_submitter;
+-- Also to hosts: it runs with the caller's rights, so a host reads through the policy on runs only
+-- what it may see, and `unitvisor wait` works with a host's own DSN (README, Roles).
+GRANT EXECUTE ON FUNCTION unitvisor.run_status(uuid) TO unitvisor_submitter, unitvisor_host;
 
 -- The status (run_status's columns) of every run that carries all the given labels (its labels @> the
 -- argument; '{}' matches every run), newest first, at most max_rows of them. A filter that is not a
@@ -293,7 +295,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     ORDER BY m.run_created_at DESC, m.run_id
 $$;
 REVOKE EXECUTE ON FUNCTION unitvisor.runs_with_labels(jsonb, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION unitvisor.runs_with_labels(jsonb, integer) TO unitvisor_submitter;
+GRANT EXECUTE ON FUNCTION unitvisor.runs_with_labels(jsonb, integer) TO unitvisor_submitter, unitvisor_host;
 
 -- -- the completion signal: NOTIFY unitvisor_run_finished ------------------------------------------
 --

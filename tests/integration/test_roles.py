@@ -239,9 +239,11 @@ def test_host_cannot_resume_a_run(world: World) -> None:
     refused_call(lambda: store.resume_run(world.h1, world.mine.run_id))
 
 
-def test_host_cannot_read_a_runs_status_through_run_status(world: World) -> None:
-    # A host reads runs through the policy on runs; run_status is the control plane's.
-    refused(world.h1, "SELECT * FROM unitvisor.run_status(%s)", (world.free.run_id,))
+def test_host_reads_through_run_status_only_what_the_policy_on_runs_lets_it_see(world: World) -> None:
+    # run_status runs with the caller's rights: a run pinned to another host is no row for h1.
+    assert world.h1.execute("SELECT id FROM unitvisor.run_status(%s)", (world.pinned.run_id,)).fetchall() == []
+    assert world.h1.execute("SELECT id FROM unitvisor.run_status(%s)",
+                            (world.free.run_id,)).fetchall() == [(world.free.run_id,)]
 
 
 def test_host_cannot_read_the_host_role_bindings(world: World) -> None:
@@ -341,7 +343,8 @@ def test_public_holds_no_privilege_on_the_schema_or_its_tables(conn: psycopg.Con
 # What each role may run and touch, in full: a later migration that grants more must say so here.
 HOST_FUNCTIONS = {
     "claim_jobs", "declare_dead_hosts", "explain_waiting", "heartbeat", "mark_host_stopped", "mark_started",
-    "my_host_id", "record_event", "record_outcome", "register_host", "register_host_environment", "whoami"}
+    "my_host_id", "record_event", "record_outcome", "register_host", "register_host_environment", "run_status",
+    "runs_with_labels", "whoami"}
 SUBMITTER_FUNCTIONS = {"cancel_run", "my_host_id", "resume_run", "run_status", "runs_with_labels", "submit_run",
                        "whoami"}
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
