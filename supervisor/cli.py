@@ -179,18 +179,42 @@ class _IntRange(click.IntRange):
         return number
 
 
+def _split_pair(item: str, form: str) -> tuple[str, str]:
+    """NAME=VALUE (or KEY=VALUE, as `form` says) split at its first '='."""
+    name, sep, value = item.partition("=")
+    if not sep:
+        raise click.BadParameter(f"{item!r} has no '=': use {form}")
+    return name, value
+
+
 def _env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in values:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} has no '=': use NAME=VALUE")
+        name, value = _split_pair(item, "NAME=VALUE")
         if not _ENV_NAME_RE.match(name):
             raise click.BadParameter(f"{name!r} is not a valid environment variable name")
         if "\n" in value or "\0" in value:
             raise click.BadParameter(f"the value of {name} contains a newline or NUL")
         env[name] = value
     return env
+
+
+# A label as unitvisor.labels_are_valid accepts it (sql/005_sql_api.sql), checked here too so that a
+# typo is a usage error that names the option.
+_LABEL_KEY_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
+
+
+def _label_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in values:
+        key, value = _split_pair(item, "KEY=VALUE")
+        if not _LABEL_KEY_RE.fullmatch(key):
+            raise click.BadParameter(f"{key!r} is not a label key (1 to 63 letters, digits, '.', '_', '-' and '/', "
+                                     "starting and ending with a letter or digit)")
+        if len(value) > 255 or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise click.BadParameter(f"the value of label {key} is over 255 characters or has a control character")
+        labels[key] = value
+    return labels
 
 
 def resolve_run_id(conn: store.Connection, text: str) -> uuid.UUID:
@@ -245,6 +269,10 @@ def _load_run(conn: store.Connection, text: str) -> Run:
               help="Higher runs first.")
 @click.option("--private-network", is_flag=True,
               help="No network but the run's own loopback (PrivateNetwork=yes).")
+@click.option("--label", "labels", multiple=True, callback=_label_pairs, metavar="KEY=VALUE",
+              help="Tag the run (repeatable); find it again with `runs --label`.")
+@click.option("--idempotency-key", metavar="KEY",
+              help="Submit at most once per KEY: a repeated submit prints the first run's id and queues nothing.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 @pass_ctx
 def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
@@ -266,6 +294,7 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         "max_attempts": options["max_attempts"], "host_pin": options["host_pin"], "priority": options["priority"],
         # Only when asked: a database from before schema 003 then still takes the run.
         "private_network": options["private_network"] or None,
+        "labels": options["labels"] or None, "idempotency_key": options["idempotency_key"],
     }
     with ctx.connect() as conn:
         try:
@@ -293,7 +322,7 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]]) ->
     return {
         "id": str(run.id), "state": run.state, "argv": run.argv, "environment": run.environment,
         "working_directory": run.working_directory, "user": run.run_user, "host_pin": run.host_pin,
-        "priority": run.priority, "private_network": run.private_network,
+        "priority": run.priority, "private_network": run.private_network, "labels": run.labels,
         "limits": {key: data[key] for key in
                    ("memory_max", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
         "max_attempts": run.max_attempts, "cancel_requested_at": _iso(run.cancel_requested_at),
@@ -342,6 +371,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         f"tasks={limits['tasks_max'] or '-'} io-weight={limits['io_weight'] or '-'} "
         f"runtime={format_duration(limits['runtime_max_sec'])}",
         f"  network:   {NETWORK_TEXT[run.private_network]}",
+        f"  labels:    {' '.join(f'{k}={v}' for k, v in sorted(run.labels.items())) or '-'}",
         f"  attempts:  {len(data['attempts'])} of {run.max_attempts}",
     ]
     for a in data["attempts"]:
@@ -365,11 +395,13 @@ def _command_text(argv: list[str]) -> str:
 @click.option("--host", help="Only runs whose latest attempt is on this host.")
 @click.option("--since", callback=_quantity(parse_duration, 1, 10**10, "1s to 115740d", "seconds"),
               help="Only runs created this recently, like 1h.")
+@click.option("--label", "labels", multiple=True, callback=_label_pairs, metavar="KEY=VALUE",
+              help="Only runs with this label (repeatable: all of them).")
 @click.option("--limit", type=_IntRange(1, 100000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
-def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float | None, limit: int,
-         as_json: bool) -> None:
+def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float | None, labels: dict[str, str],
+         limit: int, as_json: bool) -> None:
     """List runs, newest first.
 
     \b
@@ -377,13 +409,13 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
       unitvisor runs --state running --since 1h
     """
     with ctx.connect() as conn:
-        rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit)
+        rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit, labels)
         now = store.now(conn)
     if as_json:
         click.echo(json.dumps([{
             "id": str(r["id"]), "state": r["state"], "host": r["host_id"], "attempt": r["attempt"],
             "created_at": _iso(r["created_at"]), "started_at": _iso(r["started_at"]), "ended_at": _iso(r["ended_at"]),
-            "outcome": r["outcome"], "exit_status": r["exit_status"], "argv": r["argv"],
+            "outcome": r["outcome"], "exit_status": r["exit_status"], "argv": r["argv"], "labels": r["labels"],
         } for r in rows], indent=2))
         return
     table = [("ID", "STATE", "HOST", "ATTEMPT", "AGE", "DURATION", "OUTCOME", "COMMAND")]
@@ -589,7 +621,8 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
         with ctx.connect() as conn:
             rid = resolve_run_id(conn, run_id)
             while True:
-                run = store.get_run(conn, rid)
+                # The status control planes read (unitvisor.run_status), so the two agree.
+                run = store.run_status(conn, rid)
                 if run is None:
                     raise Failure(f"run {rid} was deleted")
                 if run.state in TERMINAL_STATES:

@@ -35,6 +35,7 @@ class Run:
     updated_at: datetime | None = None
     finished_at: datetime | None = None
     wait_reason: str | None = None  # why no live host accepts it, while it is queued
+    labels: dict[str, str] = field(default_factory=dict)  # the control plane's own tags (schema 005)
 
 
 @dataclass(frozen=True)
@@ -50,3 +51,22 @@ class Attempt:
     outcome: str | None = None
     exit_status: str | None = None
     reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's status as unitvisor.run_status reports it to any control plane (sql/005_sql_api.sql):
+    the run's state and its latest attempt's, if any."""
+    id: uuid.UUID
+    state: str
+    created_at: datetime
+    finished_at: datetime | None
+    attempts: int  # how many attempts it has had
+    attempt: int | None  # the latest attempt's number; None until a host claims the run
+    host_id: str | None
+    outcome: str | None
+    exit_status: str | None
+    reason: str | None
+    cancel_requested: bool
+    wait_reason: str | None  # why no live host accepts it, while it is queued
+    labels: dict[str, str]

@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
-from supervisor.model import Attempt, Run
+from supervisor.model import Attempt, Run, RunStatus
 from supervisor.outcomes import Outcome
 
 # Where the numbered migrations are, first found wins: inside the package in an installed wheel
@@ -245,8 +245,9 @@ _SUBMIT_ARGS = {
     "argv": "text[]", "environment": "jsonb", "working_directory": "text", "run_user": "text",
     "memory_max": "bigint", "cpu_quota_percent": "integer", "tasks_max": "integer", "io_weight": "integer",
     "runtime_max_sec": "bigint", "max_attempts": "integer", "host_pin": "text", "priority": "integer",
-    "private_network": "boolean",
+    "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
 }
+_JSON_ARGS = ("environment", "labels")
 
 
 def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
@@ -255,14 +256,19 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
     if unknown:
         raise TypeError(f"unknown run fields: {sorted(unknown)}")
     names = [name for name in _SUBMIT_ARGS if values.get(name) is not None]
-    params = [Jsonb(values[n]) if n == "environment" else values[n] for n in names]
+    params = [Jsonb(values[n]) if n in _JSON_ARGS else values[n] for n in names]
     # Named-argument notation; the names come from the fixed tuple above, never from input.
     call = sql.SQL("SELECT unitvisor.submit_run({})").format(sql.SQL(", ").join(
         sql.SQL("{} => %s::{}").format(sql.Identifier(name), sql.SQL(_SUBMIT_ARGS[name])) for name in names))
     try:
         return conn.execute(call, params).fetchone()[0]
     except psycopg.errors.CheckViolation as exc:
-        raise DatabaseError(f"the database refused the run: {exc.diag.constraint_name or exc}") from None
+        # submit_run's message names the argument and what is allowed, and holds no value of the
+        # environment (sql/005_sql_api.sql); the constraint's name is what a script may match on.
+        message = exc.diag.message_primary or ""
+        constraint = exc.diag.constraint_name
+        raise DatabaseError(f"the database refused the run: {message} ({constraint})" if message and constraint
+                            else f"the database refused the run: {constraint or message}") from None
     except psycopg.DataError as exc:
         raise DatabaseError(f"the database refused the run: {one_line(exc)}") from None
 
@@ -270,6 +276,24 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
 def get_run(conn: Connection, run_id: uuid.UUID) -> Run | None:
     with conn.cursor(row_factory=class_row(Run)) as cur:
         return cur.execute(f"SELECT {_RUN_COLUMNS} FROM unitvisor.runs r WHERE r.id = %s", (run_id,)).fetchone()
+
+
+# In the order unitvisor.run_status returns them (sql/005_sql_api.sql), named, never `*`.
+_RUN_STATUS_COLUMNS = ", ".join(f.name for f in fields(RunStatus))
+
+
+def run_status(conn: Connection, run_id: uuid.UUID) -> RunStatus | None:
+    """A run's status through the function control planes call, so that the CLI and they cannot
+    disagree on it. None: no such run."""
+    with conn.cursor(row_factory=class_row(RunStatus)) as cur:
+        return cur.execute(f"SELECT {_RUN_STATUS_COLUMNS} FROM unitvisor.run_status(%s)", (run_id,)).fetchone()
+
+
+def runs_with_labels(conn: Connection, labels: dict[str, str], max_rows: int = 100) -> list[RunStatus]:
+    """The status of every run carrying all of `labels`, newest first (unitvisor.runs_with_labels)."""
+    with conn.cursor(row_factory=class_row(RunStatus)) as cur:
+        return cur.execute(f"SELECT {_RUN_STATUS_COLUMNS} FROM unitvisor.runs_with_labels(%s, %s)",
+                           (Jsonb(labels), max_rows)).fetchall()
 
 
 def get_runs(conn: Connection, run_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Run]:
@@ -306,11 +330,13 @@ def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dic
 
 
 def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = None,
-              since: timedelta | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    """Runs, newest first, each with its latest attempt's host, number and outcome."""
+              since: timedelta | None = None, limit: int = 50,
+              labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Runs, newest first, each with its latest attempt's host, number and outcome; with `labels`, only
+    runs that carry every one of them (the @> of unitvisor.runs_with_labels, on the same GIN index)."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT r.id, r.state, r.argv, r.created_at, r.finished_at,
+            """SELECT r.id, r.state, r.argv, r.created_at, r.finished_at, r.labels,
                       a.host_id, a.attempt, a.started_at, a.ended_at, a.outcome, a.exit_status
                FROM unitvisor.runs r
                LEFT JOIN LATERAL (SELECT x.host_id, x.attempt, x.started_at, x.ended_at, x.outcome, x.exit_status
@@ -319,8 +345,9 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
                WHERE (cardinality(%(states)s::text[]) = 0 OR r.state = ANY(%(states)s::text[]))
                  AND (%(host)s::text IS NULL OR a.host_id = %(host)s::text)
                  AND (%(since)s::interval IS NULL OR r.created_at >= now() - %(since)s::interval)
+                 AND r.labels @> %(labels)s::jsonb
                ORDER BY r.created_at DESC, r.id LIMIT %(limit)s""",
-            {"states": list(states), "host": host, "since": since, "limit": limit},
+            {"states": list(states), "host": host, "since": since, "limit": limit, "labels": Jsonb(labels or {})},
         ).fetchall()
 
 

@@ -187,7 +187,7 @@ _HOST_CALLS = {  # store function -> how to find the host id it acts as
     "explain_waiting": lambda args: ANY_HOST, "unit_owners": lambda args: ANY_HOST,
     "unclaimed_attempts": lambda args: ANY_HOST,
 }
-_SUBMITTER_CALLS = ("submit_run", "cancel_run", "resume_run")
+_SUBMITTER_CALLS = ("submit_run", "cancel_run", "resume_run", "run_status", "runs_with_labels")
 
 
 # What ensure_login_role and bind_host_role made already: (cluster port, role) and (port, database, role).

@@ -317,3 +317,39 @@ def test_dsn_from_the_config_file(cli, dsn: str, conn: psycopg.Connection, tmp_p
     result = cli("submit", "--", "/bin/true", config=config)
     assert result.returncode == 0, result.stderr
     assert store.get_run(conn, uuid.UUID(result.stdout.strip())) is not None
+
+
+# -- labels and idempotency keys (schema 005) ------------------------------------------------------------
+
+
+def test_submit_with_labels_and_find_them_again(cli, dsn: str, conn: psycopg.Connection) -> None:
+    tagged = submit(cli, dsn, "--label", "team=infra", "--label", "job=backup", "--", "/bin/true")
+    submit(cli, dsn, "--label", "team=web", "--", "/bin/true")
+    assert store.get_run(conn, tagged).labels == {"team": "infra", "job": "backup"}
+
+    listed = cli("runs", "--label", "team=infra", "--json", dsn=dsn)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [r["id"] for r in rows] == [str(tagged)]
+    assert rows[0]["labels"] == {"team": "infra", "job": "backup"}
+    both = cli("runs", "--label", "team=infra", "--label", "job=nope", "--json", dsn=dsn)
+    assert json.loads(both.stdout) == []
+
+    shown = cli("show", str(tagged), dsn=dsn)
+    assert "  labels:    job=backup team=infra" in shown.stdout.splitlines()
+    assert json.loads(cli("show", str(tagged), "--json", dsn=dsn).stdout)["labels"] == {
+        "team": "infra", "job": "backup"}
+
+
+def test_a_repeated_submit_with_an_idempotency_key_prints_the_first_run(cli, dsn: str,
+                                                                        conn: psycopg.Connection) -> None:
+    first = submit(cli, dsn, "--idempotency-key", "deploy-17", "--", "/bin/true")
+    assert submit(cli, dsn, "--idempotency-key", "deploy-17", "--", "/bin/true") == first
+    assert table_counts(conn)["runs"] == 1
+
+
+@pytest.mark.parametrize("label", ["novalue", "-bad=x", "k=" + "v" * 256])
+def test_a_bad_label_is_a_usage_error_before_any_write(cli, dsn: str, conn: psycopg.Connection, label: str) -> None:
+    result = cli("submit", "--label", label, "--", "/bin/true", dsn=dsn)
+    assert result.returncode == 2 and "--label" in result.stderr
+    assert_nothing_written(conn)

@@ -239,6 +239,13 @@ def test_host_cannot_resume_a_run(world: World) -> None:
     refused_call(lambda: store.resume_run(world.h1, world.mine.run_id))
 
 
+def test_host_reads_through_run_status_only_what_the_policy_on_runs_lets_it_see(world: World) -> None:
+    # run_status runs with the caller's rights: a run pinned to another host is no row for h1.
+    assert world.h1.execute("SELECT id FROM unitvisor.run_status(%s)", (world.pinned.run_id,)).fetchall() == []
+    assert world.h1.execute("SELECT id FROM unitvisor.run_status(%s)",
+                            (world.free.run_id,)).fetchall() == [(world.free.run_id,)]
+
+
 def test_host_cannot_read_the_host_role_bindings(world: World) -> None:
     refused(world.h1, "SELECT * FROM unitvisor.host_roles")
 
@@ -336,8 +343,10 @@ def test_public_holds_no_privilege_on_the_schema_or_its_tables(conn: psycopg.Con
 # What each role may run and touch, in full: a later migration that grants more must say so here.
 HOST_FUNCTIONS = {
     "claim_jobs", "declare_dead_hosts", "explain_waiting", "heartbeat", "mark_host_stopped", "mark_started",
-    "my_host_id", "record_event", "record_outcome", "register_host", "register_host_environment", "whoami"}
-SUBMITTER_FUNCTIONS = {"cancel_run", "my_host_id", "resume_run", "submit_run", "whoami"}
+    "my_host_id", "record_event", "record_outcome", "register_host", "register_host_environment", "run_status",
+    "runs_with_labels", "whoami"}
+SUBMITTER_FUNCTIONS = {"cancel_run", "my_host_id", "resume_run", "run_status", "runs_with_labels", "submit_run",
+                       "whoami"}
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 
@@ -389,6 +398,7 @@ def test_submitter_submits_cancels_resumes_and_reads(world: World) -> None:
     assert {r["id"] for r in store.list_runs(s)} >= {run_id, world.pinned.run_id}
     assert {h["id"] for h in store.list_hosts(s)} == {"h1", "h2"}
     assert s.execute("SELECT kind FROM unitvisor.whoami()").fetchone() == ("submitter",)
+    assert store.run_status(s, world.pinned.run_id).host_id == "h2"
 
 
 def test_host_goes_through_the_whole_daemon_cycle(world: World) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -22,6 +24,7 @@ ARG_TYPES = {
     "memory_max": "bigint", "cpu_quota_percent": "integer", "tasks_max": "integer", "io_weight": "integer",
     "runtime_max_sec": "bigint", "max_attempts": "integer", "host_pin": "text", "priority": "integer",
     "retry_backoff_sec": "integer", "retry_backoff_max_sec": "integer", "retry_on": "text[]",
+    "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
 }
 
 
@@ -30,7 +33,7 @@ def call_submit(conn: psycopg.Connection, **values: Any) -> uuid.UUID:
     values.setdefault("argv", ["/bin/true"])
     args = sql.SQL(", ").join(
         sql.SQL("{} => %s::{}").format(sql.Identifier(name), sql.SQL(ARG_TYPES[name])) for name in values)
-    params = [Jsonb(v) if name == "environment" else v for name, v in values.items()]
+    params = [Jsonb(v) if name in ("environment", "labels") else v for name, v in values.items()]
     return conn.execute(sql.SQL("SELECT unitvisor.submit_run({})").format(args), params).fetchone()[0]
 
 
@@ -260,3 +263,237 @@ def test_an_array_with_another_lower_bound_cannot_smuggle_a_relative_argv0(conn:
             conn.execute("SELECT unitvisor.submit_run('[2:3]={sh,-c}'::text[])")
     finally:
         assert_nothing_written(conn)
+
+
+# -- refusals a caller can act on (sql/005_sql_api.sql) ------------------------------------------------
+
+SECRET = "s3cr3t-Value-never-logged"
+# Every environment a refusal case sends holds SECRET as a value (and, where the name is refused, in
+# the name too): no message, detail, hint or context may ever show it.
+REFUSALS = [
+    # (arguments, constraint, the message's start)
+    pytest.param({"argv": []}, "runs_argv_valid", "argv: must be a one-dimensional array", id="argv-empty"),
+    pytest.param({"argv": ["/bin/echo", None]}, "runs_argv_valid", "argv: element 2 is NULL", id="argv-null"),
+    pytest.param({"argv": ["sh", "-c"]}, "runs_argv_valid", "argv: the first element must be an absolute path",
+                 id="argv-relative"),
+    pytest.param({"environment": ["A=x"]}, "runs_environment_valid",
+                 "environment: must be a JSON object of NAME -> string, not a JSON array", id="env-array"),
+    pytest.param({"environment": {f"PASSWORD={SECRET}": "x", "OK": SECRET}}, "runs_environment_valid",
+                 "environment: 1 name(s) are not valid variable names", id="env-name"),
+    pytest.param({"environment": {"OK": SECRET, "N": 1}}, "runs_environment_valid",
+                 "environment: the value of N is not a string", id="env-value-type"),
+    pytest.param({"environment": {"OK": SECRET + "\nmore"}}, "runs_environment_valid",
+                 "environment: the value of OK contains a newline", id="env-value-newline"),
+    pytest.param({"working_directory": "tmp"}, "runs_working_directory_valid",
+                 "working_directory: must be an absolute path", id="workdir"),
+    pytest.param({"run_user": "Root"}, "runs_run_user_valid", "run_user: is not a user name", id="run-user"),
+    pytest.param({"memory_max": 1024}, "runs_memory_max_valid",
+                 "memory_max: 1024 is out of range (1048576 to 4611686018427387904 bytes)", id="memory-max"),
+    pytest.param({"cpu_quota_percent": 0}, "runs_cpu_quota_valid",
+                 "cpu_quota_percent: 0 is out of range (1 to 100000", id="cpu-quota"),
+    pytest.param({"tasks_max": 0}, "runs_tasks_max_valid", "tasks_max: 0 is out of range (1 to 4194304 tasks)",
+                 id="tasks-max"),
+    pytest.param({"io_weight": 10001}, "runs_io_weight_valid", "io_weight: 10001 is out of range (1 to 10000)",
+                 id="io-weight"),
+    pytest.param({"runtime_max_sec": 0}, "runs_runtime_max_valid",
+                 "runtime_max_sec: 0 is out of range (1 to 315360000 seconds)", id="runtime-max"),
+    pytest.param({"max_attempts": 1001}, "runs_max_attempts_valid", "max_attempts: 1001 is out of range (1 to 1000)",
+                 id="max-attempts"),
+    pytest.param({"retry_backoff_sec": -1}, "runs_backoff_valid",
+                 "retry_backoff_sec: -1 is out of range (0 to 86400 seconds)", id="backoff"),
+    pytest.param({"retry_backoff_sec": 100, "retry_backoff_max_sec": 50}, "runs_backoff_valid",
+                 "retry_backoff_max_sec: 50 is out of range (retry_backoff_sec, here 100, to 604800 seconds)",
+                 id="backoff-max"),
+    pytest.param({"retry_on": ["success"]}, "runs_retry_on_valid", "retry_on: may hold only exit-code",
+                 id="retry-on"),
+    pytest.param({"labels": {"team": 1}}, "runs_labels_valid", "labels: must be a JSON object", id="labels-number"),
+    pytest.param({"labels": {"-bad": "x"}}, "runs_labels_valid", "labels: must be a JSON object", id="labels-key"),
+    pytest.param({"labels": {"k": "x" * 256}}, "runs_labels_valid", "labels: must be a JSON object",
+                 id="labels-long-value"),
+    pytest.param({"labels": {f"k{i}": "v" for i in range(65)}}, "runs_labels_valid", "labels: must be a JSON object",
+                 id="labels-too-many"),
+    pytest.param({"labels": ["a"]}, "runs_labels_valid", "labels: must be a JSON object", id="labels-array"),
+    pytest.param({"idempotency_key": ""}, "runs_idempotency_key_valid", "idempotency_key: must be 1 to 255",
+                 id="key-empty"),
+    pytest.param({"idempotency_key": "a\nb"}, "runs_idempotency_key_valid", "idempotency_key: must be 1 to 255",
+                 id="key-newline"),
+]
+
+
+def assert_no_secret(exc: psycopg.Error) -> None:
+    diag = exc.diag
+    for part in (str(exc), diag.message_primary, diag.message_detail, diag.message_hint, diag.context):
+        assert SECRET not in (part or "")
+    # The row is never dumped: the DETAIL PostgreSQL gives a failed CHECK ("Failing row contains").
+    assert diag.message_detail is None
+
+
+def test_every_constraint_of_runs_that_an_argument_can_break_has_a_refusal_case(conn: psycopg.Connection) -> None:
+    constraints = {row[0] for row in conn.execute(
+        "SELECT conname FROM pg_constraint WHERE conrelid = 'unitvisor.runs'::regclass AND contype = 'c'")}
+    covered = {case.values[1] for case in REFUSALS}
+    # runs_state_valid: state is no argument of submit_run, which always inserts 'queued'.
+    assert constraints - covered == {"runs_state_valid"}
+
+
+@pytest.mark.parametrize(("values", "constraint", "message"), REFUSALS)
+def test_a_refused_argument_gets_one_clear_message_without_the_row(conn: psycopg.Connection, values: dict,
+                                                                  constraint: str, message: str) -> None:
+    values = {"environment": {"TOKEN": SECRET}, **values}
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        call_submit(conn, **values)
+    assert info.value.diag.message_primary.startswith(message)
+    assert info.value.diag.constraint_name == constraint
+    assert_no_secret(info.value)
+    assert_nothing_written(conn)
+
+
+@pytest.mark.parametrize("argument", ["max_attempts", "priority", "retry_backoff_sec", "retry_backoff_max_sec"])
+def test_an_explicit_null_for_a_not_null_column_names_the_argument(conn: psycopg.Connection, argument: str) -> None:
+    with pytest.raises(psycopg.errors.NotNullViolation) as info:
+        call_submit(conn, environment={"TOKEN": SECRET}, **{argument: None})
+    assert info.value.diag.message_primary.startswith(f"{argument}: must not be NULL")
+    assert_no_secret(info.value)
+    assert_nothing_written(conn)
+
+
+def test_a_null_argv_names_the_argument(conn: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.NotNullViolation, match="argv: must not be NULL"):
+        conn.execute("SELECT unitvisor.submit_run(NULL::text[])")
+
+
+def test_a_constraint_submit_run_does_not_foresee_does_not_leak_the_row(conn: psycopg.Connection) -> None:
+    # A constraint added later (by a migration, or a control plane's own): the function knows nothing
+    # of it, and the row must still not reach the caller's logs.
+    conn.execute("ALTER TABLE unitvisor.runs ADD CONSTRAINT runs_pin_not_forbidden CHECK (host_pin <> 'forbidden')")
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        call_submit(conn, environment={"TOKEN": SECRET}, host_pin="forbidden")
+    assert info.value.diag.constraint_name == "runs_pin_not_forbidden"
+    assert info.value.diag.message_primary == "the run was refused by constraint runs_pin_not_forbidden"
+    assert_no_secret(info.value)
+    assert_nothing_written(conn)
+
+
+def test_store_submit_passes_the_refusal_on(conn: psycopg.Connection) -> None:
+    with pytest.raises(store.DatabaseError) as info:
+        store.submit_run(conn, argv=["/bin/true"], memory_max=1024, environment={"TOKEN": SECRET})
+    assert str(info.value) == ("the database refused the run: memory_max: 1024 is out of range "
+                               "(1048576 to 4611686018427387904 bytes) (runs_memory_max_valid)")
+
+
+# -- labels and idempotency keys (sql/005_sql_api.sql) -------------------------------------------------
+
+
+def test_labels_are_stored_and_default_to_none(conn: psycopg.Connection) -> None:
+    labelled = call_submit(conn, labels={"team": "infra", "app.kubernetes.io/name": "x-1"})
+    assert store.get_run(conn, labelled).labels == {"team": "infra", "app.kubernetes.io/name": "x-1"}
+    assert store.get_run(conn, call_submit(conn)).labels == {}
+    # SQL NULL is no labels (a JSON null is refused, as for environment).
+    other = conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'], labels => NULL)").fetchone()[0]
+    assert store.get_run(conn, other).labels == {}
+
+
+def test_a_retried_submit_with_the_same_key_returns_the_same_run_and_writes_nothing(conn: psycopg.Connection) -> None:
+    first = call_submit(conn, idempotency_key="order-42")
+    before = table_counts(conn)
+    assert call_submit(conn, idempotency_key="order-42") == first
+    # Other arguments under the same key: the key names the request, and the first one wins.
+    assert call_submit(conn, argv=["/bin/false"], idempotency_key="order-42") == first
+    assert table_counts(conn) == before
+    assert store.get_run(conn, first).argv == ["/bin/true"]
+    assert call_submit(conn, idempotency_key="order-43") != first
+    assert call_submit(conn) != call_submit(conn)  # no key: a new run each time
+
+
+def test_a_key_is_valid_input_even_when_it_looks_like_sql(conn: psycopg.Connection) -> None:
+    first = call_submit(conn, idempotency_key=HOSTILE)
+    assert call_submit(conn, idempotency_key=HOSTILE) == first
+
+
+def blocked(conn: psycopg.Connection, waiter: psycopg.Connection, worker: threading.Thread) -> None:
+    """Until `waiter`'s session waits on a lock (the other's uncommitted key), never by a sleep that a
+    loaded machine could outrun: a test must know the second submit really met the first one's row."""
+    pid = waiter.info.backend_pid
+    deadline = time.monotonic() + 30
+    while not conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                           (pid,)).fetchone()[0]:
+        assert worker.is_alive(), "the second submit ended without waiting for the first"
+        assert time.monotonic() < deadline, "the second submit never waited for the first"
+        time.sleep(0.01)
+
+
+def test_concurrent_submits_with_one_key_make_one_run(conn: psycopg.Connection, dsn: str) -> None:
+    with store.connect(dsn) as a, store.connect(dsn) as b:
+        with a.transaction():
+            first = call_submit(a, idempotency_key="race")
+            # b's submit waits on a's uncommitted row (the unique index), then returns a's run.
+            result: list[uuid.UUID] = []
+            worker = threading.Thread(target=lambda: result.append(call_submit(b, idempotency_key="race")))
+            worker.start()
+            blocked(conn, b, worker)
+        worker.join(10)
+        assert result == [first]
+    assert table_counts(conn)["runs"] == 1 and table_counts(conn)["spawn_jobs"] == 1
+
+
+def test_a_key_whose_first_submit_rolled_back_is_free_again(conn: psycopg.Connection, dsn: str) -> None:
+    with store.connect(dsn) as a, store.connect(dsn) as b:
+        result: list[uuid.UUID] = []
+        worker = threading.Thread(target=lambda: result.append(call_submit(b, idempotency_key="retry-me")))
+        with a.transaction():
+            call_submit(a, idempotency_key="retry-me")
+            worker.start()
+            blocked(conn, b, worker)
+            raise psycopg.Rollback()  # what a failed first submit leaves: nothing
+        worker.join(10)
+    assert len(result) == 1 and store.get_run(conn, result[0]) is not None
+    assert table_counts(conn)["runs"] == 1
+
+
+def test_calls_written_for_earlier_versions_still_work(conn: psycopg.Connection) -> None:
+    # Version 1's fifteen arguments, positional, as a control plane may have written them.
+    positional = conn.execute(
+        "SELECT unitvisor.submit_run(ARRAY['/bin/true'], '{}'::jsonb, NULL, NULL, 1048576, NULL, NULL, NULL, "
+        "NULL, 2, NULL, 3, 10, 600, NULL)").fetchone()[0]
+    assert (store.get_run(conn, positional).max_attempts, store.get_run(conn, positional).priority) == (2, 3)
+    # 0.2.0's CLI: named arguments, each cast (store.submit_run of that release).
+    named = conn.execute("SELECT unitvisor.submit_run(argv => %s::text[], memory_max => %s::bigint, "
+                         "priority => %s::integer, private_network => %s::boolean)",
+                         (["/bin/true"], 1 << 30, 1, True)).fetchone()[0]
+    run = store.get_run(conn, named)
+    assert (run.memory_max, run.priority, run.private_network, run.labels) == (1 << 30, 1, True, {})
+
+
+def test_submit_run_is_a_security_definer_with_the_grants_of_004(conn: psycopg.Connection) -> None:
+    rows = conn.execute(
+        """SELECT p.prosecdef, p.proconfig, pg_get_userbyid(p.proowner),
+                  has_function_privilege('unitvisor_submitter', p.oid, 'EXECUTE'),
+                  has_function_privilege('unitvisor_host', p.oid, 'EXECUTE')
+           FROM pg_proc p WHERE p.oid = 'unitvisor.submit_run'::regproc""").fetchall()
+    assert rows == [(True, ["search_path=pg_catalog, pg_temp"], store.ADMIN_ROLE, True, False)]
+
+
+def test_under_repeatable_read_a_concurrent_submit_with_one_key_is_a_serialization_failure(
+        conn: psycopg.Connection, dsn: str) -> None:
+    # What docs/sql-api.md tells a caller to expect, and to retry: the retry returns the run.
+    with store.connect(dsn) as a, store.connect(dsn) as b:
+        b.execute("SET default_transaction_isolation = 'repeatable read'")
+        errors: list[BaseException] = []
+
+        def second() -> None:
+            try:
+                with b.transaction():
+                    call_submit(b, idempotency_key="rr")
+            except psycopg.Error as exc:
+                errors.append(exc)
+
+        worker = threading.Thread(target=second)
+        with a.transaction():
+            first = call_submit(a, idempotency_key="rr")
+            worker.start()
+            blocked(conn, b, worker)
+        worker.join(10)
+        assert [type(e) for e in errors] == [psycopg.errors.SerializationFailure]
+        with b.transaction():
+            assert call_submit(b, idempotency_key="rr") == first
+    assert table_counts(conn)["runs"] == 1

@@ -1,0 +1,40 @@
+-- docs/sql-api.md's example, in plain psql: what a control plane in any language does.
+-- Run as a role that is a member of unitvisor_submitter:
+--   psql -X "dbname=unitvisor user=my_control_plane" -f docs/examples/sql_api.sql
+-- (tests/integration/test_sql_api_example.py runs it against a throwaway cluster and compares its
+-- output with docs/examples/sql_api.out, so this example cannot rot.)
+\set ON_ERROR_STOP on
+\set SHOW_CONTEXT never
+\pset footer off
+
+-- Hear about finished runs: one notification per run that reaches succeeded, failed or cancelled.
+LISTEN unitvisor_run_finished;
+
+-- Submit, with a key so that a retry after a lost COMMIT cannot queue the run twice, and labels to
+-- find it again.
+SELECT unitvisor.submit_run(
+    argv            => ARRAY['/usr/bin/env', 'echo', 'hello'],
+    environment     => '{"GREETING": "hi"}',
+    memory_max      => 268435456,
+    labels          => '{"team": "docs", "pipeline": "nightly"}',
+    idempotency_key => 'nightly-2026-11-30') AS run_id \gset
+
+-- The same submit again (the client timed out, say): the same run, nothing new queued.
+SELECT unitvisor.submit_run(ARRAY['/usr/bin/env', 'echo', 'hello'],
+                            idempotency_key => 'nightly-2026-11-30') = :'run_id' AS same_run;
+
+-- How it stands.
+SELECT state, attempts, attempt, host_id, outcome, cancel_requested, labels
+FROM unitvisor.run_status(:'run_id');
+
+-- Every run of the team's nightly pipeline.
+SELECT count(*) AS nightly_runs FROM unitvisor.runs_with_labels('{"team": "docs", "pipeline": "nightly"}');
+
+-- A refused argument: one message naming it, and nothing written.
+\set ON_ERROR_STOP off
+SELECT unitvisor.submit_run(ARRAY['/bin/true'], memory_max => 1024);
+\set ON_ERROR_STOP on
+
+-- Cancel it (queued: cancelled at once). The notification arrives when this commits.
+SELECT state, changed FROM unitvisor.cancel_run(:'run_id');
+SELECT state, finished_at IS NOT NULL AS finished FROM unitvisor.run_status(:'run_id');
