@@ -338,7 +338,8 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
     runs that carry every one of them (the @> of unitvisor.runs_with_labels, on the same GIN index)."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT r.id, r.state, r.argv, r.created_at, r.finished_at, r.labels,
+            """SELECT r.id, r.state, r.argv, r.created_at, r.finished_at, r.labels, r.concurrency_key, r.not_before,
+                      r.start_deadline,
                       a.host_id, a.attempt, a.started_at, a.ended_at, a.outcome, a.exit_status
                FROM unitvisor.runs r
                LEFT JOIN LATERAL (SELECT x.host_id, x.attempt, x.started_at, x.ended_at, x.outcome, x.exit_status
