@@ -76,13 +76,14 @@ REVOKE EXECUTE ON FUNCTION unitvisor.is_overdue(unitvisor.runs) FROM PUBLIC;
 
 -- -- expiry -----------------------------------------------------------------------------------------
 
--- What a queued run of r's was waiting for, in words, for the reason of its expiry.
+-- What queued run r is waiting for, in words, for the reason of its expiry: the run of its key, why no
+-- live host accepts it (as explain_waiting says it, but as of now), or its attempts that never started.
 CREATE FUNCTION unitvisor.waited_for(r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(
         (SELECT 'run ' || b.id || ' (' || b.state || ') with the same concurrency key'
          FROM unitvisor.runs b WHERE b.id = unitvisor.concurrency_blocker(r)),
-        (SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id),
+        unitvisor.fleet_refusal(r),
         (SELECT format('%s attempt(s), none of which started; the last: %s', count(*),
                        (SELECT coalesce(l.outcome, 'open') || coalesce(' (' || l.reason || ')', '')
                         FROM unitvisor.attempts l WHERE l.run_id = r.id ORDER BY l.attempt DESC LIMIT 1))
