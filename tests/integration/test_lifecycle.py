@@ -15,7 +15,7 @@ import pytest
 from supervisor import store
 from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
-from tests.integration.conftest import age_jobs, fence_of, register, wait_notifies
+from tests.integration.conftest import age_jobs, fence_of, register, run_concurrently, wait_notifies
 from tests.integration.test_claim import FAILED, SUCCEEDED, claim, claimed_ids, settle, submit
 
 # Each test runs twice: as the superuser, and with the store's calls made as bound host roles and as a
@@ -151,37 +151,28 @@ def test_concurrent_claims_never_start_two_runs_of_one_key(conn: psycopg.Connect
     age_jobs(conn)
     barrier = threading.Barrier(2)
     order: list[uuid.UUID] = []
-    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def worker(host: str) -> None:
-        try:
-            with store.connect(dsn) as c:
-                c.execute("SET statement_timeout = '30s'")
-                barrier.wait(timeout=10)
-                while True:
-                    with c.transaction():
-                        pairs = claim(c, host=host, batch=5)
-                        time.sleep(0.002)  # the other claims meanwhile, against these locks
-                    for _, attempt in pairs:
-                        with lock:
-                            order.append(attempt.run_id)
-                            live = c.execute("SELECT count(*) FROM unitvisor.runs WHERE concurrency_key = 'shared' "
-                                             "AND state IN ('starting', 'running')").fetchone()[0]
-                            assert live == 1, f"{live} runs of one key live at once"
-                        finish(c, attempt)
-                    if not pairs and c.execute("SELECT count(*) FROM unitvisor.runs WHERE state = 'queued'"
-                                               ).fetchone()[0] == 0:
-                        return
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
+        with store.connect(dsn) as c:
+            c.execute("SET statement_timeout = '30s'")
+            barrier.wait(timeout=10)
+            while True:
+                with c.transaction():
+                    pairs = claim(c, host=host, batch=5)
+                    time.sleep(0.002)  # the other claims meanwhile, against these locks
+                for _, attempt in pairs:
+                    with lock:
+                        order.append(attempt.run_id)
+                        live = c.execute("SELECT count(*) FROM unitvisor.runs WHERE concurrency_key = 'shared' "
+                                         "AND state IN ('starting', 'running')").fetchone()[0]
+                        assert live == 1, f"{live} runs of one key live at once"
+                    finish(c, attempt)
+                if not pairs and c.execute("SELECT count(*) FROM unitvisor.runs WHERE state = 'queued'"
+                                           ).fetchone()[0] == 0:
+                    return
 
-    threads = [threading.Thread(target=worker, args=(host,)) for host in ("h1", "h2")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
+    run_concurrently(worker, ("h1", "h2"))
     assert order == ids  # each once, in submission order
 
 
