@@ -69,10 +69,15 @@ def test_a_run_expires_at_its_deadline_and_a_not_before_run_starts_no_earlier(ds
     with two_hosts(dsn) as hosts:
         holder = submit(dsn, ["/bin/sleep", "300"], concurrency_key="db-migration")
         wait_for(lambda: hosts[1].show(holder)["state"] == "running", timeout=60, what="the key's first run to run")
+        # A run no host may run, alone in the queue: no claim ever meets it (the heartbeat tells no host
+        # to claim), so only the daemons' fleet upkeep can expire it.
+        nowhere = submit(dsn, ["/bin/true"], host_pin="fleet-9",
+                         start_deadline=sql(dsn, "SELECT now()")[0][0] + timedelta(seconds=3))
+        hosts[1].wait_run(nowhere, timeout=60)
+        assert any("runs-expired" in host.daemon_log() for host in hosts)  # the upkeep's event, not a claim's
+        # Behind a run of its key that will not end in time; and one that may not start yet.
         now = sql(dsn, "SELECT now()")[0][0]
-        # Behind a run of its key that will not end in time; and one that no host may run.
         behind = submit(dsn, ["/bin/true"], concurrency_key="db-migration", start_deadline=now + timedelta(seconds=3))
-        nowhere = submit(dsn, ["/bin/true"], host_pin="fleet-9", start_deadline=now + timedelta(seconds=3))
         later = submit(dsn, ["/bin/true"], not_before=now + timedelta(seconds=8))
         assert hosts[1].show(later)["wait_reason"].startswith("not before ")
 
