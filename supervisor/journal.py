@@ -129,6 +129,37 @@ class Journal:
             records.append({k: v for k, v in entry.items() if isinstance(v, str)})
         return records
 
+    def _output(self, matches: list[str], lines: int) -> str | None:
+        """The message text of the last `lines` records that match, one per line; None when the
+        journal could not be read. Bytes that are not UTF-8 are replaced, not dropped."""
+        try:
+            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat", f"--lines={lines}", *matches],
+                                  capture_output=True, timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0:
+            return None
+        return done.stdout.decode(errors="replace")
+
+    def output_tail(self, run_id: str, attempt: int, max_lines: int, max_bytes: int) -> str | None:
+        """The end of an attempt's output, to keep with its outcome (cut_tail); None when kept off or
+        the journal is unreadable, "" when the attempt printed nothing.
+
+        Read once, when the outcome is recorded, with no wait: journald reads a run's output from its
+        stream asynchronously, so a line written in the run's last moment (milliseconds before it
+        ended) may not be in the journal yet and is then missing from the tail. Waiting for it would
+        cost every outcome a delay, and nothing tells that a stream is complete; the whole output
+        stays in journald, where `unitvisor logs` shows it on this host."""
+        if max_lines <= 0 or max_bytes <= 0:
+            return None
+        # A record may hold several lines (a multi-line syslog message): the cut counts lines, not records.
+        text = self._output(log_matches(run_id, attempt), max_lines)
+        return None if text is None else cut_tail(text, max_lines, max_bytes)
+
+    def has_output(self, run_id: str, attempt: int | None) -> bool:
+        """Whether this host's journal holds any of the run's (or the attempt's) output records."""
+        return bool(self._output(log_matches(run_id, attempt), 1))
+
     def outcome(self, unit_name: str, invocation_id: str | None) -> Found | None:
         """The outcome of a unit that is gone (host reboot, reset-failed), if the journal shows one."""
         records = self._records(unit_name, invocation_id)
@@ -150,12 +181,44 @@ class Journal:
             time.sleep(0.1)
 
 
+def cut_tail(text: str, max_lines: int, max_bytes: int) -> str | None:
+    """Pure: the end of an output that is kept with an outcome: its last `max_lines` lines, then at
+    most the last `max_bytes` bytes of those (UTF-8), None when either bound is 0 (keep none).
+
+    The byte cut keeps the end (the last lines are what explains how a run ended) and lands on a
+    character boundary, never inside one; where it lands inside a line, that partial line is dropped,
+    unless it is the only line (a single line longer than the bound keeps its end)."""
+    if max_lines <= 0 or max_bytes <= 0:
+        return None
+    lines = text.splitlines()[-max_lines:]
+    kept = "\n".join(lines)
+    data = kept.encode()
+    if len(data) <= max_bytes:
+        return kept
+    cut = start = len(data) - max_bytes
+    while start < len(data) and data[start] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+        start += 1
+    if data[cut - 1] != ord("\n"):  # the cut is inside a line
+        newline = data.find(b"\n", start)
+        if newline != -1:
+            start = newline + 1
+    return data[start:].decode()
+
+
+def log_matches(run_id: str, attempt: int | None) -> list[str]:
+    """The journal matches of a run's output (of one attempt, or of all): the LogExtraFields every run's
+    unit carries, which journald adds to its processes' records (stdout, stderr, syslog, native) and
+    never to PID 1's own records about the unit."""
+    matches = [f"UNITVISOR_RUN={run_id}"]
+    if attempt is not None:
+        matches.append(f"UNITVISOR_ATTEMPT={attempt}")
+    return matches
+
+
 def log_command(run_id: str, attempt: int | None, follow: bool, lines: int | None) -> list[str]:
     """The journalctl command that shows a run's output (its processes' stdout, stderr and syslog),
     found by the LogExtraFields every run's unit carries, so it works long after the unit is gone."""
-    cmd = ["journalctl", f"UNITVISOR_RUN={run_id}"]
-    if attempt is not None:
-        cmd.append(f"UNITVISOR_ATTEMPT={attempt}")
+    cmd = ["journalctl", *log_matches(run_id, attempt)]
     if follow:
         cmd.append("--follow")
     if lines is not None:
