@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from supervisor import faults, fleet, runenv, store, unitspec
 from supervisor.config import Settings, cut_off_after
-from supervisor.journal import Journal
+from supervisor.journal import Journal, TailReader
 from supervisor.log import event
 from supervisor.model import Accounting, Attempt, Run
 from supervisor.outcomes import Outcome, classify, is_setup_exit, retry_delay, run_state_after
@@ -169,6 +169,10 @@ class Reconciler:
         self.metrics: Metrics | None = None  # the daemon's, which it sets
         self.systemd = systemd
         self.journal = journal or Journal()
+        # Where the tails of this host's ended attempts are read; the daemon sets its threaded one,
+        # which outlives a reconnect. Unthreaded (read at once) for a pass run by hand.
+        self.output_tails = TailReader(self.journal, settings.runs.output_tail_lines, settings.runs.output_tail_bytes,
+                                       threaded=False)
         self.env_files = env_files or runenv.EnvironmentFiles()
         self.random = random.Random()
         self.settled = 0
@@ -224,7 +228,12 @@ class Reconciler:
             done.append(Planned(decision))
         self.in_flight = len(pairs)
         self.sweep_environment_files()
+        self.write_output_tails()
         return done
+
+    def write_output_tails(self) -> int:
+        """Keep the output tails read since the last call with their attempts, in one statement."""
+        return store.record_output_tails(self.conn, self.fence, self.output_tails.take())
 
     def sweep_environment_files(self) -> list[str]:
         """Remove every environment file whose attempt is not open on this host: its outcome is
@@ -381,11 +390,10 @@ class Reconciler:
         `ended_at` are systemd's own times when known; the database's now() stands in otherwise.
         `accounting` is what systemd measured of the unit (read with its state, before the release
         discards it); `keep_output`: the attempt ran here, so the end of its output is read from this
-        host's journal and kept with the outcome ([runs] output_tail_lines and output_tail_bytes)."""
-        runs = self.settings.runs
-        tail = self.journal.output_tail(str(run.id), attempt.attempt, runs.output_tail_lines,
-                                        runs.output_tail_bytes) if keep_output else None
-        if self._record(run, attempt, outcome, invocation_id, started_at, ended_at, accounting, tail):
+        host's journal once the outcome is recorded, and kept with it (output_tails)."""
+        if self._record(run, attempt, outcome, invocation_id, started_at, ended_at, accounting):
+            if keep_output:
+                self.output_tails.add(run.id, attempt.attempt)
             self.settled += 1
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
             if self.metrics is not None:
@@ -399,13 +407,12 @@ class Reconciler:
 
     def _record(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None,
                 started_at: datetime | None = None, ended_at: datetime | None = None,
-                accounting: Accounting | None = None, output_tail: str | None = None) -> bool:
+                accounting: Accounting | None = None) -> bool:
         delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
         next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
         faults.point("before-outcome")
         recorded = store.record_outcome(self.conn, self.fence, attempt, outcome, next_state, delay, invocation_id,
-                                        started_at=started_at, ended_at=ended_at, accounting=accounting,
-                                        output_tail=output_tail)
+                                        started_at=started_at, ended_at=ended_at, accounting=accounting)
         if recorded:
             event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name, host=attempt.host_id,
                   outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,

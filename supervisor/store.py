@@ -625,7 +625,7 @@ def mark_started(conn: Connection, fence: Fence, attempt: Attempt, invocation_id
 def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Outcome, next_state: str,
                    retry_delay: timedelta | None = None, invocation_id: str | None = None, *,
                    started_at: datetime | None = None, ended_at: datetime | None = None,
-                   accounting: Accounting | None = None, output_tail: str | None = None) -> bool:
+                   accounting: Accounting | None = None) -> bool:
     """Write an attempt's outcome and move its run to `next_state`, in one transaction, as `fence`'s
     host (the attempt's own host, or a host taking over a dead one's attempts).
 
@@ -637,18 +637,30 @@ def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Ou
     that a daemon that was down when the run ended does not stretch its duration; now() otherwise. A
     start time already recorded is kept.
 
-    `accounting` (systemd's measurements of the unit) and `output_tail` (the end of its output) are
-    kept with the outcome (schema 007); None stores NULLs: nothing measured, no output kept.
+    `accounting` (systemd's measurements of the unit) is kept with the outcome (schema 007); None
+    stores NULLs: nothing measured.
     """
     measured = accounting or Accounting()
     with _fencing():
         return conn.execute(
             "SELECT unitvisor.record_outcome(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-            "%s::bigint, %s::bigint, %s::bigint, %s::bigint, %s::text)",
+            "%s::bigint, %s::bigint, %s::bigint, %s::bigint)",
             (attempt.run_id, attempt.attempt, fence.host_id, fence.epoch, outcome.outcome, outcome.exit_status,
              outcome.reason, next_state, retry_delay, invocation_id or None, started_at, ended_at,
-             measured.cpu_usage_nsec, measured.memory_peak_bytes, measured.io_read_bytes, measured.io_write_bytes,
-             output_tail)).fetchone()[0]
+             measured.cpu_usage_nsec, measured.memory_peak_bytes, measured.io_read_bytes,
+             measured.io_write_bytes)).fetchone()[0]
+
+
+def record_output_tails(conn: Connection, fence: Fence, tails: Sequence[tuple[uuid.UUID, int, str]]) -> int:
+    """Keep the output tails (run id, attempt, tail) of `fence`'s host's ended attempts, in one
+    statement; an attempt that already has one keeps it. Returns how many took theirs."""
+    if not tails:
+        return 0
+    with _fencing():
+        return conn.execute(
+            "SELECT unitvisor.record_output_tails(%s, %s, %s::uuid[], %s::integer[], %s::text[])",
+            (fence.host_id, fence.epoch, [t[0] for t in tails], [t[1] for t in tails],
+             [t[2] for t in tails])).fetchone()[0]
 
 
 def listen(conn: Connection, *channels: str) -> None:

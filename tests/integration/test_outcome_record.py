@@ -1,5 +1,6 @@
-"""Schema 007: an outcome keeps what systemd measured of the attempt and the end of its output; the
-12-argument record_outcome that 0.3.0 daemons call by position still records the outcome, with NULLs."""
+"""Schema 007: an outcome keeps what systemd measured of the attempt, and the attempt the end of its
+output, written once after the outcome; the 12-argument record_outcome that 0.3.0 daemons call by
+position still records the outcome, with NULLs."""
 
 from __future__ import annotations
 
@@ -30,28 +31,72 @@ def claimed(conn: psycopg.Connection, host: str = "h1") -> tuple[uuid.UUID, Atte
     return run_id, attempt
 
 
-def test_an_outcome_keeps_the_accounting_and_the_output_tail(conn: psycopg.Connection) -> None:
+def test_an_outcome_keeps_the_accounting_then_the_attempt_its_output_tail(conn: psycopg.Connection) -> None:
     run_id, attempt = claimed(conn)
+    fence = fence_of(conn, "h1")
     tail = "line 1\nünïcode ✓\nlast line"
-    assert store.record_outcome(conn, fence_of(conn, "h1"), attempt, SUCCEEDED, "succeeded",
-                                accounting=MEASURED, output_tail=tail)
+    assert store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded", accounting=MEASURED)
+    assert store.get_outcome_records(conn, run_id) == {1: OutcomeRecord(1, MEASURED, None)}
+    assert store.record_output_tails(conn, fence, [(run_id, 1, tail)]) == 1
     assert store.get_outcome_records(conn, run_id) == {1: OutcomeRecord(1, MEASURED, tail)}
     assert store.get_run(conn, run_id).state == "succeeded"
 
 
-def test_nothing_measured_and_no_output_kept_are_nulls(conn: psycopg.Connection) -> None:
+def test_nothing_measured_is_null_and_an_empty_output_is_not(conn: psycopg.Connection) -> None:
     run_id, attempt = claimed(conn)
-    assert store.record_outcome(conn, fence_of(conn, "h1"), attempt, SUCCEEDED, "succeeded",
-                                accounting=Accounting(cpu_usage_nsec=5), output_tail="")
+    fence = fence_of(conn, "h1")
+    assert store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded", accounting=Accounting(cpu_usage_nsec=5))
+    assert store.record_output_tails(conn, fence, [(run_id, 1, "")]) == 1
     assert store.get_outcome_records(conn, run_id) == {1: OutcomeRecord(1, Accounting(cpu_usage_nsec=5), "")}
     row = conn.execute("SELECT memory_peak_bytes, io_read_bytes, io_write_bytes, output_tail = '' "
                        "FROM unitvisor.attempts WHERE run_id = %s", (run_id,)).fetchone()
     assert row == (None, None, None, True)  # "" (printed nothing) is not NULL (kept nothing)
 
 
-def test_an_open_attempt_has_no_outcome_record(conn: psycopg.Connection) -> None:
+def test_an_open_attempt_has_no_outcome_record_and_takes_no_tail(conn: psycopg.Connection) -> None:
     run_id, _ = claimed(conn)
+    assert store.record_output_tails(conn, fence_of(conn, "h1"), [(run_id, 1, "early")]) == 0
     assert store.get_outcome_records(conn, run_id) == {}
+    assert conn.execute("SELECT output_tail FROM unitvisor.attempts WHERE run_id = %s", (run_id,)).fetchone() == (None,)
+
+
+def test_a_tail_is_written_once_never_replaced(conn: psycopg.Connection) -> None:
+    run_id, attempt = claimed(conn)
+    fence = fence_of(conn, "h1")
+    assert store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded")
+    assert store.record_output_tails(conn, fence, [(run_id, 1, "first")]) == 1
+    assert store.record_output_tails(conn, fence, [(run_id, 1, "second")]) == 0
+    assert store.get_outcome_records(conn, run_id)[1].output_tail == "first"
+
+
+def test_a_host_keeps_tails_of_its_own_attempts_only(conn: psycopg.Connection) -> None:
+    mine, attempt = claimed(conn, "h1")
+    theirs, other = claimed(conn, "h2")
+    assert store.record_outcome(conn, fence_of(conn, "h1"), attempt, SUCCEEDED, "succeeded")
+    assert store.record_outcome(conn, fence_of(conn, "h2"), other, SUCCEEDED, "succeeded")
+    assert store.record_output_tails(conn, fence_of(conn, "h1"), [(mine, 1, "a"), (theirs, 1, "b"),
+                                                                  (uuid.uuid4(), 1, "c")]) == 1
+    assert (store.get_outcome_records(conn, mine)[1].output_tail,
+            store.get_outcome_records(conn, theirs)[1].output_tail) == ("a", None)
+
+
+def test_record_output_tails_is_fenced(conn: psycopg.Connection) -> None:
+    run_id, attempt = claimed(conn)
+    fence = fence_of(conn, "h1")
+    assert store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded")
+    with pytest.raises(store.Fenced):
+        store.record_output_tails(conn, store.Fence("h1", fence.epoch + 1), [(run_id, 1, "x")])
+
+
+def test_record_output_tails_refuses_arrays_of_different_lengths(conn: psycopg.Connection) -> None:
+    fence = register(conn, "h1")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="must be arrays of the same length"):
+        conn.execute("SELECT unitvisor.record_output_tails(%s, %s, %s::uuid[], %s::integer[], %s::text[])",
+                     (fence.host_id, fence.epoch, [uuid.uuid4()], [1, 2], ["x"]))
+
+
+def test_nothing_to_write_sends_no_statement(conn: psycopg.Connection) -> None:
+    assert store.record_output_tails(conn, store.Fence("nobody", 1), []) == 0
 
 
 def test_the_old_twelve_argument_call_by_position_still_records_the_outcome(conn: psycopg.Connection) -> None:
@@ -86,23 +131,24 @@ def test_the_old_call_is_still_fenced(conn: psycopg.Connection) -> None:
                       "succeeded", None, None, None, None))
 
 
-def test_a_second_outcome_changes_neither_the_accounting_nor_the_tail(conn: psycopg.Connection) -> None:
+def test_a_second_outcome_changes_no_accounting(conn: psycopg.Connection) -> None:
     run_id, attempt = claimed(conn)
     fence = fence_of(conn, "h1")
-    assert store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded", accounting=MEASURED, output_tail="a")
+    assert store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded", accounting=MEASURED)
     assert not store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded",
-                                    accounting=Accounting(cpu_usage_nsec=1), output_tail="b")
-    assert store.get_outcome_records(conn, run_id) == {1: OutcomeRecord(1, MEASURED, "a")}
+                                    accounting=Accounting(cpu_usage_nsec=1))
+    assert store.get_outcome_records(conn, run_id) == {1: OutcomeRecord(1, MEASURED, None)}
 
 
 def test_each_attempt_keeps_its_own(conn: psycopg.Connection) -> None:
     run_id, first = claimed(conn)
     fence = fence_of(conn, "h1")
     assert store.record_outcome(conn, fence, first, Outcome("exit-code", "exit:1", "exited 1"), "queued",
-                                timedelta(0), accounting=MEASURED, output_tail="first")
+                                timedelta(0), accounting=MEASURED)
     conn.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now()")
     [(_, second)] = store.claim(conn, fence, 1, unitspec.UNIT_NAME_FORMAT)
-    assert store.record_outcome(conn, fence, second, SUCCEEDED, "succeeded", output_tail="second")
+    assert store.record_outcome(conn, fence, second, SUCCEEDED, "succeeded")
+    assert store.record_output_tails(conn, fence, [(run_id, 2, "second"), (run_id, 1, "first")]) == 2
     assert store.get_outcome_records(conn, run_id) == {
         1: OutcomeRecord(1, MEASURED, "first"), 2: OutcomeRecord(2, Accounting(), "second")}
 
@@ -121,12 +167,13 @@ def test_a_negative_measurement_is_refused_naming_the_arguments(conn: psycopg.Co
 def test_a_tail_over_64_kib_is_refused_without_echoing_it(conn: psycopg.Connection) -> None:
     run_id, attempt = claimed(conn)
     fence = fence_of(conn, "h1")
+    assert store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded")
     with pytest.raises(psycopg.errors.CheckViolation) as info:
-        store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded", output_tail="secret" + "x" * 65531)
-    assert str(info.value).startswith("output_tail: 65537 bytes is more than the 65536 an attempt keeps")
+        store.record_output_tails(conn, fence, [(run_id, 1, "secret" + "x" * 65531)])
+    assert str(info.value).startswith("output_tails: a tail is more than the 65536 bytes an attempt keeps")
     assert "secret" not in str(info.value)
     conn.rollback()
-    assert store.record_outcome(conn, fence, attempt, SUCCEEDED, "succeeded", output_tail="é" * 32768)  # 65536 bytes
+    assert store.record_output_tails(conn, fence, [(run_id, 1, "é" * 32768)]) == 1  # 65536 bytes
     assert len(store.get_outcome_records(conn, run_id)[1].output_tail) == 32768
 
 
@@ -145,8 +192,11 @@ def ended_on_h1(conn: psycopg.Connection, cli, dsn: str, tail: str | None,
     assert result.returncode == 0, result.stderr
     run_id = uuid.UUID(result.stdout.strip())
     [(_, attempt)] = store.claim(conn, register(conn, "h1"), 1, unitspec.UNIT_NAME_FORMAT)
-    assert store.record_outcome(conn, fence_of(conn, "h1"), attempt, Outcome("exit-code", "exit:2", "exited 2"),
-                                "failed", accounting=accounting, output_tail=tail)
+    fence = fence_of(conn, "h1")
+    assert store.record_outcome(conn, fence, attempt, Outcome("exit-code", "exit:2", "exited 2"), "failed",
+                                accounting=accounting)
+    if tail is not None:
+        assert store.record_output_tails(conn, fence, [(run_id, 1, tail)]) == 1
     return run_id
 
 

@@ -14,7 +14,7 @@ import pytest
 from supervisor import fleet, store
 from supervisor.cli import accounting_text
 from supervisor.config import RunSettings, Settings
-from supervisor.journal import Journal, cut_tail, log_command, log_matches
+from supervisor.journal import Journal, TailReader, cut_tail, log_command, log_matches
 from supervisor.model import Accounting, Attempt, Run
 from supervisor.outcomes import CLD_EXITED, Outcome
 from supervisor.quantities import format_bytes, format_cpu_time
@@ -148,7 +148,48 @@ def test_accounting_text(accounting, text):
     assert accounting_text(accounting) == text
 
 
-# -- the reconciler passes them to the store -----------------------------------------------------
+# -- TailReader: off the loop, a moment later, written in batches --------------------------------
+
+class FakeJournal:
+    def __init__(self) -> None:
+        self.reads: list[tuple[str, int, int, int]] = []
+
+    def output_tail(self, run_id: str, attempt: int, max_lines: int, max_bytes: int) -> str | None:
+        self.reads.append((run_id, attempt, max_lines, max_bytes))
+        return None if attempt == 99 else f"tail of {run_id[-1]}/{attempt}"
+
+
+def test_tail_reader_reads_on_its_thread_and_hands_over_in_order():
+    journal, woken = FakeJournal(), []
+    reader = TailReader(journal, 20, 4096, delay=0.0, wake=lambda: woken.append(1))
+    reader.add(uuid.UUID(int=1), 1)
+    reader.add(uuid.UUID(int=2), 99)  # unreadable: nothing to keep
+    reader.add(uuid.UUID(int=3), 2)
+    reader.close(timeout=30)  # reads what is queued, then stops
+    assert reader.take() == [(uuid.UUID(int=1), 1, "tail of 1/1"), (uuid.UUID(int=3), 2, "tail of 3/2")]
+    assert reader.take() == []
+    assert [r[1:] for r in journal.reads] == [(1, 20, 4096), (99, 20, 4096), (2, 20, 4096)]
+    assert len(woken) == 3
+
+
+def test_an_unthreaded_tail_reader_reads_at_once():
+    journal = FakeJournal()
+    reader = TailReader(journal, 5, 100, threaded=False)
+    reader.add(uuid.UUID(int=4), 1)
+    assert reader.take() == [(uuid.UUID(int=4), 1, "tail of 4/1")]
+    reader.close(timeout=1)  # nothing to stop
+
+
+@pytest.mark.parametrize(("lines", "size"), [(0, 4096), (20, 0)])
+def test_a_tail_reader_that_keeps_none_reads_nothing(lines, size):
+    journal = FakeJournal()
+    reader = TailReader(journal, lines, size, delay=0.0)
+    reader.add(uuid.UUID(int=1), 1)
+    reader.close(timeout=30)
+    assert (journal.reads, reader.take(), reader.enabled) == ([], [], False)
+
+
+# -- the reconciler passes them on -------------------------------------------------------------
 
 @pytest.fixture
 def st(mocker):
@@ -159,10 +200,11 @@ def st(mocker):
 def rec(mocker):
     journal = mock.Mock(spec=Journal)
     journal.outcome.return_value = None
-    journal.output_tail.return_value = "the end"
     settings = Settings(runs=RunSettings(allowed_executables=("/bin/*",), output_tail_lines=7, output_tail_bytes=99))
-    return Reconciler(settings, store.Fence("me", 1), mock.MagicMock(), mocker.Mock(spec=Systemd), journal=journal,
-                      cut_off_units=set())
+    r = Reconciler(settings, store.Fence("me", 1), mock.MagicMock(), mocker.Mock(spec=Systemd), journal=journal,
+                   cut_off_units=set())
+    r.output_tails = mock.Mock(spec=TailReader)
+    return r
 
 
 def pair(started=True):
@@ -176,17 +218,25 @@ def ended(accounting=MEASURED):
                      accounting=accounting)
 
 
-def kept(call):
-    return call.kwargs["accounting"], call.kwargs["output_tail"]
+def test_the_reconcilers_own_tail_reader_reads_at_once_with_the_hosts_bounds(rec):
+    own = Reconciler(rec.settings, rec.fence, rec.conn, rec.systemd, journal=rec.journal).output_tails
+    assert (own.threaded, own.max_lines, own.max_bytes) == (False, 7, 99)
 
 
-def test_an_ended_unit_records_its_accounting_and_output_tail(rec, st):
+def test_an_ended_unit_records_its_accounting_then_has_its_tail_read(rec, st):
     run, attempt = pair()
     rec.apply(run, attempt, decide(run, attempt, ended()))
-    assert kept(st.call_args) == (MEASURED, "the end")
-    rec.journal.output_tail.assert_called_once_with(str(RUN_ID), 1, 7, 99)
-    # read before the release, which discards the unit and its figures
+    assert st.call_args.kwargs["accounting"] == MEASURED
+    rec.output_tails.add.assert_called_once_with(RUN_ID, 1)
+    # the figures were read with the unit's state, before the release that discards them
     assert rec.systemd.release.called
+
+
+def test_an_outcome_recorded_before_keeps_no_second_tail(rec, st):
+    st.return_value = False
+    run, attempt = pair()
+    rec.apply(run, attempt, decide(run, attempt, ended()))
+    rec.output_tails.add.assert_not_called()
 
 
 def test_a_gone_unit_records_no_accounting_but_the_tail_its_journal_still_has(rec, st):
@@ -194,15 +244,16 @@ def test_a_gone_unit_records_no_accounting_but_the_tail_its_journal_still_has(re
     decision = decide(run, attempt, None)
     assert decision.action is Action.GONE
     rec.apply(run, attempt, decision)
-    assert kept(st.call_args) == (None, "the end")
+    assert st.call_args.kwargs["accounting"] is None
+    rec.output_tails.add.assert_called_once_with(RUN_ID, 1)
 
 
 def test_a_run_cancelled_before_its_unit_started_keeps_nothing(rec, st):
-    run, attempt = pair(started=False)
+    _, attempt = pair(started=False)
     run = Run(id=RUN_ID, argv=["/bin/true"], state="starting", cancel_requested_at=T0)
     rec.apply(run, attempt, decide(run, attempt, None))
-    assert kept(st.call_args) == (None, None)
-    rec.journal.output_tail.assert_not_called()
+    assert st.call_args.kwargs["accounting"] is None
+    rec.output_tails.add.assert_not_called()
 
 
 def test_a_refused_run_keeps_nothing(rec, st):
@@ -210,8 +261,8 @@ def test_a_refused_run_keeps_nothing(rec, st):
     _, attempt = pair(started=False)
     rec.start(run, attempt)
     assert st.call_args.args[3].outcome == "refused"
-    assert kept(st.call_args) == (None, None)
-    rec.journal.output_tail.assert_not_called()
+    assert st.call_args.kwargs["accounting"] is None
+    rec.output_tails.add.assert_not_called()
 
 
 def test_a_dead_hosts_attempts_keep_nothing(rec, st, mocker):
@@ -221,11 +272,18 @@ def test_a_dead_hosts_attempts_keep_nothing(rec, st, mocker):
     mocker.patch.object(store, "open_attempts", return_value=[(run, attempt)])
     rec.take_over_dead_hosts(100.0)
     assert st.call_args.args[3] == fleet.takeover_outcome(run, dead, "me")
-    assert kept(st.call_args) == (None, None)
-    rec.journal.output_tail.assert_not_called()
+    assert "accounting" not in st.call_args.kwargs or st.call_args.kwargs["accounting"] is None
+    rec.output_tails.add.assert_not_called()
 
 
-def test_outcome_is_unchanged_by_what_is_kept(rec, st):
+def test_the_tails_read_are_written_together(rec, mocker):
+    written = mocker.patch.object(store, "record_output_tails", return_value=2)
+    rec.output_tails.take.return_value = [(RUN_ID, 1, "a"), (RUN_ID, 2, "b")]
+    assert rec.write_output_tails() == 2
+    written.assert_called_once_with(rec.conn, rec.fence, [(RUN_ID, 1, "a"), (RUN_ID, 2, "b")])
+
+
+def test_the_outcome_is_unchanged_by_what_is_kept(rec, st):
     run, attempt = pair()
     rec.apply(run, attempt, decide(run, attempt, ended(Accounting())))
     assert st.call_args.args[3] == Outcome("exit-code", "exit:3", "exited with status 3")
