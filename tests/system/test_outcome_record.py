@@ -104,3 +104,12 @@ def test_logs_shows_the_kept_tail_once_the_journal_has_lost_the_output(tails: Ho
     assert tails.cli("logs", run_id, "--lines", "1").stdout == "last\n"
     data = json.loads(tails.cli("show", run_id, "--json").stdout)
     assert only_attempt(data)["output_tail"] == "first\nünïcode ✓\nlast"
+
+
+def test_a_daemon_stopped_right_after_an_outcome_still_keeps_the_tail(tails: Host) -> None:
+    """The tail is read a moment after the outcome, off the loop; stopping the daemon reads and writes
+    what is queued first (TailReader.close), whether the stop comes before that moment or after."""
+    run_id = tails.submit("--", "/bin/sh", "-c", "echo one; echo two")
+    assert only_attempt(tails.wait_run(run_id))["outcome"] == "success"
+    tails.stop()
+    assert only_attempt(tails.show(run_id))["output_tail"] == "one\ntwo"
