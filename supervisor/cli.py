@@ -34,6 +34,7 @@ from supervisor.quantities import (
     parse_duration,
     parse_percent,
     parse_size,
+    parse_time,
 )
 
 _RUN_ID_PREFIX_RE = re.compile(r"^[0-9a-f][0-9a-f-]{5,35}\Z")
@@ -226,6 +227,28 @@ def _label_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
     return labels
 
 
+def _time(ctx: click.Context, param: click.Parameter, value: str | None) -> datetime | timedelta | None:
+    """--not-before and --start-deadline: a time, or a duration from the database's now (resolved in
+    submit, once connected)."""
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except QuantityError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _concurrency_key(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # As unitvisor.submit_run checks it (runs_concurrency_key_valid), here too: a typo is a usage error.
+    if value is not None and (not 1 <= len(value) <= 255 or any(ord(c) < 32 or ord(c) == 127 for c in value)):
+        raise click.BadParameter("a concurrency key is 1 to 255 characters without control characters")
+    return value
+
+
+def _at(when: datetime | timedelta | None, now: datetime) -> datetime | None:
+    return now + when if isinstance(when, timedelta) else when
+
+
 def resolve_run_id(conn: store.Connection, text: str) -> uuid.UUID:
     """A full UUID, or a unique prefix of at least 6 characters."""
     candidate = text.strip().lower()
@@ -282,6 +305,14 @@ def _load_run(conn: store.Connection, text: str) -> Run:
               help="Tag the run (repeatable); find it again with `runs --label`.")
 @click.option("--idempotency-key", metavar="KEY",
               help="Submit at most once per KEY: a repeated submit prints the first run's id and queues nothing.")
+@click.option("--concurrency-key", metavar="KEY", callback=_concurrency_key,
+              help="Never run beside another run with this KEY, on any host: runs with one KEY start one at a "
+                   "time, in the order they were submitted.")
+@click.option("--not-before", metavar="TIME", callback=_time,
+              help="Start no earlier than TIME: ISO 8601 (2026-12-01T03:00Z; without an offset, local time) or "
+                   "+DURATION from now by the database's clock (+10m).")
+@click.option("--start-deadline", metavar="TIME", callback=_time,
+              help="A run that has not started by TIME (as --not-before) ends as expired.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 @pass_ctx
 def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
@@ -304,8 +335,17 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         # Only when asked: a database from before schema 003 then still takes the run.
         "private_network": options["private_network"] or None,
         "labels": options["labels"] or None, "idempotency_key": options["idempotency_key"],
+        "concurrency_key": options["concurrency_key"],
     }
     with ctx.connect() as conn:
+        # Only when a time is relative: then the database's clock, which decides when it is due, says
+        # what "now" is.
+        now = store.now(conn) if any(isinstance(options[k], timedelta) for k in ("not_before", "start_deadline")) \
+            else None
+        fields["not_before"] = _at(options["not_before"], now)
+        fields["start_deadline"] = _at(options["start_deadline"], now)
+        if fields["not_before"] and fields["start_deadline"] and fields["start_deadline"] <= fields["not_before"]:
+            raise click.UsageError("--start-deadline: must be later than --not-before")
         try:
             run_id = store.submit_run(conn, **fields)
         except store.DatabaseError as exc:
@@ -349,6 +389,8 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
         "id": str(run.id), "state": run.state, "argv": run.argv, "environment": run.environment,
         "working_directory": run.working_directory, "user": run.run_user, "host_pin": run.host_pin,
         "priority": run.priority, "private_network": run.private_network, "labels": run.labels,
+        "concurrency_key": run.concurrency_key, "not_before": _iso(run.not_before),
+        "start_deadline": _iso(run.start_deadline),
         "limits": {key: data[key] for key in
                    ("memory_max", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
         "max_attempts": run.max_attempts, "cancel_requested_at": _iso(run.cancel_requested_at),
@@ -399,8 +441,13 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         f"runtime={format_duration(limits['runtime_max_sec'])}",
         f"  network:   {NETWORK_TEXT[run.private_network]}",
         f"  labels:    {' '.join(f'{k}={v}' for k, v in sorted(run.labels.items())) or '-'}",
-        f"  attempts:  {len(data['attempts'])} of {run.max_attempts}",
     ]
+    start = [f"{name} {data[key]}" for name, key in (("concurrency key", "concurrency_key"),
+                                                     ("not before", "not_before"),
+                                                     ("start deadline", "start_deadline")) if data[key]]
+    if start:
+        lines.append(f"  start:     {'; '.join(start)}")
+    lines.append(f"  attempts:  {len(data['attempts'])} of {run.max_attempts}")
     for a in data["attempts"]:
         lines.append(f"  attempt {a['attempt']}: host={a['host']} unit={a['unit']} outcome={a['outcome'] or '-'} "
                      f"exit={a['exit_status'] or '-'} started={a['started_at'] or '-'} ended={a['ended_at'] or '-'}")
@@ -448,6 +495,8 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
             "id": str(r["id"]), "state": r["state"], "host": r["host_id"], "attempt": r["attempt"],
             "created_at": _iso(r["created_at"]), "started_at": _iso(r["started_at"]), "ended_at": _iso(r["ended_at"]),
             "outcome": r["outcome"], "exit_status": r["exit_status"], "argv": r["argv"], "labels": r["labels"],
+            "concurrency_key": r["concurrency_key"], "not_before": _iso(r["not_before"]),
+            "start_deadline": _iso(r["start_deadline"]),
         } for r in rows], indent=2))
         return
     table = [("ID", "STATE", "HOST", "ATTEMPT", "AGE", "DURATION", "OUTCOME", "COMMAND")]
@@ -462,7 +511,8 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
 
 
 _COLOURS = {"succeeded": "green", "ok": "green", "active": "green", "running": "cyan", "starting": "cyan",
-            "queued": "blue", "failed": "red", "fail": "red", "cancelled": "yellow", "warn": "yellow",
+            "queued": "blue", "failed": "red", "fail": "red", "cancelled": "yellow", "expired": "yellow",
+            "warn": "yellow",
             "draining": "yellow", "stopped": "bright_black", "dead": "red"}
 
 
@@ -673,7 +723,7 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
     \b
     Exit status:
       0    the run succeeded
-      1    it failed or was cancelled (or: no such run, bad configuration, no schema)
+      1    it failed, was cancelled or expired (or: no such run, bad configuration, no schema)
       124  --timeout passed first; the run goes on
       75   could not tell: the database was unreachable, or lost while waiting (EX_TEMPFAIL);
            the run may still be running or have ended: wait again

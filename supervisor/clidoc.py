@@ -22,7 +22,8 @@ in UTC; absent values are `null`.
 | field | meaning |
 |---|---|
 | `id` | the run's UUID |
-| `state` | `queued`, `starting`, `running`, `succeeded`, `failed` or `cancelled` |
+| `state` | `queued`, `starting`, `running`, `succeeded`, `failed`, `cancelled` or `expired` (not started by \
+its start deadline) |
 | `argv` | the command, exactly as it runs |
 | `environment` | object of NAME: value |
 | `working_directory`, `user`, `host_pin`, `priority` | as submitted |
@@ -30,8 +31,11 @@ in UTC; absent values are `null`.
 private_network` takes it from every run) |
 | `limits` | `memory_max` (bytes), `cpu_quota_percent`, `tasks_max`, `io_weight`, `runtime_max_sec` |
 | `max_attempts` | attempts in all |
+| `concurrency_key` | runs with the same key never run at the same time (`null`: none) |
+| `not_before`, `start_deadline` | when the run may first start, and by when it must have (`null`: none) |
 | `cancel_requested_at`, `created_at`, `finished_at` | times |
-| `wait_reason` | while queued: why no live host accepts the run (`null` when one does) |
+| `wait_reason` | while queued: why it has not started: its `not_before` still ahead, the run of its \
+concurrency key it waits for, or why no live host accepts it (`null`: none of these) |
 | `attempts` | list, oldest first: `attempt`, `host`, `unit`, `invocation_id`, `claimed_at`, `started_at`, \
 `ended_at`, `outcome`, `exit_status`, `reason` |
 | `events` | the recent history, oldest first: `at`, `attempt`, `host`, `state`, `reason` |
@@ -41,7 +45,8 @@ private_network` takes it from every run) |
 `start-failed`, `lost`, `cancelled`, `refused`; `exit_status` is `exit:N` or `signal:NAME`.
 
 `unitvisor runs --json`: a list, newest first, of `id`, `state`, `host`, `attempt`, `created_at`,
-`started_at`, `ended_at`, `outcome`, `exit_status`, `argv` (the latest attempt's values).
+`started_at`, `ended_at`, `outcome`, `exit_status`, `argv` (the latest attempt's values), `labels`,
+`concurrency_key`, `not_before`, `start_deadline`.
 
 `unitvisor hosts --json`: a list of `id`, `name`, `state` (`active`, `draining`, `stopped`, `dead`),
 `display_state` (the state with `(stale)` or `(conflict)`), `max_runs`, `memory_budget`, `version`,
@@ -53,7 +58,8 @@ while it lasts).
 ## Exit codes
 
 0 success; 1 failure (including "nothing to do" refusals such as cancelling a finished run, and a
-database without the schema or behind it: run `unitvisor migrate`); 2 bad usage. `wait` also exits
+database without the schema or behind it: run `unitvisor migrate`); 2 bad usage. `wait` exits 0 when
+the run succeeded and 1 when it failed, was cancelled or expired. `wait` also exits
 124 when its `--timeout` passed first, and 75 (EX_TEMPFAIL) when it could not tell how the run ended:
 the database was unreachable, or lost while waiting; the run may still be running, so wait again.
 Errors are one line on stderr; `--debug` shows tracebacks (never for bad usage).

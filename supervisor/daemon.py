@@ -348,12 +348,15 @@ class Daemon:
         self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
 
     def _fleet_upkeep(self) -> None:
-        """Declare silent hosts dead and take over their runs; say why runs wait that no host takes.
-        Every daemon tries at most once a poll interval; one at a time does it (the database decides)."""
+        """Declare silent hosts dead and take over their runs; expire runs past their start deadline; say
+        why runs wait that no host takes. Every daemon tries at most once a poll interval; one at a time
+        declares hosts dead (the database decides). A run past its deadline has a job due since before
+        it, so the probe's upkeep flag (a job due for long) comes for it too."""
         if self.reconciler.take_over_dead_hosts(time.monotonic() - self.connected_since):
             # The dead id may have been this very machine's (a changed [host] id): units of what was
             # just taken over are stopped by the next pass, so it comes now, not at its interval.
             self.timers.reconcile = 0.0
+        self.reconciler.expire_overdue()
         self.reconciler.explain_waiting()
         self.timers.upkeep = time.monotonic() + self.settings.daemon.poll_interval
 

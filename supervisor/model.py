@@ -6,8 +6,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
-RUN_STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled")
+# expired (schema 006): not started by its start deadline.
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
+RUN_STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "expired")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,11 @@ class Run:
     finished_at: datetime | None = None
     wait_reason: str | None = None  # why no live host accepts it, while it is queued
     labels: dict[str, str] = field(default_factory=dict)  # the control plane's own tags (schema 005)
+    # When it may start (schema 006): never beside a live run of the same key; not before not_before;
+    # expired if it has not started by start_deadline.
+    concurrency_key: str | None = None
+    not_before: datetime | None = None
+    start_deadline: datetime | None = None
 
 
 @dataclass(frozen=True)

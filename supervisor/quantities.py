@@ -1,4 +1,4 @@
-"""Human quantities (sizes, durations, percentages) to plain numbers, with one clear error each.
+"""Human quantities (sizes, durations, percentages, times) to plain values, with one clear error each.
 
 Used by the CLI and by the configuration file, so that `--memory 2G` and `memory_budget = "2G"`
 mean the same thing. Pure functions.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime, timedelta
 
 # Binary multiples, as systemd's MemoryMax= reads them: "256M" is 256 MiB, not 256 MB. Chosen so that
 # the same string means the same bytes here and in a unit file an admin writes by hand.
@@ -62,6 +63,26 @@ def parse_percent(text: str | int) -> int:
     if value <= 0:
         raise QuantityError(f"invalid percentage {text!r}: must be more than 0%")
     return value
+
+
+def parse_time(text: str) -> datetime | timedelta:
+    """A point in time: ISO 8601 ('2026-12-01T03:00:00Z', '2026-12-01 03:00+01:00'; without an offset,
+    the local time of this machine, as `date` and `at` read it), or '+' and a duration ('+10m'), which
+    is returned as a timedelta: the caller adds it to the database's clock, so that a client whose clock
+    is off does not shift it."""
+    value = text.strip()
+    if value.startswith("+"):
+        try:
+            return timedelta(seconds=parse_duration(value[1:]))
+        except QuantityError:
+            raise QuantityError(f"invalid time {text!r}: after '+' comes a duration, like +90s, +10m or +2h") from None
+    try:
+        # astimezone() of a naive time takes it as local time; of an aware one, keeps the instant. (It
+        # overflows at the ends of the calendar, year 1 or 9999 shifted by an offset.)
+        return datetime.fromisoformat(value).astimezone()
+    except (ValueError, OverflowError):
+        raise QuantityError(f"invalid time {text!r}: use ISO 8601, like 2026-12-01T03:00:00Z (without an offset it "
+                            "is local time), or +DURATION, like +10m") from None
 
 
 def format_size(value: int | None) -> str:

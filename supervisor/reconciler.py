@@ -443,6 +443,14 @@ class Reconciler:
                 self.metrics.settled(kind)
         return dead
 
+    def expire_overdue(self) -> int:
+        """End as `expired` the queued runs past their start deadline that never started
+        (unitvisor.expire_runs): here, so that a run no host could ever claim still expires."""
+        expired = store.expire_runs(self.conn, self.fence)
+        if expired:
+            event("runs-expired", host=self.host_id, runs=expired)
+        return expired
+
     def explain_waiting(self) -> int:
         """Say why runs wait that no live host accepts (in unitvisor.run_waits, and one event each)."""
         return store.explain_waiting(self.conn, fleet.explain_after(self.settings))

@@ -234,8 +234,9 @@ def migrate(conn: Connection, sql_dir: Path | None = None) -> list[str]:
 # a control plane must not break a daemon that does not know it.
 _RUN_FIELDS = [f.name for f in fields(Run)]
 _ATTEMPT_FIELDS = [f.name for f in fields(Attempt)]
-# wait_reason is not a column of runs (0.1.0's SELECT * would break on it: sql/002_fleet.sql).
-_RUN_COLUMN_SQL = {"wait_reason": "(SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) AS wait_reason"}
+# wait_reason is not a column of runs (0.1.0's SELECT * would break on it: sql/002_fleet.sql); the
+# function that run_status reads it with too (sql/006_lifecycle.sql), so that the two agree.
+_RUN_COLUMN_SQL = {"wait_reason": "unitvisor.wait_reason(r) AS wait_reason"}
 _RUN_COLUMNS = ", ".join(_RUN_COLUMN_SQL.get(name, f"r.{name}") for name in _RUN_FIELDS)
 _ATTEMPT_COLUMNS = ", ".join(f"a.{name}" for name in _ATTEMPT_FIELDS)
 
@@ -246,6 +247,7 @@ _SUBMIT_ARGS = {
     "memory_max": "bigint", "cpu_quota_percent": "integer", "tasks_max": "integer", "io_weight": "integer",
     "runtime_max_sec": "bigint", "max_attempts": "integer", "host_pin": "text", "priority": "integer",
     "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
+    "concurrency_key": "text", "not_before": "timestamptz", "start_deadline": "timestamptz",
 }
 _JSON_ARGS = ("environment", "labels")
 
@@ -346,7 +348,8 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
     runs that carry every one of them (the @> of unitvisor.runs_with_labels, on the same GIN index)."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT r.id, r.state, r.argv, r.created_at, r.finished_at, r.labels,
+            """SELECT r.id, r.state, r.argv, r.created_at, r.finished_at, r.labels, r.concurrency_key, r.not_before,
+                      r.start_deadline,
                       a.host_id, a.attempt, a.started_at, a.ended_at, a.outcome, a.exit_status
                FROM unitvisor.runs r
                LEFT JOIN LATERAL (SELECT x.host_id, x.attempt, x.started_at, x.ended_at, x.outcome, x.exit_status
@@ -532,6 +535,13 @@ def declare_dead_hosts(conn: Connection, fence: Fence, connected_for: float) -> 
         rows = conn.execute("SELECT host_id, silent_sec, dead_after_sec FROM unitvisor.declare_dead_hosts(%s, %s, %s)",
                             (fence.host_id, fence.epoch, connected_for)).fetchall()
     return [DeadHost(row[0], row[1], row[2]) for row in rows]
+
+
+def expire_runs(conn: Connection, fence: Fence) -> int:
+    """End as `expired` every queued run past its start deadline that never started (any host may, as
+    any may explain why a run waits); returns how many."""
+    with _fencing():
+        return conn.execute("SELECT unitvisor.expire_runs(%s, %s)", (fence.host_id, fence.epoch)).fetchone()[0]
 
 
 def explain_waiting(conn: Connection, waited: timedelta) -> int:

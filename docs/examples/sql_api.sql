@@ -7,7 +7,7 @@
 \set SHOW_CONTEXT never
 \pset footer off
 
--- Hear about finished runs: one notification per run that reaches succeeded, failed or cancelled.
+-- Hear about finished runs: one notification per run that reaches succeeded, failed, cancelled or expired.
 LISTEN unitvisor_run_finished;
 
 -- Submit, with a key so that a retry after a lost COMMIT cannot queue the run twice, and labels to
@@ -38,3 +38,17 @@ SELECT unitvisor.submit_run(ARRAY['/bin/true'], memory_max => 1024);
 -- Cancel it (queued: cancelled at once). The notification arrives when this commits.
 SELECT state, changed FROM unitvisor.cancel_run(:'run_id');
 SELECT state, finished_at IS NOT NULL AS finished FROM unitvisor.run_status(:'run_id');
+
+-- Runs that must never overlap share a concurrency key: they start one at a time, in the order
+-- submitted, on whichever hosts. This one may not start before 03:00 UTC, and ends as expired if it
+-- has not started by 05:00 UTC.
+SELECT unitvisor.submit_run(ARRAY['/opt/jobs/bin/migrate'], concurrency_key => 'db-migrate',
+                            not_before => '2099-06-01 03:00Z', start_deadline => '2099-06-01 05:00Z') AS migration \gset
+SELECT state, wait_reason FROM unitvisor.run_status(:'migration');
+
+-- A deadline before the run may even start is refused.
+\set ON_ERROR_STOP off
+SELECT unitvisor.submit_run(ARRAY['/bin/true'], not_before => '2099-06-01 03:00Z',
+                            start_deadline => '2099-06-01 02:00Z');
+\set ON_ERROR_STOP on
+SELECT state, changed FROM unitvisor.cancel_run(:'migration');

@@ -9,6 +9,7 @@ import os
 import re
 import select
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -92,6 +93,25 @@ def age_jobs(conn: psycopg.Connection, seconds: float = 60.0) -> None:
     not held to its host's fair share (and younger than starve_after, so backfill is unchanged)."""
     conn.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now() - make_interval(secs => %s) "
                  "WHERE state = 'available'", (seconds,))
+
+
+def run_concurrently(worker: Callable[[str], None], names: tuple[str, ...], timeout: float = 120) -> None:
+    """worker(name) in one thread per name, started together; the first exception a worker raised is
+    raised here once all have ended (an assert in a thread would otherwise only print)."""
+    errors: list[BaseException] = []
+
+    def guarded(name: str) -> None:
+        try:
+            worker(name)
+        except BaseException as exc:  # reported by the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not errors, errors
 
 
 @dataclass(frozen=True)
@@ -182,7 +202,7 @@ _HOST_CALLS = {  # store function -> how to find the host id it acts as
     "probe": lambda args: args[1].host_id, "mark_host_stopped": lambda args: args[1].host_id,
     "declare_dead_hosts": lambda args: args[1].host_id, "claim": lambda args: args[1].host_id,
     "mark_started": lambda args: args[1].host_id, "record_outcome": lambda args: args[1].host_id,
-    "record_event": lambda args: args[1].host_id,
+    "record_event": lambda args: args[1].host_id, "expire_runs": lambda args: args[1].host_id,
     "open_attempts": lambda args: args[1], "host_fence": lambda args: args[1],
     "explain_waiting": lambda args: ANY_HOST, "unit_owners": lambda args: ANY_HOST,
     "unclaimed_attempts": lambda args: ANY_HOST,

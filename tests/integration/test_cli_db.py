@@ -353,3 +353,83 @@ def test_a_bad_label_is_a_usage_error_before_any_write(cli, dsn: str, conn: psyc
     result = cli("submit", "--label", label, "--", "/bin/true", dsn=dsn)
     assert result.returncode == 2 and "--label" in result.stderr
     assert_nothing_written(conn)
+
+
+# -- concurrency keys, not_before and start deadlines (schema 006) -----------------------------------
+
+
+def test_submit_with_a_concurrency_key_and_times_shows_them(cli, dsn: str, conn: psycopg.Connection) -> None:
+    run_id = submit(cli, dsn, "--concurrency-key", "nightly-backup", "--not-before", "2099-06-01T03:00:00+02:00",
+                    "--start-deadline", "2099-06-01T05:00Z", "--", "/bin/true")
+    run = store.get_run(conn, run_id)
+    assert run.concurrency_key == "nightly-backup"
+    assert run.not_before.isoformat() == "2099-06-01T01:00:00+00:00"
+    assert run.start_deadline.isoformat() == "2099-06-01T05:00:00+00:00"
+
+    data = json.loads(cli("show", str(run_id), "--json", dsn=dsn).stdout)
+    assert (data["concurrency_key"], data["not_before"], data["start_deadline"]) == (
+        "nightly-backup", "2099-06-01T01:00:00+00:00", "2099-06-01T05:00:00+00:00")
+    assert data["wait_reason"] == "not before 2099-06-01 01:00:00 UTC"
+    shown = cli("show", str(run_id), dsn=dsn).stdout
+    assert ("  start:     concurrency key nightly-backup; not before 2099-06-01T01:00:00+00:00; "
+            "start deadline 2099-06-01T05:00:00+00:00") in shown
+    assert "  waiting:   not before 2099-06-01 01:00:00 UTC" in shown
+    [row] = json.loads(cli("runs", "--json", dsn=dsn).stdout)
+    assert (row["concurrency_key"], row["not_before"], row["start_deadline"]) == (
+        "nightly-backup", "2099-06-01T01:00:00+00:00", "2099-06-01T05:00:00+00:00")
+
+
+def test_a_relative_time_counts_from_the_databases_clock(cli, dsn: str, conn: psycopg.Connection) -> None:
+    run_id = submit(cli, dsn, "--not-before", "+10m", "--start-deadline", "+1h", "--", "/bin/true")
+    ahead = conn.execute("SELECT extract(epoch FROM not_before - created_at), "
+                         "extract(epoch FROM start_deadline - created_at) FROM unitvisor.runs WHERE id = %s",
+                         (run_id,)).fetchone()
+    # now() of the CLI's own look-up, a moment before the submit's transaction began
+    assert 590 < ahead[0] <= 600 and 3590 < ahead[1] <= 3600
+
+
+def test_show_of_a_run_without_them_has_no_start_line(cli, dsn: str) -> None:
+    run_id = submit(cli, dsn, "--", "/bin/true")
+    assert "  start:" not in cli("show", str(run_id), dsn=dsn).stdout
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["--not-before", "tomorrow"], "--not-before"),
+    (["--not-before", "+"], "--not-before"),
+    (["--start-deadline", "2026-13-01"], "--start-deadline"),
+    (["--start-deadline", "+0s"], "--start-deadline"),
+    (["--concurrency-key", ""], "--concurrency-key"),
+    (["--concurrency-key", "a\tb"], "--concurrency-key"),
+    (["--concurrency-key", "k" * 256], "--concurrency-key"),
+    (["--not-before", "+2h", "--start-deadline", "+1h"], "--start-deadline"),
+    (["--not-before", "2099-01-01T00:00Z", "--start-deadline", "2099-01-01T00:00Z"], "--start-deadline"),
+])
+def test_bad_times_and_keys_are_usage_errors_before_any_write(cli, dsn: str, conn: psycopg.Connection,
+                                                             args: list[str], option: str) -> None:
+    line = assert_one_line_error(cli("submit", *args, "--", "/bin/true", dsn=dsn), 2)
+    assert line.startswith(f"unitvisor: {option}: ")
+    assert_nothing_written(conn)
+
+
+def test_a_deadline_in_the_past_is_refused_by_the_database(cli, dsn: str, conn: psycopg.Connection) -> None:
+    line = assert_one_line_error(cli("submit", "--start-deadline", "2000-01-01T00:00Z", "--", "/bin/true", dsn=dsn), 1)
+    assert line == ("unitvisor: the database refused the run: start_deadline: must be in the future (it is not "
+                    "after the database's now()) (runs_start_deadline_valid)")
+    assert_nothing_written(conn)
+
+
+def test_an_expired_run_is_listed_shown_and_waited_for(cli, dsn: str, conn: psycopg.Connection) -> None:
+    run_id = submit(cli, dsn, "--start-deadline", "+1h", "--", "/bin/true")
+    conn.execute("UPDATE unitvisor.runs SET start_deadline = now() - interval '1 second' WHERE id = %s", (run_id,))
+    store.expire_runs(conn, register(conn, "h1"))
+    waited = cli("wait", str(run_id), dsn=dsn)
+    assert (waited.returncode, waited.stdout) == (1, f"run {run_id} expired\n")
+    listed = cli("runs", "--state", "expired", "--json", dsn=dsn)
+    assert [r["id"] for r in json.loads(listed.stdout)] == [str(run_id)]
+    shown = cli("show", str(run_id), dsn=dsn).stdout
+    assert "  state:     expired" in shown and "expired: not started by its start deadline" in shown
+    assert "  waiting:" not in shown
+    cancelled = cli("cancel", str(run_id), dsn=dsn)
+    assert cancelled.returncode == 1 and "already expired" in cancelled.stderr
+    resumed = cli("resume", str(run_id), dsn=dsn)
+    assert (resumed.returncode, resumed.stdout) == (0, f"run {run_id} queued again\n")

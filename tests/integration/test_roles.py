@@ -162,6 +162,16 @@ def test_host_cannot_declare_hosts_dead_as_another_host(world: World) -> None:
     assert store.host_fence(world.admin, "h1")[0] == "active"
 
 
+def test_host_cannot_expire_runs_as_another_host(world: World) -> None:
+    refused_call(lambda: store.expire_runs(world.h1, world.f2))
+
+
+def test_host_cannot_call_the_expiry_or_the_key_check_directly(world: World) -> None:
+    # Not granted: they read and write every run, and only the fenced functions call them.
+    refused(world.h1, "SELECT unitvisor.expire_overdue_runs()")
+    refused(world.h1, "SELECT unitvisor.concurrency_blocker(r) FROM unitvisor.runs r")
+
+
 def test_host_cannot_append_an_event_for_another_host(world: World) -> None:
     refused_call(lambda: store.record_event(world.h1, world.f2, world.pinned, "running", "forged"))
     refused(world.h1, "INSERT INTO unitvisor.run_events (run_id, host_id, state, reason) "
@@ -342,11 +352,11 @@ def test_public_holds_no_privilege_on_the_schema_or_its_tables(conn: psycopg.Con
 
 # What each role may run and touch, in full: a later migration that grants more must say so here.
 HOST_FUNCTIONS = {
-    "claim_jobs", "declare_dead_hosts", "explain_waiting", "heartbeat", "mark_host_stopped", "mark_started",
-    "my_host_id", "record_event", "record_outcome", "record_output_tails", "register_host",
-    "register_host_environment", "run_status", "runs_with_labels", "whoami"}
+    "claim_jobs", "declare_dead_hosts", "expire_runs", "explain_waiting", "heartbeat", "mark_host_stopped",
+    "mark_started", "my_host_id", "record_event", "record_outcome", "record_output_tails", "register_host",
+    "register_host_environment", "run_status", "runs_with_labels", "wait_reason", "whoami"}
 SUBMITTER_FUNCTIONS = {"cancel_run", "my_host_id", "resume_run", "run_status", "runs_with_labels", "submit_run",
-                       "whoami"}
+                       "wait_reason", "whoami"}
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 

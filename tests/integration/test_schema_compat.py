@@ -28,3 +28,25 @@ def test_later_migrations_keep_every_column_the_previous_release_reads(empty_dsn
         assert store.migrate(conn)  # every later migration
         assert store.pending_migrations(conn) == []
         assert released <= set(conn.execute(COLUMNS).fetchall())
+
+
+FUNCTIONS = """SELECT p.proname, p.proargtypes::regtype[]::text[], p.pronargdefaults,
+                      pg_get_function_result(p.oid)
+               FROM pg_proc p WHERE p.pronamespace = 'unitvisor'::regnamespace"""
+
+
+def test_later_migrations_keep_every_function_call_of_the_previous_release(empty_dsn: str, tmp_path: Path) -> None:
+    # 0.3.0 (schemas 001 to 005) calls the schema's functions by name and argument types: each must
+    # still take those arguments and return the same, either the same function or one with the same
+    # arguments first and only defaulted ones after them (as submit_run gains arguments).
+    for path in sorted(store.SQL_DIR.glob("00[1-5]_*.sql")):
+        shutil.copy(path, tmp_path / path.name)
+    with store.connect(empty_dsn) as conn:
+        store.migrate(conn, tmp_path)
+        released = conn.execute(FUNCTIONS).fetchall()
+        store.migrate(conn)
+        now = conn.execute(FUNCTIONS).fetchall()
+    for name, args, _, result in released:
+        assert any(other == name and later[:len(args)] == args and len(later) - len(args) <= defaults
+                   and same_result == result
+                   for other, later, defaults, same_result in now), f"{name}({', '.join(args)}) -> {result}"

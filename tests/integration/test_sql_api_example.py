@@ -44,6 +44,6 @@ def test_the_documented_psql_example_runs_and_prints_what_the_docs_show(
     if os.environ.get("UNITVISOR_REGENERATE_EXAMPLES"):
         EXPECTED.write_text(actual)
     assert actual == EXPECTED.read_text()
-    # And what it did is what the database holds: one run, cancelled.
-    assert conn.execute("SELECT state, labels FROM unitvisor.runs").fetchall() == [
-        ("cancelled", {"team": "docs", "pipeline": "nightly"})]
+    # And what it did is what the database holds: two runs, cancelled.
+    assert conn.execute("SELECT state, labels, concurrency_key FROM unitvisor.runs ORDER BY created_at").fetchall() == [
+        ("cancelled", {"team": "docs", "pipeline": "nightly"}, None), ("cancelled", {}, "db-migrate")]

@@ -25,6 +25,7 @@ ARG_TYPES = {
     "runtime_max_sec": "bigint", "max_attempts": "integer", "host_pin": "text", "priority": "integer",
     "retry_backoff_sec": "integer", "retry_backoff_max_sec": "integer", "retry_on": "text[]",
     "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
+    "concurrency_key": "text", "not_before": "timestamptz", "start_deadline": "timestamptz",
 }
 
 
@@ -317,6 +318,22 @@ REFUSALS = [
                  id="key-empty"),
     pytest.param({"idempotency_key": "a\nb"}, "runs_idempotency_key_valid", "idempotency_key: must be 1 to 255",
                  id="key-newline"),
+    pytest.param({"concurrency_key": ""}, "runs_concurrency_key_valid", "concurrency_key: must be 1 to 255",
+                 id="concurrency-key-empty"),
+    pytest.param({"concurrency_key": "a\tb"}, "runs_concurrency_key_valid", "concurrency_key: must be 1 to 255",
+                 id="concurrency-key-control"),
+    pytest.param({"concurrency_key": "k" * 256}, "runs_concurrency_key_valid", "concurrency_key: must be 1 to 255",
+                 id="concurrency-key-long"),
+    pytest.param({"not_before": "infinity"}, "runs_not_before_valid", "not_before: must be a finite time",
+                 id="not-before-infinity"),
+    pytest.param({"start_deadline": "infinity"}, "runs_start_deadline_valid", "start_deadline: must be a finite time",
+                 id="deadline-infinity"),
+    pytest.param({"not_before": "2100-01-01 12:00Z", "start_deadline": "2100-01-01 11:59Z"},
+                 "runs_start_deadline_valid", "start_deadline: must be later than not_before", id="deadline-early"),
+    pytest.param({"not_before": "2100-01-01 12:00Z", "start_deadline": "2100-01-01 12:00Z"},
+                 "runs_start_deadline_valid", "start_deadline: must be later than not_before", id="deadline-same"),
+    pytest.param({"start_deadline": "2000-01-01 00:00Z"}, "runs_start_deadline_valid",
+                 "start_deadline: must be in the future", id="deadline-past"),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -13,6 +14,7 @@ from supervisor.quantities import (
     parse_duration,
     parse_percent,
     parse_size,
+    parse_time,
 )
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
@@ -232,3 +234,46 @@ def test_format_size_round_trips_through_parse_size(text):
 ])
 def test_format_duration(seconds, expected):
     assert format_duration(seconds) == expected
+
+
+# -- times ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2026-12-01T03:00:00Z", datetime(2026, 12, 1, 3, tzinfo=UTC)),
+    ("2026-12-01 03:00:00+00:00", datetime(2026, 12, 1, 3, tzinfo=UTC)),
+    (" 2026-12-01T04:30+01:30 ", datetime(2026, 12, 1, 3, tzinfo=UTC)),
+    ("2026-12-01T03:00:00.250Z", datetime(2026, 12, 1, 3, 0, 0, 250000, tzinfo=UTC)),
+])
+def test_parse_time_reads_iso_8601_with_an_offset(text, expected):
+    value = parse_time(text)
+    assert value == expected and value.tzinfo is not None
+
+
+def test_parse_time_takes_a_time_without_an_offset_as_local_time():
+    assert parse_time("2026-12-01T03:00") == datetime(2026, 12, 1, 3).astimezone()
+    assert parse_time("2026-12-01") == datetime(2026, 12, 1).astimezone()
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("+10m", 600), ("+90s", 90), ("+2h", 7200), ("+1.5d", 129600),
+                                               ("+30", 30), (" +5m", 300)])
+def test_parse_time_reads_a_duration_from_now(text, seconds):
+    assert parse_time(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["+", "+0s", "+-5m", "+10 minutes", "+inf", "+nan"])
+def test_parse_time_rejects_a_bad_duration(text):
+    with pytest.raises(QuantityError, match=r"after '\+' comes a duration"):
+        parse_time(text)
+
+
+@pytest.mark.parametrize("text", ["", "tomorrow", "now", "infinity", "2026-13-01", "2026-12-01T25:00",
+                                  "10m", "-10m", "12/01/2026", "0001-01-01T00:00+14:00"])
+def test_parse_time_rejects_what_is_not_a_time(text):
+    with pytest.raises(QuantityError, match="use ISO 8601"):
+        parse_time(text)
+
+
+def test_parse_time_keeps_the_instant_of_another_offset():
+    value = parse_time("2026-12-01T03:00:00-05:00")
+    assert value == datetime(2026, 12, 1, 3, tzinfo=timezone(timedelta(hours=-5)))

@@ -78,7 +78,8 @@ def st(mocker, log):
     """Every store function the reconciler calls, logged in order; exceptions stay the real ones."""
     patched = {}
     defaults = {"open_attempts": [], "unit_owners": {}, "unclaimed_attempts": set(), "record_outcome": True,
-                "mark_started": None, "record_event": None, "declare_dead_hosts": [], "explain_waiting": 0}
+                "mark_started": None, "record_event": None, "declare_dead_hosts": [], "explain_waiting": 0,
+                "expire_runs": 0}
     def logged(name, fake):
         def call(conn, *args, **kwargs):
             log.append((name, args, kwargs))
@@ -212,6 +213,12 @@ def test_explain_waiting_asks_for_two_poll_intervals(rec, st):
     st.explain_waiting.return_value = 3
     assert rec.explain_waiting() == 3
     st.explain_waiting.assert_called_once_with(rec.conn, timedelta(seconds=20))
+
+
+def test_expire_overdue_asks_the_database_with_this_hosts_fence(rec, st):
+    st.expire_runs.return_value = 2
+    assert rec.expire_overdue() == 2
+    st.expire_runs.assert_called_once_with(rec.conn, FENCE)
 
 
 # -- units this host stopped while cut off --------------------------------------------------------
