@@ -524,6 +524,57 @@ def declare_dead_hosts(conn: Connection, fence: Fence, connected_for: float) -> 
     return [DeadHost(row[0], row[1], row[2]) for row in rows]
 
 
+@dataclass(frozen=True)
+class Pruned:
+    """What one call of unitvisor.prune deleted (or, dry, would delete). busy: another session is
+    pruning right now (one pruner of the fleet at a time); nothing was deleted."""
+
+    runs: int
+    attempts: int
+    events: int
+    jobs: int
+    busy: bool = False
+
+    def __add__(self, other: Pruned) -> Pruned:
+        return Pruned(self.runs + other.runs, self.attempts + other.attempts, self.events + other.events,
+                      self.jobs + other.jobs, self.busy and other.busy)
+
+    def full(self, batch_size: int) -> bool:
+        """Whether the batch was full: more history of that age may be left."""
+        return self.runs >= batch_size or self.jobs >= batch_size
+
+
+_PRUNED_COLUMNS = "runs, attempts, events, jobs, busy"
+
+
+def prune_batch(conn: Connection, older_than: timedelta, batch_size: int, fence: Fence | None = None) -> Pruned:
+    """Delete one batch of finished runs (with their attempts, events and jobs) and old claimed or
+    discarded jobs, older than `older_than`, and commit it (autocommit: one statement, one transaction,
+    so that locks last one batch). As the admin, or with `fence` as that host (unitvisor.prune_history,
+    which refuses an age under its floor)."""
+    with _fencing():
+        if fence is None:
+            row = conn.execute(f"SELECT {_PRUNED_COLUMNS} FROM unitvisor.prune(%s, %s)",
+                               (older_than, batch_size)).fetchone()
+        else:
+            row = conn.execute(f"SELECT {_PRUNED_COLUMNS} FROM unitvisor.prune_history(%s, %s, %s, %s)",
+                               (fence.host_id, fence.epoch, older_than, batch_size)).fetchone()
+    return Pruned(*row)
+
+
+# A dry run counts the whole backlog in one statement, which for millions of rows may take longer
+# than the session's statement_timeout (SESSION_SETTINGS): a one-off command by hand may wait.
+DRY_RUN_TIMEOUT = "10min"
+
+
+def prune_count(conn: Connection, older_than: timedelta) -> Pruned:
+    """What pruning at `older_than` would delete now, in all (unitvisor.prune's dry run)."""
+    with conn.transaction():
+        conn.execute("SELECT set_config('statement_timeout', %s, true)", (DRY_RUN_TIMEOUT,))
+        row = conn.execute(f"SELECT {_PRUNED_COLUMNS} FROM unitvisor.prune(%s, 1, true)", (older_than,)).fetchone()
+    return Pruned(*row)
+
+
 def explain_waiting(conn: Connection, waited: timedelta) -> int:
     """Record why each run due for longer than `waited` waits, when no live host accepts it; returns
     how many runs got a new reason (each with an event)."""
