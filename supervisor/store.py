@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
-from supervisor.model import Attempt, Run, RunStatus
+from supervisor.model import Attempt, Pruned, Run, RunStatus
 from supervisor.outcomes import Outcome
 
 # Where the numbered migrations are, first found wins: inside the package in an installed wheel
@@ -522,26 +522,6 @@ def declare_dead_hosts(conn: Connection, fence: Fence, connected_for: float) -> 
         rows = conn.execute("SELECT host_id, silent_sec, dead_after_sec FROM unitvisor.declare_dead_hosts(%s, %s, %s)",
                             (fence.host_id, fence.epoch, connected_for)).fetchall()
     return [DeadHost(row[0], row[1], row[2]) for row in rows]
-
-
-@dataclass(frozen=True)
-class Pruned:
-    """What one call of unitvisor.prune deleted (or, dry, would delete). busy: another session is
-    pruning right now (one pruner of the fleet at a time); nothing was deleted."""
-
-    runs: int
-    attempts: int
-    events: int
-    jobs: int
-    busy: bool = False
-
-    def __add__(self, other: Pruned) -> Pruned:
-        return Pruned(self.runs + other.runs, self.attempts + other.attempts, self.events + other.events,
-                      self.jobs + other.jobs, self.busy and other.busy)
-
-    def full(self, batch_size: int) -> bool:
-        """Whether the batch was full: more history of that age may be left."""
-        return self.runs >= batch_size or self.jobs >= batch_size
 
 
 _PRUNED_COLUMNS = "runs, attempts, events, jobs, busy"
