@@ -4,9 +4,10 @@ sent through supervisor.store as the daemon sends them.
 
 (H1) The claim, the probe (the heartbeat), and the reconcile pass's queries (open_attempts, which reads
 its runs with get_runs; unit_owners; unclaimed_attempts), per call: time from the client, and from
-pg_stat_statements the server's time, shared buffers touched and rows, first with no finished run in
-the tables, then with `runs` finished runs (each with one attempt, four events and one claimed spawn
-job, as a run that succeeded leaves them), pruning off. Each cycle submits `per_claim` runs, probes,
+pg_stat_statements the server's time, shared buffers touched and rows, in two databases of one server,
+cycle for cycle in turn: one with no finished run in its tables, one with `runs` finished runs (each
+with one attempt, four events and one claimed spawn job, as a run that succeeded leaves them), pruning
+off. Each cycle submits `per_claim` runs, probes,
 claims them, runs the reconcile queries against `open_runs` runs that stay open, and settles what it
 claimed. (H2) The claim's latency while another host's daemon prunes them in batches of 1000: first
 for a minute at the daemon's pace (daemon.RETENTION_PAUSE between batches), then back to back, without
@@ -36,7 +37,9 @@ from bench.run import DB, RESULTS, database, interrupt_on_sigterm, loadavg, mach
 from supervisor import __version__, store, unitspec
 from supervisor.daemon import RETENTION_PAUSE
 from supervisor.outcomes import Outcome
+from tests.harness.postgres import Postgres
 
+FULL_DB = "bench_history"  # the database that gets the history (bench.run's DB stays without)
 HOST = "history-host"
 PRUNER = "history-pruner"  # the other host of the fleet, whose daemon prunes
 KEEP = timedelta(days=30)  # the default [retention] keep_finished; every filled run is older
@@ -67,11 +70,14 @@ TINY = Sizes(runs=3000, cycles=20, open_runs=5, fill_chunk=1000, paced_seconds=1
 
 
 class History:
-    def __init__(self, dsn: str, admin_dsn: str, sizes: Sizes) -> None:
-        self.dsn = dsn
+    """One database of the cluster, with the host that claims in it."""
+
+    def __init__(self, pg: Postgres, dbname: str, sizes: Sizes) -> None:
+        self.dbname = dbname
+        self.dsn = pg.dsn_for(dbname)
         self.sizes = sizes
-        self.conn = store.connect(dsn)
-        self.stats = psycopg.connect(admin_dsn, autocommit=True)
+        self.conn = store.connect(self.dsn)
+        self.stats = psycopg.connect(pg.dsn, autocommit=True)  # pg_stat_statements, from another database
         self.fence = store.Fence(HOST, store.register_host(self.conn, _profile()).epoch)
 
     def close(self) -> None:
@@ -114,10 +120,7 @@ class History:
             store.record_outcome(self.conn, self.fence, attempt, SUCCESS, "succeeded")
         return took
 
-    def measure(self, label: str) -> dict[str, Any]:
-        say(f"({label}) {self.sizes.cycles} cycles ...")
-        self.stats.execute("SELECT pg_stat_statements_reset()")
-        cycles = [self.cycle() for _ in range(self.sizes.cycles)]
+    def summary(self, cycles: list[dict[str, float]]) -> dict[str, Any]:
         result: dict[str, Any] = {"finished_runs": self.count_finished(), "loadavg": loadavg()}
         for name in ("claim", "probe", "reconcile"):
             result[f"{name}_ms"] = summary([c[name] for c in cycles])
@@ -133,7 +136,7 @@ class History:
                 """SELECT sum(s.calls), sum(s.total_exec_time), sum(s.shared_blks_hit + s.shared_blks_read),
                           sum(s.rows)
                    FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-                   WHERE d.datname = %s AND s.query LIKE %s""", (DB, pattern)).fetchone()
+                   WHERE d.datname = %s AND s.query LIKE %s""", (self.dbname, pattern)).fetchone()
             calls = int(row[0] or 0)
             out[name] = {"calls": calls, "exec_ms": float(row[1] or 0) / max(calls, 1),
                          "buffers": float(row[2] or 0) / max(calls, 1), "rows": float(row[3] or 0) / max(calls, 1)}
@@ -254,28 +257,47 @@ def _profile(host: str = HOST) -> store.HostProfile:
         environment_allowed=(), can_start=True, cannot_start_reason=None, poll_interval=10.0, dead_after=3600.0)
 
 
+def measure_side_by_side(empty: History, full: History) -> tuple[dict[str, Any], dict[str, Any]]:
+    """H1: the cycles in the two databases taking turns, on one server, so that a load that comes and
+    goes on this shared machine falls on both alike."""
+    say(f"(H1) {empty.sizes.cycles} cycles in each database, taking turns ...")
+    empty.stats.execute("SELECT pg_stat_statements_reset()")
+    cycles: dict[str, list[dict[str, float]]] = {"empty": [], "full": []}
+    for _ in range(empty.sizes.cycles):
+        cycles["empty"].append(empty.cycle())
+        cycles["full"].append(full.cycle())
+    return empty.summary(cycles["empty"]), full.summary(cycles["full"])
+
+
 def run(sizes: Sizes) -> dict[str, Any]:
     started = dt.datetime.now(dt.UTC)
     say("starting a throwaway PostgreSQL ...")
     with database() as pg:
-        history = History(pg.dsn_for(DB), pg.dsn, sizes)
+        # A second database on the same server, the same schema: the one that gets the history.
+        with store.connect(pg.dsn) as conn:
+            conn.execute(f"CREATE DATABASE {FULL_DB}")
+        with store.connect(pg.dsn_for(FULL_DB)) as conn:
+            store.migrate(conn)
+        empty, history = History(pg, DB, sizes), History(pg, FULL_DB, sizes)
         try:
             r: dict[str, Any] = {"date": started.isoformat(timespec="seconds"), "machine": machine_facts(),
                                  "sizes": asdict(sizes), "loadavg": {"start": loadavg()}}
             r["versions"] = {"unitvisor": __version__, "python": platform.python_version(),
                              "psycopg": psycopg.__version__,
                              "postgresql": history.conn.execute("SHOW server_version").fetchone()[0]}
-            history.open_some()
-            history.vacuum_analyze()
-            r["empty"] = history.measure("H1, no finished run")
+            for side in (empty, history):
+                side.open_some()
+                side.vacuum_analyze()
             r["fill"] = history.fill()
-            r["full"] = history.measure(f"H1, {sizes.runs} finished runs")
+            empty.vacuum_analyze()  # as the other was, after its fill
+            r["empty"], r["full"] = measure_side_by_side(empty, history)
             r["prune_paced"] = history.prune_while_claiming(RETENTION_PAUSE, sizes.paced_seconds)
             r["prune"] = history.prune_while_claiming(0.0, None)
             r["after_prune"] = {"finished_runs": history.count_finished()}
             r["wall_seconds"] = (dt.datetime.now(dt.UTC) - started).total_seconds()
             return r
         finally:
+            empty.close()
             history.close()
 
 

@@ -7,14 +7,15 @@
 -- between batches: row locks and the snapshot are held for one batch, never for the whole backlog, and
 -- vacuum is never held back by a long transaction.
 --
--- Expand only: two indexes and three functions; nothing the previous release reads or calls changes.
+-- Expand only: three indexes and four functions; nothing the previous release reads or calls changes.
 -- The indexes are built without CONCURRENTLY (a migration is one transaction): while they are built,
--- writes to runs and spawn_jobs wait (README, Upgrades: seconds per million rows).
+-- writes to runs and spawn_jobs wait (README, Upgrade), for a time in proportion to their size.
 
 -- The states a run ends in, as retention sees them: the one list to extend when a terminal state is
--- added (another helper's `expired`, say): add it here, and nowhere else in this file. The index below
--- does not name the states (finished_at is set exactly when a run reaches a terminal state: 004's
--- record_outcome and cancel_run, 001's 0.1.0 paths), so adding one needs no new index.
+-- added (an `expired`, say), in that state's migration: CREATE OR REPLACE this function with one more
+-- element, and nothing else here changes. The index below does not name the states (finished_at is set
+-- exactly when a run reaches a terminal state: 004's record_outcome and cancel_run, and 0.1.0's paths
+-- before them), so a new state needs no new index, as long as it sets finished_at too.
 CREATE FUNCTION unitvisor.retention_states() RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT ARRAY['succeeded', 'failed', 'cancelled']::text[]
