@@ -10,12 +10,15 @@ Subcommands:
   active     one start at a time, timed to the unit being active
   units      start long-running units under given names (the loaded units of a reconcile pass)
   reconcile  one reconcile pass (or its decide phase) through supervisor.reconciler.Reconciler
+  tails      the cost of reading an ended run's output tail (one journalctl per outcome)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
+import statistics
 import sys
 import time
 import uuid
@@ -28,12 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 from supervisor import config, store, unitspec
+from supervisor.journal import Journal
 from supervisor.model import Attempt, Run
 from supervisor.systemd import Systemd
 
 BENCH_CONFIG = """
 [runs]
-allowed_executables = ["/bin/true", "/bin/sleep"]
+allowed_executables = ["/bin/true", "/bin/sleep", "/usr/bin/seq"]
 """
 # [runs] keys that turn the run sandbox off: a run's unit as it was before issue 11 (every property
 # left at systemd's default), so that one benchmark run compares the sandbox with its absence.
@@ -278,6 +282,47 @@ def cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
 PROPS = ("bare", "product", "unsandboxed")
 
 
+def _cpu_ms(before: resource.struct_rusage, after: resource.struct_rusage) -> float:
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000
+
+
+def cmd_tails(args: argparse.Namespace) -> dict[str, Any]:
+    """Start `units` runs' units that print `lines` lines each (exactly the daemon's properties), wait
+    for them to end, then read each one's tail as the daemon does when it records the outcome, `reads`
+    times in all: the time per read, the daemon's own CPU (fork, pipe, decode) and journalctl's."""
+    systemd = Systemd()
+    names = []
+    for _ in range(args.units):
+        props = _product_props(["/usr/bin/seq", "1", str(args.lines)])
+        run_id = props[b"LogExtraFields"][0].decode().split("=", 1)[1]
+        name = f"unitvisor-run-{run_id}-1.service"
+        systemd.start_transient(name, props)
+        names.append((name, run_id))
+    _wait(lambda: all(systemd.state(n).has_ended for n, _ in names), 120)
+    journal, defaults = Journal(), config.RunSettings()
+    # Timed only once journald has taken in every line (a burst leaves it behind: docs/benchmarks.md),
+    # so that every read is of a complete output, as most of the daemon's are.
+    for _, run_id in names:
+        _wait(lambda run_id=run_id: journal.output_tail(run_id, 1, 1, 100) == str(args.lines), 60)
+    times: list[float] = []
+    self0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    for i in range(args.reads):
+        began = time.perf_counter()
+        tail = journal.output_tail(names[i % len(names)][1], 1, defaults.output_tail_lines, defaults.output_tail_bytes)
+        times.append(time.perf_counter() - began)
+        assert tail is not None and tail.endswith(f"\n{args.lines}"), tail
+    self1, children1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    for name, _ in names:
+        systemd.release(name)
+    times.sort()
+    return {
+        "reads": args.reads, "units": args.units, "lines_each": args.lines,
+        "p50_ms": statistics.median(times) * 1000, "p99_ms": times[int(len(times) * 0.99) - 1] * 1000,
+        "daemon_cpu_ms_per_read": _cpu_ms(self0, self1) / args.reads,
+        "journalctl_cpu_ms_per_read": _cpu_ms(children0, children1) / args.reads,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -297,8 +342,13 @@ def main() -> None:
     p.add_argument("--host-id", required=True)
     p.add_argument("--mode", choices=("plan", "pass"), default="plan")
     p.add_argument("--profile", action="store_true")
+    p = sub.add_parser("tails")
+    p.add_argument("--units", type=int, default=200)
+    p.add_argument("--lines", type=int, default=1000)
+    p.add_argument("--reads", type=int, default=200)
     args = parser.parse_args()
-    handler = {"limit": cmd_limit, "active": cmd_active, "units": cmd_units, "reconcile": cmd_reconcile}[args.cmd]
+    handler = {"limit": cmd_limit, "active": cmd_active, "units": cmd_units, "reconcile": cmd_reconcile,
+               "tails": cmd_tails}[args.cmd]
     json.dump(handler(args), sys.stdout)
 
 

@@ -23,9 +23,18 @@ import click
 import psycopg
 
 from supervisor import __version__, config, fleet, store
-from supervisor.journal import log_command
-from supervisor.model import RUN_STATES, TERMINAL_STATES, Attempt, Run
-from supervisor.quantities import QuantityError, format_duration, format_size, parse_duration, parse_percent, parse_size
+from supervisor.journal import Journal, log_command
+from supervisor.model import RUN_STATES, TERMINAL_STATES, Accounting, Attempt, OutcomeRecord, Run
+from supervisor.quantities import (
+    QuantityError,
+    format_bytes,
+    format_cpu_time,
+    format_duration,
+    format_size,
+    parse_duration,
+    parse_percent,
+    parse_size,
+)
 
 _RUN_ID_PREFIX_RE = re.compile(r"^[0-9a-f][0-9a-f-]{5,35}\Z")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
@@ -308,16 +317,33 @@ def _iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat() if value else None
 
 
-def _attempt_json(attempt: Attempt) -> dict[str, Any]:
+def _attempt_json(attempt: Attempt, record: OutcomeRecord | None) -> dict[str, Any]:
     return {
         "attempt": attempt.attempt, "host": attempt.host_id, "unit": attempt.unit_name,
         "invocation_id": attempt.invocation_id, "claimed_at": _iso(attempt.claimed_at),
         "started_at": _iso(attempt.started_at), "ended_at": _iso(attempt.ended_at),
         "outcome": attempt.outcome, "exit_status": attempt.exit_status, "reason": attempt.reason,
+        # systemd's raw figures (nanoseconds, bytes), null where not measured or still running
+        "accounting": asdict(record.accounting if record else Accounting()),
+        "output_tail": record.output_tail if record else None,
     }
 
 
-def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]]) -> dict[str, Any]:
+def accounting_text(accounting: Accounting) -> str:
+    """What systemd measured of an attempt, for people: "1.2s CPU, 34.0M peak memory, 1.0M read,
+    0B written"; a figure not measured is left out, "-" when none was."""
+    parts = []
+    if accounting.cpu_usage_nsec is not None:
+        parts.append(f"{format_cpu_time(accounting.cpu_usage_nsec)} CPU")
+    for value, what in ((accounting.memory_peak_bytes, "peak memory"), (accounting.io_read_bytes, "read"),
+                        (accounting.io_write_bytes, "written")):
+        if value is not None:
+            parts.append(f"{format_bytes(value)} {what}")
+    return ", ".join(parts) or "-"
+
+
+def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
+             records: dict[int, OutcomeRecord] | None = None) -> dict[str, Any]:
     data = asdict(run)
     return {
         "id": str(run.id), "state": run.state, "argv": run.argv, "environment": run.environment,
@@ -328,7 +354,7 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]]) ->
         "max_attempts": run.max_attempts, "cancel_requested_at": _iso(run.cancel_requested_at),
         "wait_reason": run.wait_reason if run.state == "queued" else None,
         "created_at": _iso(run.created_at), "finished_at": _iso(run.finished_at),
-        "attempts": [_attempt_json(a) for a in attempts],
+        "attempts": [_attempt_json(a, (records or {}).get(a.attempt)) for a in attempts],
         "events": [{"at": _iso(e["at"]), "attempt": e["attempt"], "host": e["host_id"], "state": e["state"],
                     "reason": e["reason"]} for e in events],
         "logs_command": " ".join(log_command(str(run.id), None, False, None)),
@@ -353,7 +379,8 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     """
     with ctx.connect() as conn:
         run = _load_run(conn, run_id)
-        data = run_json(run, store.get_attempts(conn, run.id), store.get_events(conn, run.id))
+        data = run_json(run, store.get_attempts(conn, run.id), store.get_events(conn, run.id),
+                        store.get_outcome_records(conn, run.id))
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -379,6 +406,11 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
                      f"exit={a['exit_status'] or '-'} started={a['started_at'] or '-'} ended={a['ended_at'] or '-'}")
         if a["reason"]:
             lines.append(f"    reason: {a['reason']}")
+        if a["outcome"]:
+            lines.append(f"    measured: {accounting_text(Accounting(**a['accounting']))}")
+            tail = a["output_tail"]
+            kept = "-" if tail is None else f"the last {len(tail.splitlines())} lines kept with the outcome"
+            lines.append(f"    output:   {kept}")
     lines.append("  events:")
     lines += [f"    {e['at']} {e['state']}: {e['reason']}" for e in data["events"]]
     lines.append(f"  logs:      {data['logs_command']}")
@@ -566,7 +598,10 @@ def reconcile(ctx: Context, dry_run: bool) -> None:
 def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: int | None) -> None:
     """Show a run's output from journald, also long after its unit is gone.
 
-    Logs live in the journal of the host that ran the attempt; run this there.
+    The whole output lives in the journal of the host that ran the attempt, and is shown from there.
+    Elsewhere (another host, or after that journal rotated or the host died) it shows the last lines
+    kept with each ended attempt's outcome ([runs] output_tail_lines on the host that ran it),
+    saying so on stderr.
 
     \b
     Example:
@@ -575,6 +610,7 @@ def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: in
     with ctx.connect() as conn:
         run = _load_run(conn, run_id)
         attempts = store.get_attempts(conn, run.id)
+        records = store.get_outcome_records(conn, run.id)
     if attempt is not None:
         attempts = [a for a in attempts if a.attempt == attempt]
         if not attempts:
@@ -582,17 +618,48 @@ def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: in
     if not attempts:
         raise Failure(f"run {run.id} has not started yet ({run.state}); no output")
     here = ctx.settings.host_id
+    mine = [a for a in attempts if a.host_id == here]
     elsewhere = sorted({a.host_id for a in attempts if a.host_id != here})
-    if elsewhere and all(a.host_id != here for a in attempts):
-        raise Failure(f"run {run.id} ran on host {', '.join(elsewhere)}, not on this host ({here}): "
-                      f"run `{' '.join(log_command(str(run.id), attempt, False, None))}` there")
-    if elsewhere:
-        click.echo(f"note: attempts of this run also ran on {', '.join(elsewhere)}; their output is there", err=True)
-    cmd = log_command(str(run.id), attempt, follow, lines)
-    try:
-        os.execvp(cmd[0], cmd)
-    except OSError as exc:
-        raise Failure(f"cannot run journalctl: {exc.strerror}") from None
+    # An attempt still running here has its output only in the journal; an ended one is shown from
+    # the journal while it still has it.
+    if mine and (any(a.outcome is None for a in mine) or Journal().has_output(str(run.id), attempt)):
+        if elsewhere:
+            click.echo(f"note: attempts of this run also ran on {', '.join(elsewhere)}; their output is there",
+                       err=True)
+        cmd = log_command(str(run.id), attempt, follow, lines)
+        try:
+            os.execvp(cmd[0], cmd)
+        except OSError as exc:
+            raise Failure(f"cannot run journalctl: {exc.strerror}") from None
+    _print_kept_output(run.id, attempts, records, here, follow, lines)
+
+
+def _print_kept_output(run_id: uuid.UUID, attempts: list[Attempt], records: dict[int, OutcomeRecord], here: str,
+                       follow: bool, lines: int | None) -> None:
+    """`logs` where this host's journal does not have the output: the tails kept with the outcomes."""
+    running = [a for a in attempts if a.outcome is None]
+    if follow and running:
+        a = running[-1]
+        raise Failure(f"attempt {a.attempt} of run {run_id} runs on host {a.host_id}: run "
+                      f"`{' '.join(log_command(str(run_id), a.attempt, True, None))}` there")
+    kept = [(a, records[a.attempt].output_tail) for a in attempts
+            if a.attempt in records and records[a.attempt].output_tail is not None]
+    if not kept:
+        command = " ".join(log_command(str(run_id), None, False, None))
+        where = sorted({a.host_id for a in attempts})
+        if here not in where:
+            raise Failure(f"run {run_id} ran on host {', '.join(where)}, not on this host ({here}), and no output "
+                          f"was kept with its outcomes: run `{command}` there")
+        raise Failure(f"no output of run {run_id} in this host's journal, and none kept with its outcomes "
+                      f"([runs] output_tail_lines): `{command}` shows what journald still has")
+    for a, tail in kept:
+        shown = tail.splitlines()
+        if lines is not None:
+            shown = shown[-lines:] if lines else []
+        click.echo(f"attempt {a.attempt} on host {a.host_id}: the last {len(shown)} lines of its output, kept with "
+                   "its outcome; the whole output is in that host's journal while it keeps it", err=True)
+        if shown:
+            click.echo("\n".join(shown))
 
 
 @cli.command()

@@ -142,6 +142,12 @@ class RunSettings:
     # false: it breaks every JIT (the JVM, node, PyPy, LuaJIT, .NET, a regex JIT), which needs memory
     # that is writable and then executable; systemd-analyze lists it at 0.1.
     memory_deny_write_execute: bool = False
+    # The end of each run's output kept with its outcome (attempts.output_tail), so that `unitvisor
+    # logs` answers from any host, and after this host's journal rotated or the host died; the whole
+    # output stays in journald. Both bounds apply (the last lines, then their last bytes); 0 in either
+    # keeps none. It costs one journalctl per outcome (docs/benchmarks.md).
+    output_tail_lines: int = 20
+    output_tail_bytes: int = 4096
     # RemoveIPC= and KeyringMode= are left out: DynamicUser= implies RemoveIPC, and for a fixed User=
     # it would remove the IPC objects of that user's other runs still running when one run ends;
     # KeyringMode=private is already systemd's default for system services. DevicePolicy= is left
@@ -260,6 +266,11 @@ def machine_id() -> str:
         return socket.gethostname()
 
 
+# Whole numbers where 0 means "none", with an upper bound: the database refuses a tail over 64 KiB
+# (attempts_output_tail_valid), and more than 1000 lines would be a log store, which journald is.
+_BOUNDED_INTS = {"output_tail_lines": (0, 1000), "output_tail_bytes": (0, 65536)}
+
+
 def _convert(section: str, key: str, value: Any, default: Any) -> Any:
     where = f"[{section}] {key}"
     try:
@@ -282,6 +293,11 @@ def _convert(section: str, key: str, value: Any, default: Any) -> Any:
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false")
+        return value
+    if key in _BOUNDED_INTS:
+        low, high = _BOUNDED_INTS[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ConfigError(f"{where}: expected a whole number from {low} to {high}")
         return value
     if isinstance(default, int):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

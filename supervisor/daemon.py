@@ -25,6 +25,7 @@ import sdnotify
 from supervisor import __version__, faults, fleet, store, unitspec
 from supervisor.config import UNIT_PREFIX, ConfigError, Settings, cut_off_after, machine_id
 from supervisor.guard import Guard, GuardedConnection
+from supervisor.journal import Journal, TailReader
 from supervisor.log import event
 from supervisor.metrics import Metrics, State
 from supervisor.model import Attempt, Run
@@ -93,8 +94,11 @@ class Daemon:
         self.error_backoff = 1.0
         watchdog_usec = _watchdog_usec()
         self.watchdog_interval = watchdog_usec / 2e6 if watchdog_usec else 0.0
-        self.wakeup_r = -1
+        self.wakeup_r = self.wakeup_w = -1
         self.metrics = Metrics(self._metrics_state)
+        # Ended attempts' output tails, read off the loop; it wakes the loop when one is ready.
+        self.output_tails = TailReader(Journal(), settings.runs.output_tail_lines, settings.runs.output_tail_bytes,
+                                       wake=self._wake)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -103,8 +107,8 @@ class Daemon:
         signal.signal(signal.SIGINT, self._on_signal)
         # A signal also writes a byte to this pipe, which the loop select()s on: SIGTERM ends a wait
         # at once instead of after the poll interval.
-        self.wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(wakeup_w)
+        self.wakeup_r, self.wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wakeup_w)
         if not self.settings.runs.allowed_executables:
             event("allowlist-empty", level=logging.WARNING,
                   detail="[runs] allowed_executables is empty: this host claims no run")
@@ -136,6 +140,7 @@ class Daemon:
                                              cut_off_units=self.guard.cut_off_units)
                 self.reconciler.tick = self._feed_watchdog
                 self.reconciler.metrics = self.metrics
+                self.reconciler.output_tails = self.output_tails
                 if not self._guard(self._reconcile):
                     continue
                 if not ready:
@@ -146,6 +151,9 @@ class Daemon:
                 self.error_backoff = 1.0
         self.notifier.notify("STOPPING=1")
         event("stopping", host=self.host_id, detail="runs keep running; they are adopted on the next start")
+        # The tails of runs that ended just before: read (for a moment at most) and kept.
+        self.output_tails.close(TailReader.DELAY + 2.0)
+        self._guard(lambda: self.reconciler.write_output_tails() if self.conn and self.reconciler else None)
         self._guard(lambda: store.mark_host_stopped(self.conn, self.fence) if self.conn and self.fence else None)
         self.guard.stop()
         self._disconnect()
@@ -154,6 +162,13 @@ class Daemon:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
+
+    def _wake(self) -> None:
+        """Make the loop's select() return (from another thread): a byte on the signal wake-up pipe."""
+        try:
+            os.write(self.wakeup_w, b"\0")
+        except OSError:  # not running yet (-1), or the pipe is full: the loop wakes anyway
+            pass
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -329,6 +344,7 @@ class Daemon:
             self._claim_and_spawn()
         if now >= self.timers.reconcile or reloaded:
             self._reconcile()
+        self.reconciler.write_output_tails()
         if now >= self.timers.retention:
             self._prune()
         self._feed_watchdog()

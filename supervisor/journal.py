@@ -16,8 +16,12 @@ command was exec'd.
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
+import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -129,6 +133,31 @@ class Journal:
             records.append({k: v for k, v in entry.items() if isinstance(v, str)})
         return records
 
+    def _output(self, matches: list[str], lines: int) -> str | None:
+        """The message text of the last `lines` records that match, one per line; None when the
+        journal could not be read. Bytes that are not UTF-8 are replaced, not dropped."""
+        try:
+            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat", f"--lines={lines}", *matches],
+                                  capture_output=True, timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0:
+            return None
+        return done.stdout.decode(errors="replace")
+
+    def output_tail(self, run_id: str, attempt: int, max_lines: int, max_bytes: int) -> str | None:
+        """The end of an attempt's output, to keep with its outcome (cut_tail); None when kept off or
+        the journal is unreadable, "" when the attempt printed nothing."""
+        if max_lines <= 0 or max_bytes <= 0:
+            return None
+        # A record may hold several lines (a multi-line syslog message): the cut counts lines, not records.
+        text = self._output(log_matches(run_id, attempt), max_lines)
+        return None if text is None else cut_tail(text, max_lines, max_bytes)
+
+    def has_output(self, run_id: str, attempt: int | None) -> bool:
+        """Whether this host's journal holds any of the run's (or the attempt's) output records."""
+        return bool(self._output(log_matches(run_id, attempt), 1))
+
     def outcome(self, unit_name: str, invocation_id: str | None) -> Found | None:
         """The outcome of a unit that is gone (host reboot, reset-failed), if the journal shows one."""
         records = self._records(unit_name, invocation_id)
@@ -150,12 +179,123 @@ class Journal:
             time.sleep(0.1)
 
 
+class TailReader:
+    """Reads ended attempts' output tails from the journal `delay` seconds after their outcomes, on a
+    thread of its own, for the daemon to write in batches (Reconciler.write_output_tails).
+
+    Why later: journald takes in a run's output from its stream asynchronously, and nothing tells
+    that a stream is complete. Read at the moment the unit ended, a run's last lines are usually in
+    the journal, but not always: in a burst of 200 runs of 1000 lines each on the 2-core test machine,
+    journald was seconds behind and a tail read at once missed its last 460 lines. `journalctl
+    --sync` would make it exact (journald answers only once it has read what is queued), but costs
+    about 12 ms, and an fsync of the journal on a real disk, per outcome. A delay costs nothing, and
+    a tail read DELAY seconds after its run ended still misses lines only when journald is that far
+    behind; the whole output stays in journald either way.
+
+    Why a thread: one journalctl costs about 12 ms of wall time and 5 ms of CPU (docs/benchmarks.md),
+    as much as the rest of a run's cost to the daemon; the loop that claims, starts and settles runs
+    never waits for it. A tail not read when the daemon stops or crashes stays NULL (the attempt keeps
+    its outcome; `unitvisor logs` on its host still reads the journal).
+
+    `threaded=False` reads at once, in the caller (a reconcile pass run by hand, the tests)."""
+
+    DELAY = 2.0
+
+    def __init__(self, journal: Journal, max_lines: int, max_bytes: int, *, threaded: bool = True,
+                 delay: float = DELAY, wake: Callable[[], None] = lambda: None) -> None:
+        """`wake` is called (from the thread) each time a tail is ready, so that the loop writes it soon."""
+        self.journal = journal
+        self.max_lines = max_lines
+        self.max_bytes = max_bytes
+        self.threaded = threaded
+        self.delay = delay
+        self.wake = wake
+        self._todo: queue.SimpleQueue[tuple[float, uuid.UUID, int] | None] = queue.SimpleQueue()
+        self._done: list[tuple[uuid.UUID, int, str]] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_lines > 0 and self.max_bytes > 0
+
+    def add(self, run_id: uuid.UUID, attempt: int) -> None:
+        """An attempt whose outcome is recorded and whose output is in this host's journal."""
+        if not self.enabled:
+            return
+        if not self.threaded:
+            self._read(run_id, attempt)
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="output-tails", daemon=True)
+            self._thread.start()
+        self._todo.put((time.monotonic() + self.delay, run_id, attempt))
+
+    def take(self) -> list[tuple[uuid.UUID, int, str]]:
+        """The tails read since the last call: (run id, attempt, tail)."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def close(self, timeout: float) -> None:
+        """Read what is queued, for at most `timeout` seconds (the rest is left unread), and stop."""
+        if self._thread is not None:
+            self._todo.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _work(self) -> None:
+        while (item := self._todo.get()) is not None:
+            due, run_id, attempt = item
+            time.sleep(max(0.0, due - time.monotonic()))  # queued in order, so each is due after the last
+            self._read(run_id, attempt)
+            self.wake()
+
+    def _read(self, run_id: uuid.UUID, attempt: int) -> None:
+        tail = self.journal.output_tail(str(run_id), attempt, self.max_lines, self.max_bytes)
+        if tail is not None:
+            with self._lock:
+                self._done.append((run_id, attempt, tail))
+
+
+def cut_tail(text: str, max_lines: int, max_bytes: int) -> str | None:
+    """Pure: the end of an output that is kept with an outcome: its last `max_lines` lines, then at
+    most the last `max_bytes` bytes of those (UTF-8), None when either bound is 0 (keep none).
+
+    The byte cut keeps the end (the last lines are what explains how a run ended) and lands on a
+    character boundary, never inside one; where it lands inside a line, that partial line is dropped,
+    unless it is the only line (a single line longer than the bound keeps its end)."""
+    if max_lines <= 0 or max_bytes <= 0:
+        return None
+    lines = text.splitlines()[-max_lines:]
+    kept = "\n".join(lines)
+    data = kept.encode()
+    if len(data) <= max_bytes:
+        return kept
+    cut = start = len(data) - max_bytes
+    while start < len(data) and data[start] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+        start += 1
+    if data[cut - 1] != ord("\n"):  # the cut is inside a line
+        newline = data.find(b"\n", start)
+        if newline != -1:
+            start = newline + 1
+    return data[start:].decode()
+
+
+def log_matches(run_id: str, attempt: int | None) -> list[str]:
+    """The journal matches of a run's output (of one attempt, or of all): the LogExtraFields every run's
+    unit carries, which journald adds to its processes' records (stdout, stderr, syslog, native) and
+    never to PID 1's own records about the unit."""
+    matches = [f"UNITVISOR_RUN={run_id}"]
+    if attempt is not None:
+        matches.append(f"UNITVISOR_ATTEMPT={attempt}")
+    return matches
+
+
 def log_command(run_id: str, attempt: int | None, follow: bool, lines: int | None) -> list[str]:
     """The journalctl command that shows a run's output (its processes' stdout, stderr and syslog),
     found by the LogExtraFields every run's unit carries, so it works long after the unit is gone."""
-    cmd = ["journalctl", f"UNITVISOR_RUN={run_id}"]
-    if attempt is not None:
-        cmd.append(f"UNITVISOR_ATTEMPT={attempt}")
+    cmd = ["journalctl", *log_matches(run_id, attempt)]
     if follow:
         cmd.append("--follow")
     if lines is not None:

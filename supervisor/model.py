@@ -54,6 +54,26 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Accounting:
+    """What systemd measured of one attempt's unit (sql/007_outcome_record.sql); None: not measured
+    (this systemd or cgroup layout has no such figure, or the outcome was recorded without the unit)."""
+
+    cpu_usage_nsec: int | None = None
+    memory_peak_bytes: int | None = None
+    io_read_bytes: int | None = None
+    io_write_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class OutcomeRecord:
+    """What an ended attempt keeps besides its outcome: systemd's measurements and its output's tail."""
+
+    attempt: int
+    accounting: Accounting = field(default_factory=Accounting)
+    output_tail: str | None = None
+
+
+@dataclass(frozen=True)
 class RunStatus:
     """A run's status as unitvisor.run_status reports it to any control plane (sql/005_sql_api.sql):
     the run's state and its latest attempt's, if any."""

@@ -89,3 +89,26 @@ def format_duration(seconds: float | None) -> str:
     if seconds < 86400:
         return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
     return f"{int(seconds // 86400)}d{int(seconds % 86400 // 3600):02d}h"
+
+
+def format_bytes(value: int) -> str:
+    """A measured size for people, as systemctl shows one: 512B, 1.5K, 34.0M, 2.1G (1024-based).
+    Not format_size, which is exact for a limit someone wrote; a measurement is rarely a round size."""
+    if value < 1024:
+        return f"{value}B"
+    size = float(value)
+    for unit in ("K", "M", "G", "T", "P"):
+        size /= 1024
+        if size < 1024 or unit == "P":
+            break
+    return f"{size:.1f}{unit}"
+
+
+def format_cpu_time(nsec: int) -> str:
+    """A measured CPU time for people: 850us, 12ms, 1.2s, then as format_duration (3m05s, 1h02m)."""
+    if nsec < 1_000_000:
+        return f"{nsec // 1000}us"
+    if nsec < 1_000_000_000:
+        return f"{nsec // 1_000_000}ms"
+    seconds = nsec / 1e9
+    return f"{seconds:.1f}s" if seconds < 59.95 else format_duration(seconds)

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING
 
 from supervisor import faults, fleet, runenv, store, unitspec
 from supervisor.config import Settings, cut_off_after
-from supervisor.journal import Journal
+from supervisor.journal import Journal, TailReader
 from supervisor.log import event
-from supervisor.model import Attempt, Run
+from supervisor.model import Accounting, Attempt, Run
 from supervisor.outcomes import Outcome, classify, is_setup_exit, retry_delay, run_state_after
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitBrief, UnitRefused, UnitState
 
@@ -169,6 +169,10 @@ class Reconciler:
         self.metrics: Metrics | None = None  # the daemon's, which it sets
         self.systemd = systemd
         self.journal = journal or Journal()
+        # Where the tails of this host's ended attempts are read; the daemon sets its threaded one,
+        # which outlives a reconnect. Unthreaded (read at once) for a pass run by hand.
+        self.output_tails = TailReader(self.journal, settings.runs.output_tail_lines, settings.runs.output_tail_bytes,
+                                       threaded=False)
         self.env_files = env_files or runenv.EnvironmentFiles()
         self.random = random.Random()
         self.settled = 0
@@ -224,7 +228,12 @@ class Reconciler:
             done.append(Planned(decision))
         self.in_flight = len(pairs)
         self.sweep_environment_files()
+        self.write_output_tails()
         return done
+
+    def write_output_tails(self) -> int:
+        """Keep the output tails read since the last call with their attempts, in one statement."""
+        return store.record_output_tails(self.conn, self.fence, self.output_tails.take())
 
     def sweep_environment_files(self) -> list[str]:
         """Remove every environment file whose attempt is not open on this host: its outcome is
@@ -330,14 +339,18 @@ class Reconciler:
                 found = self.journal.outcome(attempt.unit_name, attempt.invocation_id)
                 if found is not None:
                     outcome, ended_at = found.outcome, found.ended_at
-            self.settle(run, attempt, self._cut_off(attempt, outcome), unit_exists=False, ended_at=ended_at)
+            # The unit is gone, and systemd's measurements with it; its output may still be in this
+            # host's journal (a reboot keeps it), so the tail is read all the same.
+            self.settle(run, attempt, self._cut_off(attempt, outcome), unit_exists=False, ended_at=ended_at,
+                        keep_output=True)
         elif action is Action.SETTLE:
             assert decision.outcome is not None
             unit = decision.unit
             self.settle(run, attempt, self._cut_off(attempt, self._proven(attempt, decision)),
                         unit_exists=attempt.started_at is not None or decision.invocation_id is not None,
                         invocation_id=decision.invocation_id,
-                        started_at=unit.started_at if unit else None, ended_at=unit.ended_at if unit else None)
+                        started_at=unit.started_at if unit else None, ended_at=unit.ended_at if unit else None,
+                        accounting=unit.accounting if unit else None, keep_output=unit is not None)
 
     def _proven(self, attempt: Attempt, decision: Decision) -> Outcome:
         """The decision's outcome, with an exit status of 200-243 that the unit's state left unproven
@@ -371,10 +384,16 @@ class Reconciler:
 
     def settle(self, run: Run, attempt: Attempt, outcome: Outcome, unit_exists: bool = True,
                invocation_id: str | None = None, started_at: datetime | None = None,
-               ended_at: datetime | None = None) -> None:
+               ended_at: datetime | None = None, accounting: Accounting | None = None,
+               keep_output: bool = False) -> None:
         """Record an attempt's outcome (and the run's next step), then release its unit. `started_at` and
-        `ended_at` are systemd's own times when known; the database's now() stands in otherwise."""
-        if self._record(run, attempt, outcome, invocation_id, started_at, ended_at):
+        `ended_at` are systemd's own times when known; the database's now() stands in otherwise.
+        `accounting` is what systemd measured of the unit (read with its state, before the release
+        discards it); `keep_output`: the attempt ran here, so the end of its output is read from this
+        host's journal once the outcome is recorded, and kept with it (output_tails)."""
+        if self._record(run, attempt, outcome, invocation_id, started_at, ended_at, accounting):
+            if keep_output:
+                self.output_tails.add(run.id, attempt.attempt)
             self.settled += 1
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
             if self.metrics is not None:
@@ -387,12 +406,13 @@ class Reconciler:
             self.systemd.release(attempt.unit_name)
 
     def _record(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None,
-                started_at: datetime | None = None, ended_at: datetime | None = None) -> bool:
+                started_at: datetime | None = None, ended_at: datetime | None = None,
+                accounting: Accounting | None = None) -> bool:
         delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
         next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
         faults.point("before-outcome")
         recorded = store.record_outcome(self.conn, self.fence, attempt, outcome, next_state, delay, invocation_id,
-                                        started_at=started_at, ended_at=ended_at)
+                                        started_at=started_at, ended_at=ended_at, accounting=accounting)
         if recorded:
             event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name, host=attempt.host_id,
                   outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,

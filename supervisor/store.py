@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
-from supervisor.model import Attempt, Pruned, Run, RunStatus
+from supervisor.model import Accounting, Attempt, OutcomeRecord, Pruned, Run, RunStatus
 from supervisor.outcomes import Outcome
 
 # Where the numbered migrations are, first found wins: inside the package in an installed wheel
@@ -319,6 +319,16 @@ def get_attempts(conn: Connection, run_id: uuid.UUID) -> list[Attempt]:
         return cur.execute(
             f"SELECT {_ATTEMPT_COLUMNS} FROM unitvisor.attempts a WHERE a.run_id = %s ORDER BY a.attempt",
             (run_id,)).fetchall()
+
+
+def get_outcome_records(conn: Connection, run_id: uuid.UUID) -> dict[int, OutcomeRecord]:
+    """What each ended attempt of a run keeps besides its outcome (schema 007), by attempt number.
+    Read apart from get_attempts, so that the daemon's reads of open attempts never carry the tails."""
+    rows = conn.execute(
+        """SELECT a.attempt, a.cpu_usage_nsec, a.memory_peak_bytes, a.io_read_bytes, a.io_write_bytes, a.output_tail
+           FROM unitvisor.attempts a WHERE a.run_id = %s AND a.outcome IS NOT NULL ORDER BY a.attempt""",
+        (run_id,)).fetchall()
+    return {row[0]: OutcomeRecord(row[0], Accounting(*row[1:5]), row[5]) for row in rows}
 
 
 def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dict[str, Any]]:
@@ -645,7 +655,8 @@ def mark_started(conn: Connection, fence: Fence, attempt: Attempt, invocation_id
 
 def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Outcome, next_state: str,
                    retry_delay: timedelta | None = None, invocation_id: str | None = None, *,
-                   started_at: datetime | None = None, ended_at: datetime | None = None) -> bool:
+                   started_at: datetime | None = None, ended_at: datetime | None = None,
+                   accounting: Accounting | None = None) -> bool:
     """Write an attempt's outcome and move its run to `next_state`, in one transaction, as `fence`'s
     host (the attempt's own host, or a host taking over a dead one's attempts).
 
@@ -656,12 +667,31 @@ def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Ou
     `started_at` and `ended_at` are systemd's own times (from the unit, or the journal) when known, so
     that a daemon that was down when the run ended does not stretch its duration; now() otherwise. A
     start time already recorded is kept.
+
+    `accounting` (systemd's measurements of the unit) is kept with the outcome (schema 007); None
+    stores NULLs: nothing measured.
     """
+    measured = accounting or Accounting()
     with _fencing():
         return conn.execute(
-            "SELECT unitvisor.record_outcome(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "SELECT unitvisor.record_outcome(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+            "%s::bigint, %s::bigint, %s::bigint, %s::bigint)",
             (attempt.run_id, attempt.attempt, fence.host_id, fence.epoch, outcome.outcome, outcome.exit_status,
-             outcome.reason, next_state, retry_delay, invocation_id or None, started_at, ended_at)).fetchone()[0]
+             outcome.reason, next_state, retry_delay, invocation_id or None, started_at, ended_at,
+             measured.cpu_usage_nsec, measured.memory_peak_bytes, measured.io_read_bytes,
+             measured.io_write_bytes)).fetchone()[0]
+
+
+def record_output_tails(conn: Connection, fence: Fence, tails: Sequence[tuple[uuid.UUID, int, str]]) -> int:
+    """Keep the output tails (run id, attempt, tail) of `fence`'s host's ended attempts, in one
+    statement; an attempt that already has one keeps it. Returns how many took theirs."""
+    if not tails:
+        return 0
+    with _fencing():
+        return conn.execute(
+            "SELECT unitvisor.record_output_tails(%s, %s, %s::uuid[], %s::integer[], %s::text[])",
+            (fence.host_id, fence.epoch, [t[0] for t in tails], [t[1] for t in tails],
+             [t[2] for t in tails])).fetchone()[0]
 
 
 def listen(conn: Connection, *channels: str) -> None:

@@ -14,13 +14,15 @@ on every load) and behaves the same on pystemd 0.11 (Debian bookworm) and the ne
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from pystemd.dbusexc import DBusBaseError, DBusNoSuchUnitError
 from pystemd.dbuslib import DBus, apply_signature, path_decode
 from pystemd.systemd1 import unit_signatures
+
+from supervisor.model import Accounting
 
 DEST = b"org.freedesktop.systemd1"
 MANAGER_PATH = b"/org/freedesktop/systemd1"
@@ -88,6 +90,9 @@ class UnitState:
     exec_main_start_usec: int = 0
     exec_main_exit_usec: int = 0
     active_enter_usec: int = 0
+    # What systemd measured of the unit, read with its state, so that an outcome records it before
+    # the unit is released (which discards it).
+    accounting: Accounting = field(default_factory=Accounting)
 
     @property
     def started_at(self) -> datetime | None:
@@ -135,6 +140,30 @@ def from_usec(usec: int) -> datetime | None:
     if usec <= 0 or usec >= 2**63:
         return None
     return datetime.fromtimestamp(usec // 1_000_000, UTC).replace(microsecond=usec % 1_000_000)
+
+
+# The unit properties an outcome records (org.freedesktop.systemd1(5)). CPU and IO counters are kept
+# by systemd after the unit's cgroup is gone (cached when it is removed); MemoryPeak exists from
+# systemd 256 on. MemoryCurrent and TasksCurrent are not recorded: they are live counts, which are
+# gone (UINT64_MAX) with the processes by the time an outcome is read.
+_ACCOUNTING_PROPERTIES = {
+    "cpu_usage_nsec": b"CPUUsageNSec",
+    "memory_peak_bytes": b"MemoryPeak",
+    "io_read_bytes": b"IOReadBytes",
+    "io_write_bytes": b"IOWriteBytes",
+}
+
+
+def accounting_from_properties(props: dict[bytes, Any]) -> Accounting:
+    """Pure: a unit's accounting properties as values, None where systemd has none. systemd says
+    "unavailable" with UINT64_MAX (no such controller, accounting off, a cgroup v1 controller it may
+    not use); a property this systemd does not know is absent. Anything from 2^63 up is treated the
+    same: no real counter gets there, and the database column is a signed bigint."""
+    values: dict[str, int | None] = {}
+    for key, prop in _ACCOUNTING_PROPERTIES.items():
+        raw = props.get(prop)
+        values[key] = int(raw) if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < 2**63 else None
+    return Accounting(**values)
 
 
 def _text(value: Any) -> str:
@@ -254,6 +283,7 @@ class Systemd(_Connection):
             exec_main_start_usec=int(props.get(b"ExecMainStartTimestamp", 0)),
             exec_main_exit_usec=int(props.get(b"ExecMainExitTimestamp", 0)),
             active_enter_usec=int(props.get(b"ActiveEnterTimestamp", 0)),
+            accounting=accounting_from_properties(props),
         )
 
     def load_state(self, name: str) -> str:

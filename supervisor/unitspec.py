@@ -194,6 +194,14 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         # not). PID 1 reads a unit's own file before it sets up the unit's mount namespace, so the run
         # still gets its environment. "-": no error on a host where the directory does not exist.
         b"InaccessiblePaths": [b"-" + str(runenv.RUNTIME_DIRECTORY).encode()],
+        # What the outcome records (systemd.accounting_from_properties): systemd measures only what a
+        # unit asks for, and its defaults differ by version and cgroup layout (IO is off by default).
+        # Each costs PID 1 a counter read when the unit ends; where a controller is unavailable (cgroup
+        # v1 in a container) systemd ignores the request and the outcome records NULL. No
+        # TasksAccounting: systemd keeps no task figure of an ended unit to record.
+        b"CPUAccounting": True,
+        b"MemoryAccounting": True,
+        b"IOAccounting": True,
     }
     # Checked here so that a run this host refuses is never started; the values themselves are not
     # a property (any user reads those over D-Bus): the reconciler writes them to a root-only file

@@ -125,3 +125,17 @@ def test_bench_history_tiny_writes_every_figure(tmp_path: Path) -> None:
     assert sum(p["runs"] for p in pruned) >= data["sizes"]["runs"]
     assert sum(p["events"] for p in pruned) >= 4 * data["sizes"]["runs"]
     assert data["after_prune"]["finished_runs"] < data["sizes"]["runs"]
+
+
+def test_bench_tails_tiny_prints_every_figure() -> None:
+    """`python -m bench.tails --tiny` boots its own test bed and times reads of output tails."""
+    reason = testbed_mod.available()
+    if reason:
+        pytest.fail(f"a test bed is required: {reason}", pytrace=False)
+    result = subprocess.run([sys.executable, "-m", "bench.tails", "--tiny"], cwd=REPO, capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert (data["reads"], data["units"], data["lines_each"]) == (20, 20, 100)
+    for key in ("p50_ms", "p99_ms", "daemon_cpu_ms_per_read", "journalctl_cpu_ms_per_read"):
+        assert isinstance(data[key], float) and not math.isnan(data[key]), key

@@ -216,6 +216,27 @@ def test_bad_types(text, message):
     assert str(info.value) == f"u.toml: {message}"
 
 
+# -- the output tail kept with an outcome ------------------------------------------------------------
+
+@pytest.mark.parametrize(("lines", "size"), [(0, 4096), (20, 0), (1, 1), (1000, 65536), (0, 0)])
+def test_output_tail_bounds_accepted(lines, size):
+    runs = parse(f"[runs]\noutput_tail_lines = {lines}\noutput_tail_bytes = {size}\n", "u.toml").runs
+    assert (runs.output_tail_lines, runs.output_tail_bytes) == (lines, size)
+
+
+@pytest.mark.parametrize(("key", "value", "bounds"), [
+    ("output_tail_lines", "-1", "0 to 1000"), ("output_tail_lines", "1001", "0 to 1000"),
+    ("output_tail_lines", "1000000000", "0 to 1000"), ("output_tail_lines", '"20"', "0 to 1000"),
+    ("output_tail_lines", "2.5", "0 to 1000"), ("output_tail_lines", "true", "0 to 1000"),
+    ("output_tail_bytes", "-1", "0 to 65536"), ("output_tail_bytes", "65537", "0 to 65536"),
+    ("output_tail_bytes", '"4K"', "0 to 65536"), ("output_tail_bytes", "false", "0 to 65536"),
+])
+def test_output_tail_absurd_values_refused(key, value, bounds):
+    with pytest.raises(ConfigError) as info:
+        parse(f"[runs]\n{key} = {value}\n", "u.toml")
+    assert str(info.value) == f"u.toml: [runs] {key}: expected a whole number from {bounds}"
+
+
 # -- sizes and durations ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("value", "expected"), [

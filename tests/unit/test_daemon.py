@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from unittest import mock
@@ -509,3 +510,23 @@ def test_stop_running_units_goes_on_after_one_unit_fails(boundaries):
     stopped = daemon_mod._stop_running_units()
     assert bus.stop.call_count == 3
     assert stopped == ["unitvisor-run-a-1.service", "unitvisor-run-c-1.service"]
+
+
+# -- output tails -----------------------------------------------------------------------------------
+
+def test_the_daemons_tail_reader_is_threaded_with_the_hosts_bounds(make):
+    d = make(dataclasses.replace(make_settings(), runs=RunSettings(output_tail_lines=5, output_tail_bytes=64)))
+    tails = d.output_tails
+    assert (tails.threaded, tails.max_lines, tails.max_bytes) == (True, 5, 64)
+
+
+def test_a_tail_read_wakes_the_loop_through_the_signal_pipe(make):
+    d = make()
+    d.output_tails.wake()  # before run(): no pipe yet, nothing happens
+    d.wakeup_r, d.wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        d.output_tails.wake()
+        assert os.read(d.wakeup_r, 16) == b"\0"
+    finally:
+        os.close(d.wakeup_r)
+        os.close(d.wakeup_w)

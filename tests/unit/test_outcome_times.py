@@ -62,8 +62,14 @@ def rec(mocker):
     journal = mock.Mock()
     journal.outcome.return_value = None
     journal.exec_evidence.return_value = None
+    journal.output_tail.return_value = None
     settings = Settings(runs=RunSettings(allowed_executables=("/bin/*",)))
     return Reconciler(settings, store.Fence("me", 1), mock.MagicMock(), systemd, journal=journal, cut_off_units=set())
+
+
+def times(call: mock._Call) -> dict[str, object]:
+    """The times a record_outcome call passed (what else it passed: tests/unit/test_outcome_record.py)."""
+    return {key: call.kwargs[key] for key in ("started_at", "ended_at")}
 
 
 # -- systemd's timestamps ---------------------------------------------------------------------------
@@ -85,13 +91,13 @@ def test_an_ended_unit_settles_with_systemds_start_and_end(rec, st):
     rec.apply(run, attempt, decide(run, attempt, state()))
     (call,) = st.record_outcome.call_args_list
     assert call.args[3] == Outcome("exit-code", "exit:3", "exited with status 3")
-    assert call.kwargs == {"started_at": START, "ended_at": EXIT}
+    assert times(call) == {"started_at": START, "ended_at": EXIT}
 
 
 def test_a_unit_without_timestamps_leaves_them_to_the_database(rec, st):
     run, attempt = pair()
     rec.apply(run, attempt, decide(run, attempt, state(start=0, exit_=0)))
-    assert st.record_outcome.call_args.kwargs == {"started_at": None, "ended_at": None}
+    assert times(st.record_outcome.call_args) == {"started_at": None, "ended_at": None}
 
 
 def test_a_cancelled_unit_keeps_its_real_end(rec, st):
@@ -99,7 +105,7 @@ def test_a_cancelled_unit_keeps_its_real_end(rec, st):
     rec.apply(run, attempt, decide(run, attempt, state(result="signal", code=CLD_KILLED, status=15)))
     call = st.record_outcome.call_args
     assert call.args[3].outcome == "cancelled"
-    assert call.kwargs == {"started_at": START, "ended_at": EXIT}
+    assert times(call) == {"started_at": START, "ended_at": EXIT}
 
 
 @pytest.mark.parametrize("cancelled", [False, True])
@@ -128,7 +134,7 @@ def test_a_gone_unit_ends_at_the_journals_exit_record(rec, st):
     rec.apply(run, attempt, decision)
     call = st.record_outcome.call_args
     assert call.args[3].outcome == "exit-code"
-    assert call.kwargs == {"started_at": None, "ended_at": EXIT}
+    assert times(call) == {"started_at": None, "ended_at": EXIT}
 
 
 def test_a_gone_unit_the_journal_knows_nothing_of_is_lost_now(rec, st):
@@ -136,7 +142,7 @@ def test_a_gone_unit_the_journal_knows_nothing_of_is_lost_now(rec, st):
     rec.apply(run, attempt, decide(run, attempt, None))
     call = st.record_outcome.call_args
     assert call.args[3].outcome == "lost"
-    assert call.kwargs == {"started_at": None, "ended_at": None}
+    assert times(call) == {"started_at": None, "ended_at": None}
 
 
 # -- exit statuses 200-243 --------------------------------------------------------------------------

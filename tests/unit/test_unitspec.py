@@ -177,8 +177,13 @@ def test_build_exact_key_set_without_options():
     assert set(props) == {
         b"Description", b"Slice", b"Type", b"RemainAfterExit", b"ExecStartEx", b"LogExtraFields", b"KillMode",
         b"TimeoutStopUSec", b"SendSIGKILL", b"NoNewPrivileges", b"PrivateTmp", b"ProtectSystem", b"ProtectHome",
-        b"DynamicUser", b"InaccessiblePaths",
+        b"DynamicUser", b"InaccessiblePaths", b"CPUAccounting", b"MemoryAccounting", b"IOAccounting",
     } | set(SANDBOX_DEFAULTS)
+
+
+def test_build_asks_systemd_for_the_accounting_an_outcome_records():
+    props = props_for()
+    assert (props[b"CPUAccounting"], props[b"MemoryAccounting"], props[b"IOAccounting"]) == (True, True, True)
 
 
 def test_build_exec_start_ex_passes_argv_with_no_env_expand():

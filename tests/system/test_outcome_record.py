@@ -1,0 +1,115 @@
+"""What an outcome keeps besides the outcome, under a real systemd: what systemd measured of the run
+(where this test bed's systemd and cgroup layout can measure it, NULL where they cannot, each decided
+by what the test bed is), and the end of its output, which `unitvisor logs` shows once the journal no
+longer has it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.harness.host import Host, wait_for
+
+# Burns CPU for a moment in the shell itself, then has a process hold 64 MiB it has written to.
+BUSY = ["/bin/sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; "
+        "/usr/bin/python3 -c 'b = bytearray(64 << 20); b[::4096] = b\"x\" * len(b[::4096])'; echo done"]
+
+
+def only_attempt(data: dict) -> dict:
+    [attempt] = data["attempts"]
+    return attempt
+
+
+def kept_tail(host: Host, run_id: str) -> str:
+    """The attempt's output tail, once the daemon has read it (TailReader.DELAY after the outcome)."""
+    return wait_for(lambda: only_attempt(host.show(run_id))["output_tail"], timeout=30,
+                    what="the output tail to be kept")
+
+
+def measurable(host: Host) -> dict[str, bool]:
+    """Which figures this test bed's systemd can give an ended unit, from what the test bed is: with
+    the unified hierarchy (cgroup v2) CPU and IO counters are kept after the unit's cgroup is gone, and
+    the peak of memory from systemd 256 on (MemoryPeak). In a container that sees the cgroup v1
+    controllers read-only (this project's test beds, shared/TESTBED.md), systemd realizes no
+    controller for the unit and reports every figure as unavailable."""
+    unified = host.tb.run("stat", "-fc", "%T", "/sys/fs/cgroup").stdout.strip() == "cgroup2fs"
+    version = int(host.tb.run("systemctl", "--version").stdout.split()[1])
+    cpuacct = host.tb.run("findmnt", "-no", "OPTIONS", "/sys/fs/cgroup/cpuacct", check=False).stdout
+    cpu_v1 = bool(cpuacct) and "rw" in cpuacct.split(",")
+    return {"cpu_usage_nsec": unified or cpu_v1, "memory_peak_bytes": unified and version >= 256,
+            "io_read_bytes": unified, "io_write_bytes": unified}
+
+
+@pytest.fixture
+def tails(host: Host) -> Host:
+    host.configure(runs_extra="output_tail_lines = 20\noutput_tail_bytes = 50")
+    host.start()
+    return host
+
+
+def test_a_busy_run_records_what_systemd_measured_where_it_can(tails: Host) -> None:
+    run_id = tails.submit("--", *BUSY)
+    attempt = only_attempt(tails.wait_run(run_id))
+    assert attempt["outcome"] == "success", attempt
+    expected = measurable(tails)
+    measured = attempt["accounting"]
+    assert set(measured) == set(expected)
+    for key, can in expected.items():
+        if can:
+            assert isinstance(measured[key], int) and measured[key] >= 0, (key, measured)
+        else:
+            assert measured[key] is None, (key, measured)
+    if expected["cpu_usage_nsec"]:
+        assert measured["cpu_usage_nsec"] > 10_000_000  # the loop alone takes more than 10 ms of CPU
+    if expected["memory_peak_bytes"]:
+        assert measured["memory_peak_bytes"] >= 64 << 20
+    # The unit asked for every figure; this systemd recorded the request, whatever it could measure.
+    shown = tails.cli("show", run_id).stdout
+    if not any(expected.values()):
+        assert "    measured: -\n" in shown
+    else:
+        assert "CPU" in shown or "read" in shown
+
+
+def test_a_run_printing_1000_lines_keeps_only_its_last_lines_within_the_bytes(tails: Host) -> None:
+    run_id = tails.submit("--", "/usr/bin/seq", "1", "1000")
+    attempt = only_attempt(tails.wait_run(run_id))
+    assert attempt["outcome"] == "success"
+    # 20 lines are 80 bytes; the 50-byte bound keeps the last 12 whole ones (48 bytes)
+    assert kept_tail(tails, run_id) == "\n".join(str(i) for i in range(989, 1001))
+    shown = tails.cli("show", run_id).stdout
+    assert "    output:   the last 12 lines kept with the outcome\n" in shown
+    # the whole output stays in journald
+    full = tails.cli("logs", run_id)
+    assert [line.split(": ", 1)[1] for line in full.stdout.splitlines()] == [str(i) for i in range(1, 1001)]
+    assert full.stderr == ""
+
+
+def test_logs_shows_the_kept_tail_once_the_journal_has_lost_the_output(tails: Host) -> None:
+    run_id = tails.submit("--", "/bin/sh", "-c", "echo first; echo 'ünïcode ✓'; echo last >&2; exit 3")
+    assert only_attempt(tails.wait_run(run_id))["outcome"] == "exit-code"
+    assert kept_tail(tails, run_id) == "first\nünïcode ✓\nlast"
+    # The journal rotates and its old files are removed, as on a busy host after a while.
+    tails.tb.run("journalctl", "--rotate")
+    time.sleep(1.1)
+    tails.tb.run("journalctl", "--vacuum-time=1s")
+    wait_for(lambda: not tails.tb.run("journalctl", "-q", "--no-pager", f"UNITVISOR_RUN={run_id}").stdout,
+             what="the run's output to be gone from the journal")
+    shown = tails.cli("logs", run_id)
+    assert shown.stdout == "first\nünïcode ✓\nlast\n"
+    assert shown.stderr == ("attempt 1 on host testhost-1: the last 3 lines of its output, kept with its outcome; "
+                            "the whole output is in that host's journal while it keeps it\n")
+    assert tails.cli("logs", run_id, "--lines", "1").stdout == "last\n"
+    data = json.loads(tails.cli("show", run_id, "--json").stdout)
+    assert only_attempt(data)["output_tail"] == "first\nünïcode ✓\nlast"
+
+
+def test_a_daemon_stopped_right_after_an_outcome_still_keeps_the_tail(tails: Host) -> None:
+    """The tail is read a moment after the outcome, off the loop; stopping the daemon reads and writes
+    what is queued first (TailReader.close), whether the stop comes before that moment or after."""
+    run_id = tails.submit("--", "/bin/sh", "-c", "echo one; echo two")
+    assert only_attempt(tails.wait_run(run_id))["outcome"] == "success"
+    tails.stop()
+    assert only_attempt(tails.show(run_id))["output_tail"] == "one\ntwo"
