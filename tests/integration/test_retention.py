@@ -169,3 +169,15 @@ def test_a_fenced_host_prunes_nothing(conn, fence) -> None:
     with pytest.raises(store.Fenced):
         store.prune_batch(conn, timedelta(days=30), 10, store.Fence(fence.host_id, fence.epoch + 1000))
     assert store.get_run(conn, run_id) is not None
+
+
+def test_prune_knows_every_table_that_refers_to_runs_or_attempts(conn) -> None:
+    """A later migration's table that refers to a run or an attempt must be pruned with it (unitvisor.prune
+    deletes the children it knows explicitly, to count them): this names them, so that one added
+    without a change to prune fails here instead of keeping rows, or failing a batch, for ever."""
+    children = conn.execute(
+        """SELECT c.conrelid::regclass::text, c.confrelid::regclass::text, c.confdeltype FROM pg_constraint c
+           WHERE c.contype = 'f' AND c.confrelid IN ('unitvisor.runs'::regclass, 'unitvisor.attempts'::regclass)
+           ORDER BY 1""").fetchall()
+    assert children == [("unitvisor.attempts", "unitvisor.runs", "c"), ("unitvisor.run_events", "unitvisor.runs", "c"),
+                        ("unitvisor.run_waits", "unitvisor.runs", "c"), ("unitvisor.spawn_jobs", "unitvisor.runs", "c")]
