@@ -14,7 +14,7 @@ for a minute at the daemon's pace (daemon.RETENTION_PAUSE between batches), then
 a pause, until all are gone (the worst case); against the same cycles without pruning.
 What each figure means, and the latest results: docs/benchmarks.md, History.
 
-    .venv/bin/python -m bench.history            # a million runs (about 10 minutes here)
+    .venv/bin/python -m bench.history            # a million runs (6 to 10 minutes here)
     .venv/bin/python -m bench.history --tiny     # every figure on tiny sizes, in seconds (the smoke test)
 """
 
