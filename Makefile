@@ -70,18 +70,23 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 # Benchmarks against systemd's own limit (never part of `make test`): docs/benchmarks.md.
-# About 26 minutes in all on a loaded machine (docs/benchmarks.md): 24 for the single-host figures
-# (9 before the run sandbox, on the machine alone), then about 2 for the fleet's; `.venv/bin/python -m bench.run --tiny` runs every figure in seconds.
-# `make bench` reproduces every figure of docs/benchmarks.md: the single-host figures, then the fleet's
-# (one after the other: both load this machine's cores). `make bench-fleet` re-measures only the
-# fleet's (about 2 minutes), e.g. after a change to claims or dead-host timing; `--tiny` in seconds.
-.PHONY: bench bench-fleet
+# About 33 minutes in all on a loaded machine (docs/benchmarks.md): 24 for the single-host figures
+# (9 before the run sandbox, on the machine alone), then about 2 for the fleet's and 6 to 10 for history's; `.venv/bin/python -m bench.run --tiny` runs every figure in seconds.
+# `make bench` reproduces every figure of docs/benchmarks.md: the single-host figures, then the fleet's,
+# then history's (one after the other: all load this machine's cores). `make bench-fleet` re-measures only
+# the fleet's (about 2 minutes), e.g. after a change to claims or dead-host timing; `make bench-history`
+# only a million finished runs and their pruning (6 to 10 minutes, PostgreSQL only); `--tiny` in seconds.
+.PHONY: bench bench-fleet bench-history
 bench: venv
 	$(VENV)/bin/python -m bench.run
 	$(VENV)/bin/python -m bench.fleet
+	$(VENV)/bin/python -m bench.history
 
 bench-fleet: venv
 	$(VENV)/bin/python -m bench.fleet
+
+bench-history: venv
+	$(VENV)/bin/python -m bench.history
 
 # The system tests three times in a row beside a CPU load (stress-ng on one of the two cores): the
 # proof that no system test depends on catching a short moment on a quiet machine. Not part of

@@ -954,6 +954,62 @@ def doctor(click_ctx: click.Context) -> None:
         sys.exit(1)
 
 
+# How long `prune` waits for a daemon's batch (or another prune) to let go of the lock before it says so.
+PRUNE_BUSY_WAIT = 60.0
+
+
+@cli.command()
+@click.option("--older-than", required=True, metavar="DURATION",
+              callback=_quantity(parse_duration, 1, 10**10, "1s to 115740d", "seconds"),
+              help="Delete runs finished longer ago than this, like 30d.")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted, and delete nothing.")
+@click.option("--batch-size", type=_IntRange(1, 100000), default=1000, show_default=True,
+              help="Runs deleted per transaction.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def prune(ctx: Context, older_than: float, dry_run: bool, batch_size: int, as_json: bool) -> None:
+    """Delete finished runs older than --older-than, with their attempts, events and spawn jobs.
+
+    Also claimed and discarded spawn jobs of that age of runs that are kept. A run that is queued,
+    starting or running, or has an attempt without an outcome, is never deleted. Each batch commits
+    on its own; an interrupted prune keeps what it deleted. The daemons do the same by themselves
+    ([retention] in the config). Needs unitvisor_admin.
+
+    \b
+    Example:
+      unitvisor prune --older-than 30d --dry-run
+    """
+    age = timedelta(seconds=older_than)
+    with ctx.connect() as conn:
+        if dry_run:
+            total = store.prune_count(conn, age)
+        else:
+            total = store.Pruned(0, 0, 0, 0)
+            busy_since: float | None = None
+            while True:
+                batch = store.prune_batch(conn, age, batch_size)
+                if batch.busy:
+                    # A daemon's batch (or another prune) holds the lock; it lets go within a second.
+                    if busy_since is None:
+                        busy_since = time.monotonic()
+                    if time.monotonic() - busy_since > PRUNE_BUSY_WAIT:
+                        raise Failure(f"another session has been pruning for {PRUNE_BUSY_WAIT:.0f}s; "
+                                      f"{total.runs} runs deleted so far; try again later")
+                    time.sleep(0.2)
+                    continue
+                busy_since = None
+                total += batch
+                if not batch.full(batch_size):
+                    break
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, "older_than_seconds": older_than, "runs": total.runs,
+                               "attempts": total.attempts, "events": total.events, "jobs": total.jobs}, indent=2))
+        return
+    click.echo(f"{'would delete' if dry_run else 'deleted'} {total.runs} run(s) finished more than "
+               f"{format_duration(older_than)} ago, with {total.attempts} attempt(s) and {total.events} event(s); "
+               f"{total.jobs} spawn job(s) in all")
+
+
 @cli.command()
 @pass_ctx
 def migrate(ctx: Context) -> None:
@@ -1057,7 +1113,7 @@ _HOST = "the role bound to this host's id (unitvisor hosts add) or unitvisor_adm
 # The role each command needs, for the one line that says why the database refused it.
 _NEEDED_ROLE = {
     "submit": _SUBMITTER, "cancel": _SUBMITTER, "resume": _SUBMITTER,
-    "drain": _ADMIN, "undrain": _ADMIN, "hosts forget": _ADMIN,
+    "drain": _ADMIN, "undrain": _ADMIN, "hosts forget": _ADMIN, "prune": _ADMIN,
     "hosts add": "unitvisor_admin and the right to create roles (a superuser, or CREATEROLE)",
     "migrate": "a role that may create roles (a superuser, or CREATEROLE) for migration 004, then unitvisor_admin",
     "daemon": _HOST, "reconcile": _HOST,

@@ -173,6 +173,39 @@ class MetricsSettings:
     listen: str = DEFAULT_METRICS_LISTEN
 
 
+# [retention] bounds. The least age is the database's floor for a host's pruning
+# (unitvisor.prune_history_min_age() in sql/008_retention.sql): a lower value would be refused there at
+# every pass, so it is refused here, at start-up. A batch is one transaction of the daemon's session,
+# which must end well inside its statement_timeout (store.SESSION_SETTINGS) on a loaded database.
+RETENTION_MIN_KEEP = 3600.0
+RETENTION_MAX_BATCH = 10_000
+# The words that turn retention off, besides 0.
+RETENTION_OFF = ("off", "0")
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    # How long a finished run (succeeded, failed, cancelled) is kept, with its attempts, events and spawn
+    # jobs; claimed and discarded spawn jobs of runs still kept go at the same age. None ("off"): kept
+    # for ever. Chosen, not inherited: on, at 30 days. Were it off by default, every table of the
+    # schema would grow for ever in the database unitvisor shares with its control plane, until its
+    # disk is full (claims would stay as fast: docs/benchmarks.md, History). On, what goes is a
+    # supervisor's record of runs a month after they ended; a control plane keeps its own records of
+    # what it needs for longer (River, Oban and Sidekiq bound their history by default too; River keeps
+    # completed jobs for 24 h). What would break if it changed: off, disks fill; shorter, a control
+    # plane that reads results late (run_status) finds no run. A deployment that must keep everything
+    # says keep_finished = "off". Whichever daemon of the fleet holds the lock prunes, with its own
+    # value: set the same one on every host (README, Retention).
+    keep_finished: float | None = 30 * 86400.0
+    # Runs deleted per transaction: each batch commits on its own, so locks and the snapshot last one
+    # batch, never a whole backlog.
+    batch_size: int = 1000
+    # How often a daemon tries a pass (one daemon of the fleet prunes at a time; the others skip). A
+    # backlog (the first pass after an upgrade) is worked through one batch per loop iteration, with
+    # the claims, probes and outcomes of the loop between them (daemon.RETENTION_PAUSE).
+    interval: float = 600.0
+
+
 @dataclass(frozen=True)
 class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
@@ -182,6 +215,7 @@ class Settings:
     runs: RunSettings = field(default_factory=RunSettings)
     fleet: FleetSettings = field(default_factory=FleetSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
     source: str = "defaults"
 
     @property
@@ -194,7 +228,9 @@ class Settings:
 
 
 _SIZE_KEYS = {"memory_budget"}
-_DURATION_KEYS = {"poll_interval", "reconcile_interval", "stop_grace", "host_dead_after"}
+_DURATION_KEYS = {"poll_interval", "reconcile_interval", "stop_grace", "host_dead_after", "interval"}
+# Durations that may also be "off" (or 0), which becomes None.
+_OPTIONAL_DURATION_KEYS = {"keep_finished"}
 _CHOICES = {
     "protect_system": {"strict", "full", "yes", "no"},
     "protect_home": {"yes", "read-only", "tmpfs", "no"},
@@ -243,6 +279,11 @@ def _convert(section: str, key: str, value: Any, default: Any) -> Any:
             return None if value in ("", 0) and not isinstance(value, bool) else parse_size(value)
         if key in _DURATION_KEYS:
             return parse_duration(value)
+        if key in _OPTIONAL_DURATION_KEYS:
+            if isinstance(value, bool):
+                raise QuantityError(f'invalid duration {value!r}: use a duration like "30d", or "off"')
+            off = value == 0 or (isinstance(value, str) and value.strip() in RETENTION_OFF)
+            return None if off else parse_duration(value)
     except QuantityError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     if isinstance(default, tuple):
@@ -305,6 +346,7 @@ def _validate(settings: Settings) -> None:
                               "(letters, digits, _; * and ? as wildcards)")
     _validate_sandbox(settings.runs)
     _validate_fleet(settings)
+    _validate_retention(settings.retention)
     parse_listen(settings.metrics.listen)
 
 
@@ -379,6 +421,15 @@ def _validate_fleet(settings: Settings) -> None:
             f"({2 * poll:g}s); raise host_dead_after or lower stop_grace or poll_interval")
 
 
+def _validate_retention(retention: RetentionSettings) -> None:
+    if retention.keep_finished is not None and retention.keep_finished < RETENTION_MIN_KEEP:
+        raise ConfigError(f"[retention] keep_finished: {retention.keep_finished:g}s is less than 1h, the least a "
+                          'host may prune at (the database refuses less); "off" keeps history for ever')
+    if retention.batch_size > RETENTION_MAX_BATCH:
+        raise ConfigError(f"[retention] batch_size: {retention.batch_size} is out of range (1 to "
+                          f"{RETENTION_MAX_BATCH}): one batch is one transaction, which must stay short")
+
+
 _SECTIONS = {
     "database": DatabaseSettings,
     "host": HostSettings,
@@ -387,6 +438,7 @@ _SECTIONS = {
     "runs": RunSettings,
     "fleet": FleetSettings,
     "metrics": MetricsSettings,
+    "retention": RetentionSettings,
 }
 
 

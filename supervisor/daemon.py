@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from types import FrameType
 
 import psycopg
@@ -37,6 +38,11 @@ _BACKOFF_MAX = 30.0
 # A database call that waits longer than this has met a silent network, not a slow statement: the
 # server ends any statement after its statement_timeout (store.SESSION_SETTINGS, 15 s) first.
 STALL_AFTER = 20.0
+# Seconds between two batches of a retention backlog (the first pass after an upgrade may find a
+# million runs): the loop claims, probes and settles between them, and the database's other sessions
+# get the rest of the time. A batch of 1000 runs takes about 0.1 s (docs/benchmarks.md, History), so a
+# million runs take about 10 minutes; 0 would keep this daemon pruning for most of its loop.
+RETENTION_PAUSE = 0.5
 
 
 @dataclass
@@ -47,10 +53,11 @@ class Timers:
     reclaim: float = math.inf  # a claim soon after a burst, for the jobs left to other hosts' shares
     reconcile: float = 0.0
     upkeep: float = 0.0
+    retention: float = math.inf  # the next retention batch; never while [retention] keep_finished is off
     watchdog: float = 0.0
 
     def nearest(self, now: float, cap: float) -> float:
-        return max(0.0, min(self.claim, self.reclaim, self.reconcile, self.watchdog, now + cap) - now)
+        return max(0.0, min(self.claim, self.reclaim, self.reconcile, self.retention, self.watchdog, now + cap) - now)
 
 
 class Conflict(Exception):
@@ -79,7 +86,7 @@ class Daemon:
         self.notifier = sdnotify.SystemdNotifier()
         self.stopping = False
         self.host_state = "active"
-        self.timers = Timers()
+        self.timers = Timers(retention=0.0 if settings.retention.keep_finished is not None else math.inf)
         self.claimed = 0
         self.reconciler: Reconciler | None = None
         self.problem = ""  # what is wrong right now, for STATUS=
@@ -338,6 +345,8 @@ class Daemon:
         if now >= self.timers.reconcile or reloaded:
             self._reconcile()
         self.reconciler.write_output_tails()
+        if now >= self.timers.retention:
+            self._prune()
         self._feed_watchdog()
         self._status()
 
@@ -359,6 +368,20 @@ class Daemon:
         self.reconciler.expire_overdue()
         self.reconciler.explain_waiting()
         self.timers.upkeep = time.monotonic() + self.settings.daemon.poll_interval
+
+    def _prune(self) -> None:
+        """One batch of the fleet's retention ([retention]), committed on its own, when no other daemon
+        is pruning right now (the database decides). A full batch means a backlog: the next one comes
+        after RETENTION_PAUSE, with the loop's other work between; otherwise after the interval."""
+        retention = self.settings.retention
+        assert self.conn is not None and self.fence is not None and retention.keep_finished is not None
+        pruned = store.prune_batch(self.conn, timedelta(seconds=retention.keep_finished), retention.batch_size,
+                                   self.fence)
+        if pruned.runs or pruned.jobs:
+            event("pruned", runs=pruned.runs, attempts=pruned.attempts, events=pruned.events, jobs=pruned.jobs)
+        self.metrics.pruned(pruned)
+        backlog = pruned.full(retention.batch_size)
+        self.timers.retention = time.monotonic() + (RETENTION_PAUSE if backlog else retention.interval)
 
     def _reconcile_attempts(self, pairs: list[tuple[Run, Attempt]]) -> None:
         for run, attempt in pairs:

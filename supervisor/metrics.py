@@ -29,12 +29,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from supervisor import __version__
 from supervisor.config import parse_listen
 from supervisor.log import event
-from supervisor.model import Attempt, Run
+from supervisor.model import Attempt, Pruned, Run
 from supervisor.outcomes import OUTCOMES
 
 # The states a daemon can know its host in: the database's own (as the last registration or heartbeat
 # said; a live daemon never reads its own host as stopped or dead), and `unregistered` while it has
 # no registration it can vouch for (no database, fenced and registering again, host id held by another).
+PRUNED_TABLES = ("runs", "attempts", "events", "jobs")  # the counts of a retention batch (model.Pruned)
 HOST_STATES = ("active", "draining", "unregistered")
 
 # Buckets that suit each quantity. A claim's latency is NOTIFY-fast when a host is free (well under a
@@ -108,6 +109,10 @@ class Metrics:
             self.outcomes.labels(outcome)
         self.hosts_declared_dead = Counter("unitvisor_hosts_declared_dead", "Silent hosts this daemon declared "
                                            "dead (their open attempts became lost)", registry=r)
+        self.pruned_rows = Counter("unitvisor_pruned_rows", "History rows this daemon deleted for [retention], by "
+                                   "table (runs, attempts, events, jobs)", ["table"], registry=r)
+        for table in PRUNED_TABLES:
+            self.pruned_rows.labels(table)
         self.claim_latency = Histogram("unitvisor_claim_latency_seconds", "From a first attempt's spawn job being "
                                        "due (its run queued) to its claim by this host, by the database's clock",
                                        buckets=CLAIM_LATENCY_BUCKETS, registry=r)
@@ -154,6 +159,11 @@ class Metrics:
 
     def declared_dead(self, hosts: int) -> None:
         self.hosts_declared_dead.inc(hosts)
+
+    def pruned(self, pruned: Pruned) -> None:
+        """One retention batch of this daemon's committed (nothing, when another daemon was pruning)."""
+        for table in PRUNED_TABLES:
+            self.pruned_rows.labels(table).inc(getattr(pruned, table))
 
     def reconciled(self, seconds: float) -> None:
         self.reconcile_duration.observe(max(0.0, seconds))

@@ -96,3 +96,23 @@ class RunStatus:
     cancel_requested: bool
     wait_reason: str | None  # why no live host accepts it, while it is queued
     labels: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What one call of unitvisor.prune deleted (or, dry, would delete). busy: another session is
+    pruning right now (one pruner of the fleet at a time); nothing was deleted."""
+
+    runs: int
+    attempts: int
+    events: int
+    jobs: int
+    busy: bool = False
+
+    def __add__(self, other: Pruned) -> Pruned:
+        return Pruned(self.runs + other.runs, self.attempts + other.attempts, self.events + other.events,
+                      self.jobs + other.jobs, self.busy and other.busy)
+
+    def full(self, batch_size: int) -> bool:
+        """Whether the batch was full: more history of that age may be left."""
+        return self.runs >= batch_size or self.jobs >= batch_size

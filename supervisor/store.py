@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
-from supervisor.model import Accounting, Attempt, OutcomeRecord, Run, RunStatus
+from supervisor.model import Accounting, Attempt, OutcomeRecord, Pruned, Run, RunStatus
 from supervisor.outcomes import Outcome
 
 # Where the numbered migrations are, first found wins: inside the package in an installed wheel
@@ -542,6 +542,37 @@ def expire_runs(conn: Connection, fence: Fence) -> int:
     any may explain why a run waits); returns how many."""
     with _fencing():
         return conn.execute("SELECT unitvisor.expire_runs(%s, %s)", (fence.host_id, fence.epoch)).fetchone()[0]
+
+
+_PRUNED_COLUMNS = "runs, attempts, events, jobs, busy"
+
+
+def prune_batch(conn: Connection, older_than: timedelta, batch_size: int, fence: Fence | None = None) -> Pruned:
+    """Delete one batch of finished runs (with their attempts, events and jobs) and old claimed or
+    discarded jobs, older than `older_than`, and commit it (autocommit: one statement, one transaction,
+    so that locks last one batch). As the admin, or with `fence` as that host (unitvisor.prune_history,
+    which refuses an age under its floor)."""
+    with _fencing():
+        if fence is None:
+            row = conn.execute(f"SELECT {_PRUNED_COLUMNS} FROM unitvisor.prune(%s, %s)",
+                               (older_than, batch_size)).fetchone()
+        else:
+            row = conn.execute(f"SELECT {_PRUNED_COLUMNS} FROM unitvisor.prune_history(%s, %s, %s, %s)",
+                               (fence.host_id, fence.epoch, older_than, batch_size)).fetchone()
+    return Pruned(*row)
+
+
+# A dry run counts the whole backlog in one statement, which for millions of rows may take longer
+# than the session's statement_timeout (SESSION_SETTINGS): a one-off command by hand may wait.
+DRY_RUN_TIMEOUT = "10min"
+
+
+def prune_count(conn: Connection, older_than: timedelta) -> Pruned:
+    """What pruning at `older_than` would delete now, in all (unitvisor.prune's dry run)."""
+    with conn.transaction():
+        conn.execute("SELECT set_config('statement_timeout', %s, true)", (DRY_RUN_TIMEOUT,))
+        row = conn.execute(f"SELECT {_PRUNED_COLUMNS} FROM unitvisor.prune(%s, 1, true)", (older_than,)).fetchone()
+    return Pruned(*row)
 
 
 def explain_waiting(conn: Connection, waited: timedelta) -> int:

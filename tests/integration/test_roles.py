@@ -328,6 +328,29 @@ def test_submitter_cannot_read_the_host_role_bindings(world: World) -> None:
     refused(world.submitter, "SELECT * FROM unitvisor.host_roles")
 
 
+def test_host_cannot_prune_without_its_fence(world: World) -> None:
+    """unitvisor.prune (any age, no floor) is the admin's; a host goes through prune_history."""
+    refused(world.h1, "SELECT * FROM unitvisor.prune(interval '1 second')")
+
+
+def test_host_cannot_prune_as_another_host(world: World) -> None:
+    refused_call(lambda: store.prune_batch(world.h1, timedelta(days=1), 10, world.f2))
+
+
+def test_host_prunes_the_fleets_old_history_as_itself(world: World) -> None:
+    """Any host may be the fleet's pruner (whichever holds the lock): it deletes every old finished run,
+    also one that another host ran or that it may not read (prune_history runs as the admin)."""
+    world.admin.execute("UPDATE unitvisor.runs SET finished_at = now() - interval '40 days' WHERE id = %s",
+                        (world.mine.run_id,))
+    assert store.prune_batch(world.h2, timedelta(days=30), 10, world.f2).runs == 1
+    assert store.get_run(world.admin, world.mine.run_id) is None
+
+
+def test_submitter_cannot_prune(world: World) -> None:
+    refused(world.submitter, "SELECT * FROM unitvisor.prune(interval '1 day')")
+    refused_call(lambda: store.prune_batch(world.submitter, timedelta(days=1), 10, world.f1))
+
+
 # -- nobody but the admin: the catch-all ----------------------------------------------------------------
 
 
@@ -353,8 +376,8 @@ def test_public_holds_no_privilege_on_the_schema_or_its_tables(conn: psycopg.Con
 # What each role may run and touch, in full: a later migration that grants more must say so here.
 HOST_FUNCTIONS = {
     "claim_jobs", "declare_dead_hosts", "expire_runs", "explain_waiting", "heartbeat", "mark_host_stopped",
-    "mark_started", "my_host_id", "record_event", "record_outcome", "record_output_tails", "register_host",
-    "register_host_environment", "run_status", "runs_with_labels", "wait_reason", "whoami"}
+    "mark_started", "my_host_id", "prune_history", "record_event", "record_outcome", "record_output_tails",
+    "register_host", "register_host_environment", "run_status", "runs_with_labels", "wait_reason", "whoami"}
 SUBMITTER_FUNCTIONS = {"cancel_run", "my_host_id", "resume_run", "run_status", "runs_with_labels", "submit_run",
                        "wait_reason", "whoami"}
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}

@@ -35,6 +35,17 @@ FIGURES = [
     ("sandbox", "sandboxed", "runs_per_s"), ("sandbox", "unsandboxed", "runs_per_s"),
     ("limit", "unsandboxed", "starts_per_s"), ("limit", "unsandboxed", "start_to_active_ms", "p50"),
 ]
+HISTORY_FIGURES = [
+    *((phase, f"{name}_ms", p) for phase in ("empty", "full") for name in ("claim", "probe", "reconcile")
+      for p in ("p50", "p99")),
+    *((phase, "statements", name, figure) for phase in ("empty", "full")
+      for name in ("claim", "probe", "open_attempts", "get_runs", "unit_owners", "unclaimed_attempts")
+      for figure in ("calls", "exec_ms", "buffers", "rows")),
+    *((phase, figure, *rest) for phase in ("prune_paced", "prune")
+      for figure, *rest in (("seconds",), ("runs_per_s",), ("batch_ms", "p50"), ("claim_ms", "p50"),
+                            ("claim_ms", "p99"))),
+    ("fill", "seconds"), ("machine", "nproc"), ("versions", "postgresql"), ("date",),
+]
 FLEET_FIGURES = [
     ("power_off", "last_running_s", "p50"), ("power_off", "last_running_s", "max"),
     ("power_off", "ratio_to_dead_after", "p50"), ("power_off", "declared_dead_s", "p50"),
@@ -97,6 +108,23 @@ def test_bench_fleet_tiny_writes_every_figure(tmp_path: Path) -> None:
     [burst] = data["spread"]["drills"]
     assert sum(burst["per_host"].values()) == burst["attempts"] == data["sizes"]["spread_runs"]
     assert set(data["targets"]) == {"declared_dead", "spread"}
+
+
+def test_bench_history_tiny_writes_every_figure(tmp_path: Path) -> None:
+    """`python -m bench.history --tiny` needs PostgreSQL only: it fills finished runs, measures the daemon's
+    queries with and without them, and prunes every one of them while claiming."""
+    out = tmp_path / "history.json"
+    result = subprocess.run([sys.executable, "-m", "bench.history", "--tiny", "--out", str(out)], cwd=REPO,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(H1) claim" in result.stdout and "(H2) pruned" in result.stdout, result.stdout
+    data = json.loads(out.read_text())
+    assert_every_figure(data, HISTORY_FIGURES)
+    assert data["full"]["finished_runs"] >= data["sizes"]["runs"]
+    pruned = [data[phase]["pruned"] for phase in ("prune_paced", "prune")]
+    assert sum(p["runs"] for p in pruned) >= data["sizes"]["runs"]
+    assert sum(p["events"] for p in pruned) >= 4 * data["sizes"]["runs"]
+    assert data["after_prune"]["finished_runs"] < data["sizes"]["runs"]
 
 
 def test_bench_tails_tiny_prints_every_figure() -> None:

@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from unittest import mock
 
 import psycopg
@@ -17,10 +17,10 @@ import pytest
 
 from supervisor import __version__, fleet, store
 from supervisor import daemon as daemon_mod
-from supervisor.config import DaemonSettings, FleetSettings, HostSettings, RunSettings, Settings
+from supervisor.config import DaemonSettings, FleetSettings, HostSettings, RetentionSettings, RunSettings, Settings
 from supervisor.daemon import Conflict, Daemon
 from supervisor.guard import GuardedConnection
-from supervisor.model import Attempt, Run
+from supervisor.model import Attempt, Pruned, Run
 from supervisor.reconciler import Reconciler
 from supervisor.systemd import SystemdError, SystemdUnavailable, UnitBrief
 from supervisor.unitspec import unit_name
@@ -428,6 +428,52 @@ def test_fleet_upkeep_passes_how_long_this_daemon_has_been_connected(make, mocke
     # Expired runs first: a run that just expired needs no reason for waiting.
     assert [c[0] for c in d.reconciler.method_calls[1:]] == ["expire_overdue", "explain_waiting"]
     assert d.timers.upkeep == 1085.0
+
+
+# -- retention ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def prune(mocker):
+    return mocker.patch.object(store, "prune_batch")
+
+
+def test_retention_is_due_at_once_when_on_and_never_when_off(make):
+    assert make().timers.retention == 0.0
+    off = dataclasses.replace(make_settings(), retention=RetentionSettings(keep_finished=None))
+    assert make(off).timers.retention == math.inf
+
+
+@pytest.mark.parametrize(("pruned", "next_in", "logged"), [
+    (Pruned(runs=1000, attempts=1000, events=3000, jobs=1000), daemon_mod.RETENTION_PAUSE, True),  # a backlog
+    (Pruned(runs=3, attempts=3, events=9, jobs=1000), daemon_mod.RETENTION_PAUSE, True),  # jobs of kept runs left
+    (Pruned(runs=3, attempts=3, events=9, jobs=3), 600.0, True),  # done until the next interval
+    (Pruned(0, 0, 0, 0), 600.0, False),
+    (Pruned(0, 0, 0, 0, busy=True), 600.0, False),  # another daemon prunes: try again at the interval
+])
+def test_a_retention_batch_then_the_next_after_a_pause_or_the_interval(make, mocker, prune, events, pruned, next_in,
+                                                                       logged):
+    d = make()
+    d.metrics = mock.Mock()
+    mocker.patch.object(daemon_mod, "time").monotonic.return_value = 2000.0
+    prune.return_value = pruned
+    d._prune()
+    prune.assert_called_once_with(d.conn, timedelta(days=30), 1000, store.Fence("h1", 4))
+    d.metrics.pruned.assert_called_once_with(pruned)
+    assert d.timers.retention == 2000.0 + next_in
+    assert event_names(events) == (["pruned"] if logged else [])
+
+
+def test_a_retention_batch_is_in_the_loop_when_due(make, mocker, prune):
+    """The iteration calls it when its timer is due, and its failure is the guard's, as any work's."""
+    d = make()
+    d._prune = mock.Mock()
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    mocker.patch.object(store, "probe", return_value=store.Probe("active", False, False, False))
+    d.watcher.drain.return_value = (set(), False)
+    d.reconciler = mock.Mock(settled=0)
+    d.timers = daemon_mod.Timers(claim=math.inf, reconcile=math.inf, retention=0.0)
+    d._iteration()
+    d._prune.assert_called_once_with()
 
 
 # -- the guard's stop: on a bus connection of its own ------------------------------------------------

@@ -24,7 +24,7 @@ from supervisor import metrics as metrics_mod
 from supervisor.config import ConfigError, HostSettings, MetricsSettings, RunSettings, Settings, parse_listen
 from supervisor.daemon import Daemon
 from supervisor.metrics import Metrics, State, claim_latency
-from supervisor.model import Attempt, Run
+from supervisor.model import Attempt, Pruned, Run
 from supervisor.outcomes import OUTCOMES, Outcome
 from supervisor.reconciler import Reconciler
 from supervisor.systemd import Systemd, UnitState
@@ -139,6 +139,16 @@ def test_declared_dead_and_reconcile_duration():
     assert value(m, "unitvisor_reconcile_duration_seconds_bucket", le="0.5") == 1
 
 
+def test_pruned_rows_are_counted_by_table_from_zero():
+    m = Metrics()
+    assert value(m, "unitvisor_pruned_rows_total", table="events") == 0
+    m.pruned(Pruned(runs=2, attempts=3, events=9, jobs=4))
+    m.pruned(Pruned(0, 0, 0, 0, busy=True))
+    m.pruned(Pruned(runs=1, attempts=1, events=3, jobs=1))
+    assert {t: value(m, "unitvisor_pruned_rows_total", table=t) for t in ("runs", "attempts", "events", "jobs")} == {
+        "runs": 3, "attempts": 4, "events": 12, "jobs": 5}
+
+
 def test_names_and_labels_follow_the_conventions():
     m = Metrics()
     m.claimed([pair(1)], sent=0.0)
@@ -154,14 +164,14 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_runs_started", "unitvisor_outcomes", "unitvisor_hosts_declared_dead",
         "unitvisor_claim_latency_seconds", "unitvisor_spawn_latency_seconds", "unitvisor_claim_duration_seconds",
         "unitvisor_reconcile_duration_seconds", "unitvisor_build_info", "unitvisor_runs_in_flight",
-        "unitvisor_database_up", "unitvisor_systemd_up", "unitvisor_host_state",
+        "unitvisor_database_up", "unitvisor_systemd_up", "unitvisor_host_state", "unitvisor_pruned_rows",
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}
     # Only bounded labels: no run id, no unit name anywhere in a scrape.
     assert str(pair(1)[0].id) not in text and "unitvisor-run-" not in text
     label_names = {key for f in families.values() for s in f.samples for key in s.labels}
-    assert label_names <= {"outcome", "state", "version", "le"}
+    assert label_names <= {"outcome", "state", "version", "le", "table"}
 
 
 def test_exposition_passes_promtool():
