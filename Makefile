@@ -75,10 +75,17 @@ lint: venv
 # `make bench` reproduces every figure of docs/benchmarks.md: the single-host figures, then the fleet's
 # (one after the other: both load this machine's cores). `make bench-fleet` re-measures only the
 # fleet's (about 2 minutes), e.g. after a change to claims or dead-host timing; `--tiny` in seconds.
-.PHONY: bench bench-fleet
-bench: venv
+# The peers of (8), pgqueuer workers (bench/peers.py), run from a virtualenv of their own,
+# .venv-bench-peers (bench/peers-requirements.txt): never unitvisor's, nor in pyproject or debian/control.
+# bench.run makes it itself when it is missing or older than the requirements (so `--tiny` and the
+# smoke test work on a fresh checkout); `make bench-peers-venv` does only that.
+.PHONY: bench bench-fleet bench-peers-venv
+bench: venv bench-peers-venv
 	$(VENV)/bin/python -m bench.run
 	$(VENV)/bin/python -m bench.fleet
+
+bench-peers-venv: venv
+	$(VENV)/bin/python -m bench.peers_env
 
 bench-fleet: venv
 	$(VENV)/bin/python -m bench.fleet
@@ -94,4 +101,4 @@ test-system-stress: venv
 	kill $$stress
 
 clean:
-	rm -rf $(VENV) .venv-debian build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-debian .venv-bench-peers build *.egg-info .pytest_cache .ruff_cache
