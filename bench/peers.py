@@ -174,8 +174,7 @@ class Starter:
         self.systemd: Systemd | None = None
         self.started = 0
         if start == "pystemd":
-            self.systemd = Systemd()
-            self.systemd.connect()
+            self.systemd = Systemd()  # connected by its first call (see _drive)
 
     async def start_unit(self, job: Job) -> None:
         unit = job.payload.decode()
@@ -250,8 +249,10 @@ async def _drive(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await conn.close()
         return {"installed": True}
+    # Not connected before its first call (Systemd connects on demand): the system bus closes a
+    # connection that has not authenticated within 30 s (auth_timeout), and pystemd's connection
+    # authenticates at its first call, which comes only after the n jobs are all done.
     systemd = Systemd()
-    systemd.connect()
     try:
         names = [f"{args.prefix}-{i}.service" for i in range(args.n)]
         if args.cmd == "latency":
