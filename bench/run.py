@@ -147,11 +147,12 @@ class Bench:
 
     # -- inside the test bed ----------------------------------------------------------------------
 
-    def inside(self, *args: str, stdin: str | None = None, timeout: float = 900) -> dict[str, Any]:
-        result = self.tb.run(str(VENV_BIN / "python"), str(INSIDE), *args, input=stdin, timeout=timeout,
-                             check=False)
+    def inside(self, *args: str, stdin: str | None = None, timeout: float = 900, script: Path = INSIDE,
+               python: Path = VENV_BIN / "python") -> dict[str, Any]:
+        """A bench script (bench/inside.py by default) run inside the test bed: its one JSON object."""
+        result = self.tb.run(str(python), str(script), *args, input=stdin, timeout=timeout, check=False)
         if result.returncode != 0:
-            raise RuntimeError(f"bench/inside.py {args[0]} failed: {result.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"bench/{script.name} {args[0]} failed: {result.stderr.strip()[-2000:]}")
         return json.loads(result.stdout)
 
     def main_pid(self) -> int:
@@ -421,12 +422,9 @@ class Bench:
 
     # -- (8) the peers ----------------------------------------------------------------------------
 
-    def peer(self, *args: str, timeout: float = 900) -> dict[str, Any]:
+    def peer(self, *args: str) -> dict[str, Any]:
         """bench/peers.py inside the test bed, with the peers' own virtualenv."""
-        result = self.tb.run(str(peers_env.PYTHON), str(PEERS), *args, timeout=timeout, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"bench/peers.py {args[0]} failed: {result.stderr.strip()[-2000:]}")
-        return json.loads(result.stdout)
+        return self.inside(*args, script=PEERS, python=peers_env.PYTHON)
 
     def peers(self) -> dict[str, Any]:
         """(8) pgqueuer workers that start a transient unit per job, as a team would hack one together
