@@ -35,6 +35,7 @@ FIGURES = [
     ("sandbox", "sandboxed", "runs_per_s"), ("sandbox", "unsandboxed", "runs_per_s"),
     ("limit", "unsandboxed", "starts_per_s"), ("limit", "unsandboxed", "start_to_active_ms", "p50"),
     ("throughput", "started_runs_per_s"), ("sandbox", "unsandboxed", "started_runs_per_s"),
+    ("sandbox", "unsandboxed", "latency_to_active_ms", "p50"), ("sandbox", "sandboxed", "latency_to_active_ms", "p50"),
     ("peers", "versions", "peers_pgqueuer"), ("peers", "versions", "peers_asyncpg"),
 ]
 # (8) the peers: every variant's figures, and issue 14's goals computed from them.
@@ -45,7 +46,7 @@ FIGURES += [("peers", variant, key, *sub) for variant in PEER_VARIANTS
 FIGURES += [("peers", "comparison", goal, "value") for goal in (
     "defaults_vs_raw_loop_same_props", "sandbox_off_vs_pgqueuer_pystemd_bare",
     "sandbox_off_vs_2x_pgqueuer_systemd_run_bare", "latency_p50_minus_best_peer_product_ms",
-    "latency_p50_minus_best_peer_bare_ms", "statements_per_run")]
+    "latency_p50_minus_best_peer_bare_ms", "sandbox_off_latency_p50_minus_best_peer_bare_ms", "statements_per_run")]
 FLEET_FIGURES = [
     ("power_off", "last_running_s", "p50"), ("power_off", "last_running_s", "max"),
     ("power_off", "ratio_to_dead_after", "p50"), ("power_off", "declared_dead_s", "p50"),
