@@ -70,17 +70,25 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 # Benchmarks against systemd's own limit (never part of `make test`): docs/benchmarks.md.
-# About 33 minutes in all on a loaded machine (docs/benchmarks.md): 24 for the single-host figures
-# (9 before the run sandbox, on the machine alone), then about 2 for the fleet's and 6 to 10 for history's; `.venv/bin/python -m bench.run --tiny` runs every figure in seconds.
+# About 35 minutes in all on a loaded machine (docs/benchmarks.md): 24 for the single-host figures
+# (9 before the run sandbox, on the machine alone; the peers of (8) add a few), then about 2 for the
+# fleet's and 6 to 10 for history's; `.venv/bin/python -m bench.run --tiny` runs every figure in seconds.
 # `make bench` reproduces every figure of docs/benchmarks.md: the single-host figures, then the fleet's,
 # then history's (one after the other: all load this machine's cores). `make bench-fleet` re-measures only
 # the fleet's (about 2 minutes), e.g. after a change to claims or dead-host timing; `make bench-history`
 # only a million finished runs and their pruning (6 to 10 minutes, PostgreSQL only); `--tiny` in seconds.
-.PHONY: bench bench-fleet bench-history
-bench: venv
+# The peers of (8), pgqueuer workers (bench/peers.py), run from a virtualenv of their own,
+# .venv-bench-peers (bench/peers-requirements.txt): never unitvisor's, nor in pyproject or debian/control.
+# bench.run makes it itself when it is missing or older than the requirements (so `--tiny` and the
+# smoke test work on a fresh checkout); `make bench-peers-venv` does only that.
+.PHONY: bench bench-fleet bench-history bench-peers-venv
+bench: venv bench-peers-venv
 	$(VENV)/bin/python -m bench.run
 	$(VENV)/bin/python -m bench.fleet
 	$(VENV)/bin/python -m bench.history
+
+bench-peers-venv: venv
+	$(VENV)/bin/python -m bench.peers_env
 
 bench-fleet: venv
 	$(VENV)/bin/python -m bench.fleet
@@ -99,4 +107,4 @@ test-system-stress: venv
 	kill $$stress
 
 clean:
-	rm -rf $(VENV) .venv-debian build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-debian .venv-bench-peers build *.egg-info .pytest_cache .ruff_cache

@@ -89,7 +89,7 @@ def _units_like(systemd: Systemd, pattern: str) -> list[tuple[str, str, str]]:
     return [(r[0].decode(), r[3].decode(), r[4].decode()) for r in rows]
 
 
-def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
+def wait(predicate: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -98,7 +98,8 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
-def _props(kind: str, argv: list[str]) -> dict[bytes, Any]:
+def unit_props(kind: str, argv: list[str]) -> dict[bytes, Any]:
+    """A run's unit properties of one of PROPS; bench/peers.py starts its units with these too."""
     if kind == "bare":
         return _bare_props(argv)
     return _product_props(argv, sandbox=kind == "product")
@@ -112,7 +113,8 @@ def _props(kind: str, argv: list[str]) -> dict[bytes, Any]:
 MAX_QUEUED_JOBS = 256
 
 
-def _queued_jobs(systemd: Systemd) -> int:
+def queued_jobs(systemd: Systemd) -> int:
+    """Jobs in PID 1's queue (start jobs not yet done), in one D-Bus call."""
     from supervisor.systemd import MANAGER_IFACE, MANAGER_PATH
 
     return len(systemd._call(MANAGER_PATH, MANAGER_IFACE, b"ListJobs", [], "listing jobs"))
@@ -122,7 +124,7 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
     """N starts back to back on one connection, each call timed; then how long systemd took to run
     them all (the loop only enqueues start jobs: StartTransientUnit returns before the unit runs; it
     waits only when MAX_QUEUED_JOBS are queued, and says for how long)."""
-    props = _props(args.props, ["/bin/true"])
+    props = unit_props(args.props, ["/bin/true"])
     if args.with_props:
         # Which of the daemon's unit properties cost systemd what: bare, plus only these.
         product = _product_props(["/bin/true"])
@@ -134,9 +136,9 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
     throttled_s = 0.0
     t0 = time.perf_counter()
     for i in range(args.n):
-        if i % 32 == 0 and _queued_jobs(systemd) > MAX_QUEUED_JOBS:
+        if i % 32 == 0 and queued_jobs(systemd) > MAX_QUEUED_JOBS:
             w0 = time.perf_counter()
-            _wait(lambda: _queued_jobs(systemd) <= MAX_QUEUED_JOBS // 2, 300)
+            wait(lambda: queued_jobs(systemd) <= MAX_QUEUED_JOBS // 2, 300)
             throttled_s += time.perf_counter() - w0
         c0 = time.perf_counter()
         systemd.start_transient(f"{args.prefix}-{i}.service", props)
@@ -145,10 +147,10 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
     pattern = f"{args.prefix}-*.service"
     if not props.get(b"RemainAfterExit"):
         # No RemainAfterExit: a unit that ran is unloaded at once, so "none left" means "all ran".
-        drained = _wait(lambda: not _units_like(systemd, pattern), 300)
+        drained = wait(lambda: not _units_like(systemd, pattern), 300)
     else:
         # RemainAfterExit=yes, as the daemon's units: all ran when none is still starting.
-        drained = _wait(lambda: all(sub in ("exited", "failed", "dead") or active == "failed"
+        drained = wait(lambda: all(sub in ("exited", "failed", "dead") or active == "failed"
                                     for _, active, sub in _units_like(systemd, pattern)), 300)
     drain_s = time.perf_counter() - t0
     for name, _, _ in _units_like(systemd, pattern):  # clean up, untimed
@@ -165,7 +167,7 @@ def cmd_active(args: argparse.Namespace) -> dict[str, Any]:
 
     from supervisor.systemd import DEST, MANAGER_IFACE, MANAGER_PATH, PROPS_IFACE
 
-    props = _props(args.props, ["/bin/true"])
+    props = unit_props(args.props, ["/bin/true"])
     props[b"RemainAfterExit"] = True  # so that the timestamp can still be read after the exit
     systemd = Systemd()
     systemd.connect()
@@ -180,7 +182,7 @@ def cmd_active(args: argparse.Namespace) -> dict[str, Any]:
             return int(systemd._bus.call_method(DEST, path, PROPS_IFACE, b"Get", apply_signature(
                 b"ss", [b"org.freedesktop.systemd1.Unit", b"ActiveEnterTimestamp"])).body)
 
-        _wait(lambda entered=entered: entered() != 0, 10)
+        wait(lambda entered=entered: entered() != 0, 10)
         to_active.append(entered() / 1000 - t_call * 1000)
         systemd.release(name)
     systemd.close()
@@ -197,7 +199,7 @@ def cmd_units(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     created = sum(systemd.start_transient(name, props) for name in names)
     wanted = set(names)
-    ok = _wait(lambda: sum(name in wanted and active == "active"
+    ok = wait(lambda: sum(name in wanted and active == "active"
                            for name, active, _ in _units_like(systemd, "unitvisor-run-*")) >= len(wanted), 300)
     systemd.close()
     return {"started": created, "running": ok, "seconds": time.perf_counter() - t0}

@@ -34,6 +34,7 @@ from typing import Any
 
 import psycopg
 
+from bench import peers_env
 from bench.inside import UNSANDBOXED_RUNS
 from supervisor import __version__, store
 from tests.harness import postgres as postgres_mod
@@ -42,12 +43,18 @@ from tests.harness.host import REPO, VENV_BIN, Host, wait_for
 from tests.harness.postgres import Postgres
 
 INSIDE = REPO / "bench" / "inside.py"
+PEERS = REPO / "bench" / "peers.py"
 RESULTS = REPO / "bench" / "results"
 HOST_ID = "bench-host"
 DB = "bench"
 # The benchmark's own connections log in as this role, so that pg_stat_statements (which keys on
 # the user) can tell the daemon's statements (user postgres) from the benchmark's polling.
 CLIENT_ROLE = "bench_client"
+# The peers' workers log in as this role: their statements per job, counted apart from the daemon's.
+PEER_ROLE = "bench_peer"
+# (8) the peers (bench/peers.py): (how each job starts its unit, the unit's properties). Bare as the
+# issue measured them; `product` is unitvisor's sandboxed units, the same properties as its own.
+PEER_VARIANTS = (("systemd-run", "bare"), ("systemd-run", "product"), ("pystemd", "bare"), ("pystemd", "product"))
 TERMINAL = ("succeeded", "failed", "cancelled")
 MSG_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"  # PID 1's "Started UNIT", logged on entering active
 # The daemon as shipped: the packaged defaults (poll 5 s, heartbeat 10 s, reconcile 60 s, max_runs
@@ -105,8 +112,8 @@ def pct(values: list[float], p: float) -> float:
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"p50": pct(values, 50), "p99": pct(values, 99), "min": min(values, default=math.nan),
-            "max": max(values, default=math.nan), "n": len(values)}
+    return {"p50": pct(values, 50), "p95": pct(values, 95), "p99": pct(values, 99),
+            "min": min(values, default=math.nan), "max": max(values, default=math.nan), "n": len(values)}
 
 
 def say(text: str) -> None:
@@ -140,11 +147,12 @@ class Bench:
 
     # -- inside the test bed ----------------------------------------------------------------------
 
-    def inside(self, *args: str, stdin: str | None = None, timeout: float = 900) -> dict[str, Any]:
-        result = self.tb.run(str(VENV_BIN / "python"), str(INSIDE), *args, input=stdin, timeout=timeout,
-                             check=False)
+    def inside(self, *args: str, stdin: str | None = None, timeout: float = 900, script: Path = INSIDE,
+               python: Path = VENV_BIN / "python") -> dict[str, Any]:
+        """A bench script (bench/inside.py by default) run inside the test bed: its one JSON object."""
+        result = self.tb.run(str(python), str(script), *args, input=stdin, timeout=timeout, check=False)
         if result.returncode != 0:
-            raise RuntimeError(f"bench/inside.py {args[0]} failed: {result.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"bench/{script.name} {args[0]} failed: {result.stderr.strip()[-2000:]}")
         return json.loads(result.stdout)
 
     def main_pid(self) -> int:
@@ -178,12 +186,13 @@ class Bench:
     def reset_statements(self) -> None:
         self.admin.execute("SELECT pg_stat_statements_reset()")
 
-    def daemon_statements(self, top: int = 0) -> tuple[int, list[dict[str, Any]]]:
-        """Statements run in the benchmark's database by the daemon's role since the last reset."""
+    def daemon_statements(self, top: int = 0, role: str = "postgres") -> tuple[int, list[dict[str, Any]]]:
+        """Statements run in the benchmark's database by the daemon's role (or a peer's) since the
+        last reset."""
         rows = self.admin.execute(
             """SELECT s.calls, s.query FROM pg_stat_statements s
                JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles u ON u.oid = s.userid
-               WHERE d.datname = %s AND u.rolname = 'postgres' ORDER BY s.calls DESC""", (DB,)).fetchall()
+               WHERE d.datname = %s AND u.rolname = %s ORDER BY s.calls DESC""", (DB, role)).fetchall()
         total = sum(row[0] for row in rows)
         return total, [{"calls": c, "query": " ".join(q.split())[:160]} for c, q in rows[:top]]
 
@@ -256,10 +265,11 @@ class Bench:
 
     # -- (3) latency ------------------------------------------------------------------------------
 
-    def latency(self) -> None:
+    def latency(self, label: str = "latency") -> dict[str, Any]:
+        """(3) runs of /bin/true one at a time, on the running daemon; `label` names the phase."""
         n = self.sizes.latency
-        self.results["loadavg"]["latency"] = loadavg()
-        say(f"(3) latency: {n} runs of /bin/true, one at a time ...")
+        self.results["loadavg"][label] = loadavg()
+        say(f"(3) {label}: {n} runs of /bin/true, one at a time ...")
         since = int(time.time()) - 1
         ids = []
         for _ in range(n):
@@ -289,14 +299,14 @@ class Bench:
             to_active.append((active[unit] - committed) * 1000)
             claim_to_active.append((active[unit] - claimed) * 1000)
             active_to_recorded.append((recorded - active[unit]) * 1000)
-        self.results["latency"] = {
+        return {
             "n": n, "outcomes": sorted({row[1] for row in rows}), "active_timestamp_missing": missing,
             "to_active_ms": summary(to_active), "to_recorded_ms": summary(to_recorded),
             "breakdown_ms": {"commit_to_claim": summary(to_claim), "claim_to_active": summary(claim_to_active),
                              "active_to_recorded": summary(active_to_recorded)},
         }
 
-    def active_timestamps(self, since: int) -> dict[str, float]:
+    def active_timestamps(self, since: int, prefix: str = "unitvisor-run-") -> dict[str, float]:
         """When each unit of ours entered `active`, by PID 1's "Started" record. journald stamps it
         with the time PID 1 sent it (_SOURCE_REALTIME_TIMESTAMP), which is the unit's
         ActiveEnterTimestamp within a few µs; the unit itself is unloaded once its outcome is
@@ -307,7 +317,7 @@ class Bench:
         for line in out.splitlines():
             entry = json.loads(line)
             unit = entry.get("UNIT", "")
-            if unit.startswith("unitvisor-run-"):
+            if unit.startswith(prefix):
                 stamps[unit] = int(entry.get("_SOURCE_REALTIME_TIMESTAMP") or entry["__REALTIME_TIMESTAMP"]) / 1e6
         return stamps
 
@@ -322,6 +332,7 @@ class Bench:
         pids = {"daemon": self.main_pid(), "pid1": 1, "journald": self.pid_of("systemd-journald.service")}
         cpu0 = {name: self.cpu_seconds(pid) for name, pid in pids.items()}
         self.reset_statements()
+        since = int(time.time()) - 1
         ids = [row[0] for row in self.client.execute(
             "SELECT unitvisor.submit_run(ARRAY['/bin/true']) FROM generate_series(1, %s)", (n,)).fetchall()]
         spy = self.start_py_spy(pids["daemon"], f"throughput-{n}") if self.profile else None
@@ -340,7 +351,14 @@ class Bench:
                       array_agg(DISTINCT a.outcome)
                FROM unitvisor.attempts a WHERE a.run_id = ANY(%(ids)s)""", {"ids": ids}).fetchone()
         seconds = recorded - committed
+        # The peers' measure too (8): from the commit to PID 1's "Started" record of the last unit.
+        units = [row[0] for row in self.client.execute(
+            "SELECT unit_name FROM unitvisor.attempts WHERE run_id = ANY(%s)", (ids,)).fetchall()]
+        active = self.active_timestamps(since)
+        started_seconds = max((active[u] for u in units if u in active), default=math.nan) - committed
         return {"n": n, "seconds": seconds, "runs_per_s": n / seconds, "outcomes": sorted(outcomes),
+                "started_seconds": started_seconds, "started_runs_per_s": n / started_seconds,
+                "started_missing": sum(u not in active for u in units),
                 "statements": statements, "statements_per_run": statements / n,
                 "cpu_seconds": cpu, "daemon_cpu_ms_per_run": cpu["daemon"] * 1000 / n,
                 "statements_by_query": top}
@@ -390,15 +408,75 @@ class Bench:
                 self.start_daemon("" if label == "sandboxed" else UNSANDBOXED_RUNS)
                 if round_ == 0:
                     out[label].update(self.exposure())
+                    # Latency of this daemon too: the peers' table (8) sets sandbox off beside them.
+                    out[label]["latency_to_active_ms"] = self.latency(f"latency-{label}")["to_active_ms"]
                 row = self.throughput(n)
                 out[label]["passes"].append({k: row[k] for k in ("seconds", "runs_per_s", "outcomes",
-                                                                 "daemon_cpu_ms_per_run", "cpu_seconds")})
+                                                                 "daemon_cpu_ms_per_run", "cpu_seconds",
+                                                                 "started_runs_per_s", "statements_per_run")})
         for label in ("sandboxed", "unsandboxed"):
             passes = out[label]["passes"]
-            out[label]["runs_per_s"] = sum(p["runs_per_s"] for p in passes) / len(passes)
+            for key in ("runs_per_s", "started_runs_per_s", "statements_per_run"):
+                out[label][key] = sum(p[key] for p in passes) / len(passes)
             out[label]["pid1_cpu_ms_per_run"] = sum(p["cpu_seconds"]["pid1"] for p in passes) * 1000 / (n * len(passes))
         out["throughput_ratio"] = out["sandboxed"]["runs_per_s"] / out["unsandboxed"]["runs_per_s"]
         self.host.stop()
+        return out
+
+    # -- (8) the peers ----------------------------------------------------------------------------
+
+    def peer(self, *args: str) -> dict[str, Any]:
+        """bench/peers.py inside the test bed, with the peers' own virtualenv."""
+        return self.inside(*args, script=PEERS, python=peers_env.PYTHON)
+
+    def peers(self) -> dict[str, Any]:
+        """(8) pgqueuer workers that start a transient unit per job, as a team would hack one together
+        (bench/peers.py), each timed as unitvisor is: `latency` jobs one at a time and `throughput`
+        jobs committed in one transaction, from the commit to PID 1's "Started" record of the unit
+        (of the last unit, for throughput). The daemon is stopped meanwhile."""
+        dsn = f"postgresql://{PEER_ROLE}@127.0.0.1:{self.pg.port}/{DB}"  # the worker's: its statements
+        client = f"postgresql://{CLIENT_ROLE}@127.0.0.1:{self.pg.port}/{DB}"  # the enqueuing driver's
+        n, n_latency = self.sizes.throughput, self.sizes.latency
+        say("(8) peers: systemd-run and pystemd start the same units (systemctl show), pgqueuer's schema ...")
+        out: dict[str, Any] = {"n": n, "latency_n": n_latency, "same_units": self.peer("check"),
+                               "versions": peers_env.versions()}
+        self.peer("install", "--dsn", client)
+        for start, props in PEER_VARIANTS:
+            label = f"{start}-{props}"
+            self.results["loadavg"][f"peers-{label}"] = loadavg()
+            say(f"(8) peers: pgqueuer + {start}, {props} units: {n_latency} jobs one at a time, then {n} at once ...")
+            worker = f"bench-peer-worker-{label}.service"
+            self.tb.run("systemd-run", "--quiet", f"--unit={worker}", str(peers_env.PYTHON), str(PEERS), "worker",
+                        "--dsn", dsn, "--start", start, "--props", props)
+            try:
+                # One job first, untimed: the worker is listening, its connections and imports warm.
+                self.peer("throughput", "--dsn", client, "--n", "1", "--prefix", f"bench-peer-{label}-warm")
+                since = int(time.time()) - 1
+                lat = self.peer("latency", "--dsn", client, "--n", str(n_latency), "--prefix", f"bench-peer-{label}-l")
+                active = self.active_timestamps(since, prefix=f"bench-peer-{label}-l-")
+                to_active = [(active[u] - t) * 1000 for u, t in lat["committed"].items() if u in active]
+                self.reset_statements()
+                since = int(time.time()) - 1
+                tp = self.peer("throughput", "--dsn", client, "--n", str(n), "--prefix", f"bench-peer-{label}-t")
+                statements, top = self.daemon_statements(top=8, role=PEER_ROLE)
+                active = self.active_timestamps(since, prefix=f"bench-peer-{label}-t-")
+                seconds = max((active[u] for u in tp["units"] if u in active), default=math.nan) - tp["committed"]
+                state = self.host.unit_props(worker, "ActiveState")["ActiveState"]
+            finally:
+                self.tb.run("systemctl", "stop", worker, check=False)
+                # Untimed: the peers never unload their units, and `product` ones (RemainAfterExit) stay
+                # loaded; gone before the next variant, so that no variant starts beside another's.
+                self.tb.run("systemctl", "stop", f"bench-peer-{label}-*", check=False, timeout=300)
+            if state != "active" or not tp["drained"]:
+                log = self.tb.run("journalctl", "--no-pager", "-q", "-n", "30", "-u", worker, check=False).stdout
+                raise RuntimeError(f"peer {label}: worker {state}, queue drained: {tp['drained']}\n{log}")
+            out[label] = {
+                "start": start, "props": props, "latency_to_started_ms": summary(to_active),
+                "latency_started_missing": n_latency - len(to_active),
+                "seconds": seconds, "runs_per_s": n / seconds,
+                "started_missing": sum(u not in active for u in tp["units"]),
+                "statements": statements, "statements_per_run": statements / n, "statements_by_query": top,
+            }
         return out
 
     # -- (4) reconcile ----------------------------------------------------------------------------
@@ -606,6 +684,78 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+PROPS_LABEL = {"bare": "bare", "product": "unitvisor's (sandboxed)", "unsandboxed": "unitvisor's, sandbox off"}
+PEER_LABEL = {"systemd-run": "pgqueuer + systemd-run per job", "pystemd": "pgqueuer + pystemd StartTransientUnit"}
+
+
+def comparison(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Issue 14's goals against the peers, all from this run: runs/s from the commit of n runs to
+    the last unit's "Started" record on both sides; latency p50 from a commit to its unit's."""
+    peers, limit = r["peers"], r["limit"]
+    defaults, off = r["throughput"]["started_runs_per_s"], r["sandbox"]["unsandboxed"]["started_runs_per_s"]
+    latency = r["latency"]["to_active_ms"]["p50"]
+
+    def best_latency(props: str) -> float:
+        return min(peers[f"{start}-{p}"]["latency_to_started_ms"]["p50"] for start, p in PEER_VARIANTS if p == props)
+
+    values = {
+        "defaults_vs_raw_loop_same_props": (defaults / limit["product"]["starts_per_s"], ">= 0.8", 0.8),
+        "sandbox_off_vs_pgqueuer_pystemd_bare": (off / peers["pystemd-bare"]["runs_per_s"], ">= 1", 1.0),
+        "sandbox_off_vs_2x_pgqueuer_systemd_run_bare": (off / (2 * peers["systemd-run-bare"]["runs_per_s"]),
+                                                        ">= 1", 1.0),
+    }
+    out = {name: {"value": v, "goal": goal, "met": v >= floor} for name, (v, goal, floor) in values.items()}
+    off_latency = r["sandbox"]["unsandboxed"]["latency_to_active_ms"]["p50"]
+    for name, gap in (("latency_p50_minus_best_peer_product_ms", latency - best_latency("product")),
+                      ("latency_p50_minus_best_peer_bare_ms", latency - best_latency("bare")),
+                      ("sandbox_off_latency_p50_minus_best_peer_bare_ms", off_latency - best_latency("bare"))):
+        out[name] = {"value": gap, "goal": "<= 0", "met": gap <= 0}
+    spr = r["throughput"]["statements_per_run"]
+    out["statements_per_run"] = {"value": spr, "goal": "<= 3", "met": spr <= 3}
+    return out
+
+
+def peers_table(r: dict[str, Any]) -> str:
+    """(8): unitvisor, the raw loop and the peers side by side, then issue 14's goals."""
+    peers, limit, lat, tp = r["peers"], r["limit"], r["latency"], r["throughput"]
+    off = r["sandbox"]["unsandboxed"]
+
+    def ms(s: dict[str, float]) -> str:
+        return f"{s['p50']:.1f} / {s['p95']:.1f} ms"
+
+    rows = [("(8) peers: who", "units", f"runs/s ({peers['n']} at once)", "commit -> started p50 / p95",
+             "statements/run")]
+    for props in ("bare", "product", "unsandboxed"):
+        raw = limit[props]
+        rows.append(("raw StartTransientUnit loop", PROPS_LABEL[props], f"{raw['starts_per_s']:.0f}",
+                     f"{ms(raw['start_to_active_ms'])} (call)", "-"))
+    rows.append(("unitvisor, packaged defaults", PROPS_LABEL["product"], f"{tp['started_runs_per_s']:.0f}",
+                 ms(lat["to_active_ms"]), f"{tp['statements_per_run']:.1f}"))
+    rows.append(("unitvisor, sandbox off", PROPS_LABEL["unsandboxed"], f"{off['started_runs_per_s']:.0f}",
+                 ms(off["latency_to_active_ms"]), f"{off['statements_per_run']:.1f}"))
+    for start, props in PEER_VARIANTS:
+        peer = peers[f"{start}-{props}"]
+        rows.append((PEER_LABEL[start], PROPS_LABEL[props], f"{peer['runs_per_s']:.0f}",
+                     ms(peer["latency_to_started_ms"]), f"{peer['statements_per_run']:.1f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    names = {
+        "defaults_vs_raw_loop_same_props": "unitvisor defaults / raw loop with the same properties",
+        "sandbox_off_vs_pgqueuer_pystemd_bare": "unitvisor sandbox off / pgqueuer + pystemd (bare)",
+        "sandbox_off_vs_2x_pgqueuer_systemd_run_bare": "unitvisor sandbox off / 2 x pgqueuer + systemd-run (bare)",
+        "latency_p50_minus_best_peer_product_ms": "latency p50: unitvisor - best peer, same properties (ms)",
+        "latency_p50_minus_best_peer_bare_ms": "latency p50: unitvisor - best peer, bare (ms)",
+        "sandbox_off_latency_p50_minus_best_peer_bare_ms": "latency p50: unitvisor sandbox off - best peer, bare (ms)",
+        "statements_per_run": "unitvisor statements per run",
+    }
+    lines.append("")
+    for key, name in names.items():
+        goal = peers["comparison"][key]
+        lines.append(f"{name}: {goal['value']:.2f} (goal {goal['goal']}: {'met' if goal['met'] else 'MISSED'})")
+    return "\n".join(lines)
+
+
 # -- main ---------------------------------------------------------------------------------------
 
 
@@ -633,6 +783,7 @@ def database() -> Iterator[Postgres]:
         with store.connect(pg.dsn) as conn:
             conn.execute(f"CREATE DATABASE {DB}")
             conn.execute(f"CREATE ROLE {CLIENT_ROLE} SUPERUSER LOGIN")
+            conn.execute(f"CREATE ROLE {PEER_ROLE} SUPERUSER LOGIN")
             conn.execute("CREATE EXTENSION pg_stat_statements")
         with store.connect(pg.dsn_for(DB)) as conn:
             store.migrate(conn)
@@ -646,6 +797,7 @@ def run(sizes: Sizes, profile: bool) -> dict[str, Any]:
     if reason:
         raise SystemExit(f"cannot run the benchmark here: {reason}")
     testbed_mod.cleanup_stale()
+    say(f"the peers' virtualenv: {peers_env.ensure()}")
     started = dt.datetime.now(dt.UTC)
     say("starting a throwaway PostgreSQL and booting a throwaway systemd test bed ...")
     with database() as pg, testbed_mod.Testbed("uv-bench", binds=[REPO]) as tb:
@@ -660,7 +812,7 @@ def run(sizes: Sizes, profile: bool) -> dict[str, Any]:
             bench.limit()  # before the daemon runs: systemd alone
             bench.start_daemon()
             bench.idle()  # a fresh daemon, before any load
-            bench.latency()
+            r["latency"] = bench.latency()
             scaled = [bench.throughput(n) for n in sorted(set(sizes.scaling) | {sizes.throughput})]
             r["peak_after_load_mb"] = bench.memory_kb(bench.main_pid())["VmHWM"] / 1024
             main = next(row for row in scaled if row["n"] == sizes.throughput)
@@ -672,6 +824,8 @@ def run(sizes: Sizes, profile: bool) -> dict[str, Any]:
             reconciled = bench.reconcile(sorted(set(sizes.scaling) | {sizes.reconcile}))
             r["reconcile"] = next(row for row in reconciled if row["runs"] == sizes.reconcile)
             r["sandbox"] = bench.sandbox()
+            r["peers"] = bench.peers()
+            r["peers"]["comparison"] = comparison(r)
             r["scaling"] = {
                 "throughput": [{k: row[k] for k in ("n", "seconds", "runs_per_s", "statements_per_run",
                                                     "daemon_cpu_ms_per_run", "cpu_seconds")} for row in scaled
@@ -728,6 +882,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run(sizes, args.profile)
     save(out, results)
     print(table(results))
+    print()
+    print(peers_table(results))
     print(f"\nresults: {out}")
     return 0
 
