@@ -300,12 +300,12 @@ def cmd_tails(args: argparse.Namespace) -> dict[str, Any]:
         name = f"unitvisor-run-{run_id}-1.service"
         systemd.start_transient(name, props)
         names.append((name, run_id))
-    _wait(lambda: all(systemd.state(n).has_ended for n, _ in names), 120)
+    wait(lambda: all(systemd.state(n).has_ended for n, _ in names), 120)
     journal, defaults = Journal(), config.RunSettings()
     # Timed only once journald has taken in every line (a burst leaves it behind: docs/benchmarks.md),
     # so that every read is of a complete output, as most of the daemon's are.
     for _, run_id in names:
-        _wait(lambda run_id=run_id: journal.output_tail(run_id, 1, 1, 100) == str(args.lines), 60)
+        wait(lambda run_id=run_id: journal.output_tail(run_id, 1, 1, 100) == str(args.lines), 60)
     times: list[float] = []
     self0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     for i in range(args.reads):
