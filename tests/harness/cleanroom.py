@@ -35,6 +35,8 @@ SUITE = "bookworm"
 INCLUDE = ("systemd", "systemd-sysv", "dbus", "postgresql", "man-db")
 RECIPE = 1  # bump when _build() changes, so that old images are not reused
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# How long apt-get waits for the shared archive cache that another clean room holds (apt_get).
+APT_LOCK_WAIT = 600
 # Not wanted in a test host: logins, and timers that would do maintenance in the middle of a test.
 MASKED = (
     "getty@tty1.service", "console-getty.service", "apt-daily.timer", "apt-daily-upgrade.timer",
@@ -242,10 +244,18 @@ class Cleanroom:
 
     def apt_get(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
         """apt-get in the host; when the cached package lists name versions the mirror no longer has
-        (a point release came out), update them and try once more."""
+        (a point release came out), update them and try once more. The archive cache is shared by
+        every clean room on this machine, those of another test run included: while one of them holds
+        its lock, wait for it (up to APT_LOCK_WAIT seconds) instead of failing."""
         cmd = ("apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confdef", *args)
         env = {"DEBIAN_FRONTEND": "noninteractive"}
-        result = self.run(*cmd, check=False, timeout=timeout, env=env)
+        waited_until = time.monotonic() + APT_LOCK_WAIT
+        while True:
+            result = self.run(*cmd, check=False, timeout=timeout, env=env)
+            locked = "Could not get lock /var/cache/apt/archives/lock" in result.stdout + result.stderr
+            if result.returncode == 0 or not locked or time.monotonic() > waited_until:
+                break
+            time.sleep(2)
         if result.returncode != 0 and re.search(r"Failed to fetch|Unable to fetch|404", result.stdout + result.stderr):
             self.run("apt-get", "-q", "update", timeout=600)
             result = self.run(*cmd, check=False, timeout=timeout, env=env)
