@@ -1,5 +1,5 @@
 """A rolling upgrade across a schema change, in the order README.md's Upgrade section gives: two
-clean-room hosts on one PostgreSQL run the previous release (0.2.0, schemas 001 and 002) with runs
+clean-room hosts on one PostgreSQL run the previous release (0.3.0, schemas 001 to 005) with runs
 in flight; the new version's `unitvisor migrate` (from the new .deb, unpacked, not installed) applies
 the later migrations under them; then one host is upgraded, then the other. At every step both daemons claim and
 finish new runs; at the end every run succeeded with exactly one attempt, whose unit systemd started
@@ -26,9 +26,9 @@ from tests.harness.cleanroom import Cleanroom
 from tests.harness.host import REPO, wait_for
 from tests.package.test_cleanroom import ALLOWED, DB_PASSWORD, SERVICE, Host, say
 
-PREVIOUS_RELEASE = "01814d4"  # 0.2.0: schemas 001 and 002
-PREVIOUS_VERSION = "0.2.0"
-PREVIOUS_SCHEMA = ("001_schema", "002_fleet")
+PREVIOUS_RELEASE = "ef78ca3"  # 0.3.0: schemas 001 to 005
+PREVIOUS_VERSION = "0.3.0"
+PREVIOUS_SCHEMA = ("001_schema", "002_fleet", "003_run_policy", "004_roles", "005_sql_api")
 # Long enough to be in flight from before the migration until after the second host's upgrade
 # (about 22 s on the 2-core test machine; in_flight_untouched fails if it was not).
 IN_FLIGHT_SECONDS = 60
@@ -117,7 +117,13 @@ def test_two_hosts_run_the_previous_release(fleet: Fleet, request: pytest.Fixtur
         host.run("sh", "-c", "umask 077 && cat > /etc/unitvisor/dsn", input=dsn + "\n")
         host.run("sed", "-i", f"s|^# allowed_executables = \\[\\]$|allowed_executables = {ALLOWED}|",
                  "/etc/unitvisor/unitvisor.toml")
-    assert fleet.hosts[0].unitvisor("migrate").stdout.strip() == f"applied: {', '.join(PREVIOUS_SCHEMA)}"
+    # 0.3.0's Install: migrate as the postgres superuser over the local socket (004 creates roles). The
+    # database's owner, the role both hosts log in as here, becomes a member of unitvisor_admin: the
+    # single-role deployment that every release keeps working.
+    superuser = ("runuser", "-u", "postgres", "--", "unitvisor", "--dsn",
+                 f"host=/var/run/postgresql port={fleet.db.pg_port} dbname=unitvisor")
+    assert fleet.hosts[0].run(*superuser, "migrate", timeout=120).stdout.strip() == \
+        f"applied: {', '.join(PREVIOUS_SCHEMA)}"
     for host in fleet.hosts:
         old = host.prop(SERVICE, "InvocationID")
         host.run("systemctl", "restart", SERVICE, timeout=120)
@@ -146,11 +152,9 @@ def test_the_new_versions_migrate_applies_the_new_migrations_under_the_old_daemo
     assert f"version {__version__}" in h1.run(*new_cli, "--version").stdout
     new = [version for version, _ in store.migration_files() if version not in PREVIOUS_SCHEMA]
     assert new, "this release has no migration of its own: the test would prove nothing about one"
-    # As a role that may create roles (migration 004 creates the three kinds): the postgres superuser
-    # over the local socket, as README's Upgrade says. The hosts' one role becomes an admin member.
-    superuser = ("runuser", "-u", "postgres", "--", *new_cli, "--dsn",
-                 f"host=/var/run/postgresql port={fleet.db.pg_port} dbname=unitvisor")
-    assert h1.run(*superuser, "migrate", timeout=120).stdout.strip() == f"applied: {', '.join(new)}"
+    # As the hosts' own role, a member of unitvisor_admin: from 0.3.0 on, no migration needs a superuser
+    # (README, Upgrade; store.migrate applies them under SET ROLE unitvisor_admin).
+    assert h1.run(*new_cli, "migrate", timeout=120).stdout.strip() == f"applied: {', '.join(new)}"
     assert h1.run(*new_cli, "migrate").stdout.strip() == "schema is current; nothing to apply"
     h1.run("rm", "-rf", NEW_CLI)
     fleet.each_host_runs_a_new_run()
