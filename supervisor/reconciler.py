@@ -107,6 +107,22 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
     return Decision(Action.NOTHING, name, "unit is running")
 
 
+def decide_on_change(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
+    """decide() for the daemon's loop between passes (a unit that changed, a run an operator cancelled).
+
+    One row differs: a running unit of an attempt already recorded as started needs no write, even
+    when its invocation id is not recorded yet. The daemon marks a unit it created as started without
+    one (Reconciler.start); writing it when the unit's first change arrives cost a second mark_started
+    for nearly every run (docs/benchmarks.md, Statements per run). It is written with the outcome, or
+    by the next reconcile pass (decide's ADOPT), which is where a running unit's invocation id is
+    needed: the pass reads in full only the units without one."""
+    decision = decide(run, attempt, unit)
+    if decision.action is Action.ADOPT and attempt.started_at is not None:
+        return Decision(Action.NOTHING, attempt.unit_name, "unit is running; its invocation id is written with "
+                        "its outcome or by the next pass")
+    return decision
+
+
 def _started_at(decision: Decision) -> datetime | None:
     return decision.unit.started_at if decision.unit is not None else None
 
@@ -260,7 +276,8 @@ class Reconciler:
         return removed
 
     def reconcile_one(self, run: Run, attempt: Attempt) -> Decision:
-        return self._act(run, attempt, decide(run, attempt, self.systemd.state(attempt.unit_name)))
+        """One attempt between passes: its unit changed, or its run was cancelled (decide_on_change)."""
+        return self._act(run, attempt, decide_on_change(run, attempt, self.systemd.state(attempt.unit_name)))
 
     def _act(self, run: Run, attempt: Attempt, decision: Decision) -> Decision:
         self.apply(run, attempt, decision)
