@@ -22,6 +22,10 @@ Decision table (every row has a unit test in tests/unit/test_reconciler.py):
 | no attempt row yet, run in flight  | unit with the attempt's name| LEAVE it: the claim will adopt it        |
 | no attempt row at all              | unit with our prefix        | STOP_ORPHAN (or leave it, by config)     |
 
+Between passes (the daemon's loop: a unit that changed, a run an operator cancelled) one row differs
+(decide_on_change): a started attempt's running unit is left alone (NOTHING) even when its invocation id
+is not recorded yet; the outcome or the next pass records it.
+
 Time alone never proves a run of this host dead: an attempt is only settled from what systemd (or its
 absence) says about its unit. Across hosts, time is all there is: a host silent for longer than its
 host_dead_after is declared dead by the database (one live daemon at a time), and this module settles
