@@ -3,7 +3,7 @@ pruning them costs the claim. Needs only PostgreSQL (no systemd test bed): the d
 sent through supervisor.store as the daemon sends them.
 
 (H1) The claim, the probe (the heartbeat), and the reconcile pass's queries (open_attempts, which reads
-its runs with get_runs; unit_owners; unclaimed_attempts), per call: time from the client, and from
+its runs in the same statement; unit_owners; unclaimed_attempts), per call: time from the client, and from
 pg_stat_statements the server's time, shared buffers touched and rows, in two databases of one server,
 cycle for cycle in turn: one with no finished run in its tables, one with `runs` finished runs (each
 with one attempt, four events and one claimed spawn job, as a run that succeeded leaves them), pruning
@@ -50,7 +50,6 @@ STATEMENTS = {
     "claim": "%unitvisor.claim_jobs(%",
     "probe": "%unitvisor.heartbeat(%",
     "open_attempts": "%FROM unitvisor.attempts a%WHERE a.host_id = %",
-    "get_runs": "%FROM unitvisor.runs r WHERE r.id = ANY(%",
     "unit_owners": "%FROM unitvisor.attempts WHERE unit_name = ANY(%",
     "unclaimed_attempts": "%unnest(%::uuid[]%",
 }

@@ -22,6 +22,10 @@ Decision table (every row has a unit test in tests/unit/test_reconciler.py):
 | no attempt row yet, run in flight  | unit with the attempt's name| LEAVE it: the claim will adopt it        |
 | no attempt row at all              | unit with our prefix        | STOP_ORPHAN (or leave it, by config)     |
 
+Between passes (the daemon's loop: a unit that changed, a run an operator cancelled) one row differs
+(decide_on_change): a started attempt's running unit is left alone (NOTHING) even when its invocation id
+is not recorded yet; the outcome or the next pass records it.
+
 Time alone never proves a run of this host dead: an attempt is only settled from what systemd (or its
 absence) says about its unit. Across hosts, time is all there is: a host silent for longer than its
 host_dead_after is declared dead by the database (one live daemon at a time), and this module settles
@@ -105,6 +109,22 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
         return Decision(Action.ADOPT, name, "unit is running; adopted", invocation_id=unit.invocation_id or None,
                         unit=unit)
     return Decision(Action.NOTHING, name, "unit is running")
+
+
+def decide_on_change(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
+    """decide() for the daemon's loop between passes (a unit that changed, a run an operator cancelled).
+
+    One row differs: a running unit of an attempt already recorded as started needs no write, even
+    when its invocation id is not recorded yet. The daemon marks a unit it created as started without
+    one (Reconciler.start); writing it when the unit's first change arrives cost a second mark_started
+    for nearly every run (docs/benchmarks.md, Statements per run). It is written with the outcome, or
+    by the next reconcile pass (decide's ADOPT), which is where a running unit's invocation id is
+    needed: the pass reads in full only the units without one."""
+    decision = decide(run, attempt, unit)
+    if decision.action is Action.ADOPT and attempt.started_at is not None:
+        return Decision(Action.NOTHING, attempt.unit_name, "unit is running; its invocation id is written with "
+                        "its outcome or by the next pass")
+    return decision
 
 
 def _started_at(decision: Decision) -> datetime | None:
@@ -260,7 +280,8 @@ class Reconciler:
         return removed
 
     def reconcile_one(self, run: Run, attempt: Attempt) -> Decision:
-        return self._act(run, attempt, decide(run, attempt, self.systemd.state(attempt.unit_name)))
+        """One attempt between passes: its unit changed, or its run was cancelled (decide_on_change)."""
+        return self._act(run, attempt, decide_on_change(run, attempt, self.systemd.state(attempt.unit_name)))
 
     def _act(self, run: Run, attempt: Attempt, decision: Decision) -> Decision:
         self.apply(run, attempt, decision)

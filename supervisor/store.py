@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -296,15 +296,6 @@ def runs_with_labels(conn: Connection, labels: dict[str, str], max_rows: int = 1
     with conn.cursor(row_factory=class_row(RunStatus)) as cur:
         return cur.execute(f"SELECT {_RUN_STATUS_COLUMNS} FROM unitvisor.runs_with_labels(%s, %s)",
                            (Jsonb(labels), max_rows)).fetchall()
-
-
-def get_runs(conn: Connection, run_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Run]:
-    ids = list(run_ids)
-    if not ids:
-        return {}
-    with conn.cursor(row_factory=class_row(Run)) as cur:
-        rows = cur.execute(f"SELECT {_RUN_COLUMNS} FROM unitvisor.runs r WHERE r.id = ANY(%s)", (ids,)).fetchall()
-    return {run.id: run for run in rows}
 
 
 def find_run_ids(conn: Connection, prefix: str, limit: int = 10) -> list[uuid.UUID]:
@@ -606,19 +597,21 @@ def claim(conn: Connection, fence: Fence, batch: int, unit_format: str) -> list[
 def open_attempts(conn: Connection, host_id: str, unit_names: Sequence[str] | None = None,
                   cancel_requested: bool = False) -> list[tuple[Run, Attempt]]:
     """A host's attempts without an outcome, with their runs: all of them, those of the named units,
-    or those whose run an operator asked to cancel."""
-    with conn.cursor(row_factory=class_row(Attempt)) as cur:
-        attempts = cur.execute(
-            f"""SELECT {_ATTEMPT_COLUMNS} FROM unitvisor.attempts a
-               WHERE a.host_id = %(host)s AND a.outcome IS NULL
-                 AND (%(names)s::text[] IS NULL OR a.unit_name = ANY(%(names)s::text[]))
-                 AND (NOT %(cancel)s OR EXISTS (SELECT 1 FROM unitvisor.runs r
-                                                WHERE r.id = a.run_id AND r.cancel_requested_at IS NOT NULL))
-               ORDER BY a.claimed_at""",
-            {"host": host_id, "names": None if unit_names is None else list(unit_names),
-             "cancel": cancel_requested}).fetchall()
-    runs = get_runs(conn, [a.run_id for a in attempts])
-    return [(runs[a.run_id], a) for a in attempts]
+    or those whose run an operator asked to cancel. One statement, so one snapshot of both rows: it
+    runs for every batch of unit changes, on every run's path (docs/benchmarks.md, Statements per run).
+    Every such run is one a host may read (the policy on runs, sql/004_roles.sql): its own attempt's,
+    or a dead host's open attempt's."""
+    rows = conn.execute(
+        f"""SELECT {_ATTEMPT_COLUMNS}, {_RUN_COLUMNS}
+            FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
+            WHERE a.host_id = %(host)s AND a.outcome IS NULL
+              AND (%(names)s::text[] IS NULL OR a.unit_name = ANY(%(names)s::text[]))
+              AND (NOT %(cancel)s OR r.cancel_requested_at IS NOT NULL)
+            ORDER BY a.claimed_at""",
+        {"host": host_id, "names": None if unit_names is None else list(unit_names),
+         "cancel": cancel_requested}).fetchall()
+    split = len(_ATTEMPT_FIELDS)
+    return [(Run(*row[split:]), Attempt(*row[:split])) for row in rows]
 
 
 def unclaimed_attempts(conn: Connection, attempts: Sequence[tuple[uuid.UUID, int]]) -> set[tuple[uuid.UUID, int]]:

@@ -434,6 +434,19 @@ def test_open_attempts_filters(conn: psycopg.Connection) -> None:
 # -- hosts --------------------------------------------------------------------------------------
 
 
+def test_open_attempts_reads_each_run_whole_in_the_same_statement(conn: psycopg.Connection) -> None:
+    """open_attempts joins the runs in (one statement per batch of unit changes): each run as get_run
+    reads it, every field, also the computed wait_reason and the JSON columns (a dead host's attempts,
+    read by the host taking them over: tests/integration/test_roles.py)."""
+    run_id = submit(conn, environment={"A": "1"}, labels={"team": "x"}, priority=3, max_attempts=2)
+    attempt = claim_one(conn, "h1")
+    mark_started(conn, attempt, "inv-1")
+    [(run, got)] = store.open_attempts(conn, "h1")
+    assert run == store.get_run(conn, run_id) and run.state == "running"
+    assert (run.environment, run.labels, run.priority) == ({"A": "1"}, {"team": "x"}, 3)
+    assert got.invocation_id == "inv-1" and got.started_at is not None
+
+
 def host_row(conn: psycopg.Connection, host_id: str) -> tuple:
     return conn.execute("SELECT name, state, max_runs, memory_budget, version, boot_id, started_at, heartbeat_at "
                         "FROM unitvisor.hosts WHERE id = %s", (host_id,)).fetchone()

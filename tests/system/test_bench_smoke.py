@@ -51,7 +51,7 @@ HISTORY_FIGURES = [
     *((phase, f"{name}_ms", p) for phase in ("empty", "full") for name in ("claim", "probe", "reconcile")
       for p in ("p50", "p99")),
     *((phase, "statements", name, figure) for phase in ("empty", "full")
-      for name in ("claim", "probe", "open_attempts", "get_runs", "unit_owners", "unclaimed_attempts")
+      for name in ("claim", "probe", "open_attempts", "unit_owners", "unclaimed_attempts")
       for figure in ("calls", "exec_ms", "buffers", "rows")),
     *((phase, figure, *rest) for phase in ("prune_paced", "prune")
       for figure, *rest in (("seconds",), ("runs_per_s",), ("batch_ms", "p50"), ("claim_ms", "p50"),

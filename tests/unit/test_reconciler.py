@@ -10,7 +10,7 @@ import pytest
 from supervisor import store
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import CLD_DUMPED, CLD_EXITED, CLD_KILLED, Outcome
-from supervisor.reconciler import Action, Decision, decide, decide_orphan
+from supervisor.reconciler import Action, Decision, decide, decide_on_change, decide_orphan
 from supervisor.systemd import UnitState
 from supervisor.unitspec import unit_name
 
@@ -242,6 +242,40 @@ def test_every_decision_for_an_open_attempt_is_one_of_the_attempt_actions():
                 seen.add(d.action)
                 assert (d.outcome is not None) == (d.action in (Action.SETTLE, Action.GONE))
     assert seen == {Action.START, Action.ADOPT, Action.STOP, Action.SETTLE, Action.GONE, Action.NOTHING}
+
+
+# -- between passes (decide_on_change) ---------------------------------------------------------------
+
+def test_between_passes_a_started_attempts_running_unit_needs_no_write_for_its_invocation_id():
+    """The daemon marked the unit it created as started without an invocation id: the unit's change
+    writes nothing; the outcome or the next pass (decide) records the id."""
+    d = decide_on_change(make_run(), make_attempt(started=True), unit(**RUNNING))
+    assert d.action is Action.NOTHING
+    assert "written with its outcome or by the next pass" in d.reason
+    assert decide(make_run(), make_attempt(started=True), unit(**RUNNING)).action is Action.ADOPT
+
+
+def test_between_passes_every_other_case_is_decide():
+    """Exhaustive over the same grid as decide's: decide_on_change differs from decide only where an
+    attempt already started would be adopted for its invocation id alone."""
+    states = [None, unit(**RUNNING), unit(**EXITED_OK), unit(**FAILED_3), unit(active="inactive", sub="dead"),
+              unit(**RUNNING, job=True), unit(active="deactivating", sub="stop-sigterm"),
+              unit(**RUNNING, invocation_id="")]
+    attempts = [make_attempt(), make_attempt(started=True), make_attempt(started=True, invocation_id=INV)]
+    differ = 0
+    for cancelled in (False, True):
+        for att in attempts:
+            for state in states:
+                run = make_run(cancelled)
+                full, between = decide(run, att, state), decide_on_change(run, att, state)
+                if full.action is Action.ADOPT and att.started_at is not None:
+                    assert between.action is Action.NOTHING and between.outcome is None
+                    differ += 1
+                else:
+                    assert between == full
+    # started, no invocation id recorded, run not cancelled, its unit running, with a job pending, or
+    # stopping (not yet ended): left to the outcome or the pass
+    assert differ == 3
 
 
 # -- units that no open attempt owns ----------------------------------------------------------------
