@@ -51,6 +51,7 @@ SPARE_CONNECTIONS = 20
 HOSTS_PER_WORKER = 25  # daemons per worker process (threads); 300 daemons are 12 processes
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CLAIM_STATEMENT = "%unitvisor.claim_jobs(%"
+FAILED = -1  # a claim that raised, in the workers' counts
 # Each host: the packaged defaults (poll 10 s, reconcile 60 s, max_runs 64, claim_batch 32), its own id,
 # no metrics port (300 would clash), no output tails (there is no journal of fake units to read).
 HOST_CONFIG = """
@@ -230,7 +231,8 @@ class _ThreadSignals:
 
 def worker(hosts: list[str], dsn: str, run_seconds: float, pipe: Pipe) -> None:
     """Run one daemon per host id in threads until told to stop; then send every claim each made:
-    (wall-clock time the statement was sent, host, jobs claimed)."""
+    (wall-clock time the statement was sent, host, jobs claimed, or FAILED when the statement raised:
+    a statement or lock timeout, a dropped connection; pg_stat_statements never counts those)."""
     logging.getLogger("unitvisor").setLevel(logging.WARNING)
     daemon.signal = _ThreadSignals  # type: ignore[assignment]
     claims: list[tuple[float, str, int]] = []
@@ -238,7 +240,11 @@ def worker(hosts: list[str], dsn: str, run_seconds: float, pipe: Pipe) -> None:
 
     def counted_claim(conn: store.Connection, fence: store.Fence, batch: int, unit_format: str) -> list:
         sent = time.time()
-        claimed = real_claim(conn, fence, batch, unit_format)
+        try:
+            claimed = real_claim(conn, fence, batch, unit_format)
+        except Exception:
+            claims.append((sent, fence.host_id, FAILED))
+            raise
         claims.append((sent, fence.host_id, len(claimed)))  # list.append is atomic under the GIL
         return claimed
 
@@ -405,27 +411,39 @@ class Fleet:
 
     def burst(self) -> dict[str, Any]:
         """(S3) `burst` runs in one transaction, claimed by the fleet."""
-        before = self._daemon_statements(CLAIM_STATEMENT)
+        before, cpu = self._daemon_statements(CLAIM_STATEMENT), server_cpu(self.pg)
+        self.burst_window = (time.time(), math.inf)
         began = time.monotonic()
         ids, at = self._submit(self.sizes.burst)
         latencies = self._latencies_ms(dict.fromkeys(ids, at), self.sizes.burst_timeout)
+        self.burst_window = (self.burst_window[0], time.time())
         per_host = self.conn.execute(
             "SELECT count(DISTINCT host_id) FROM unitvisor.attempts WHERE attempt = 1 AND run_id = ANY(%s::uuid[])",
             (ids,)).fetchone()[0]
         return {"runs": self.sizes.burst, "claimed": len(latencies), "seconds": time.monotonic() - began,
                 "claim_latency_ms": summary(latencies), "hosts_that_claimed": per_host,
-                "claim_statements": self._daemon_statements(CLAIM_STATEMENT) - before, "loadavg": loadavg()}
+                "claim_statements": self._daemon_statements(CLAIM_STATEMENT) - before, "loadavg": loadavg(),
+                "server_cpu_seconds": server_cpu(self.pg) - cpu}
 
     def woken(self) -> dict[str, Any]:
         """(S2) how many daemons each single submit made run a claim: the distinct hosts whose store.claim
         was sent in the gap after it (the workers' counts), and how many of them got the run."""
-        hosts, empty = [], []
+        hosts, empty, failed = [], [], []
         for began, ended in self.submits:
             calls = [(host, got) for sent, host, got in self.claims if began <= sent < ended]
             hosts.append(len({host for host, _ in calls}))
             empty.append(sum(1 for _, got in calls if not got))
+            failed.append(sum(1 for _, got in calls if got == FAILED))
         return {"daemons_that_claimed": summary(hosts), "empty_claims": summary(empty),
-                "share_of_fleet_p50": summary(hosts)["p50"] / self.n}
+                "failed_claims": summary(failed), "share_of_fleet_p50": summary(hosts)["p50"] / self.n}
+
+    def burst_claims(self) -> dict[str, int]:
+        """(S3) the claims the daemons sent from the burst's submit until its last run was claimed: those
+        that got jobs, those that got none, those that failed (the workers' counts)."""
+        began, ended = self.burst_window
+        got = [n for sent, _, n in self.claims if began <= sent < ended]
+        return {"sent": len(got), "with_jobs": sum(1 for n in got if n > 0), "empty": got.count(0),
+                "failed": got.count(FAILED)}
 
 
 def measure(pg: Postgres, n: int, sizes: Sizes) -> dict[str, Any]:
@@ -444,6 +462,7 @@ def measure(pg: Postgres, n: int, sizes: Sizes) -> dict[str, Any]:
     finally:
         fleet.stop()
     result["trickle"]["woken"] = fleet.woken()
+    result["burst"]["daemon_claims"] = fleet.burst_claims()
     return result
 
 
