@@ -70,22 +70,25 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 # Benchmarks against systemd's own limit (never part of `make test`): docs/benchmarks.md.
-# About 35 minutes in all on a loaded machine (docs/benchmarks.md): 24 for the single-host figures
+# About 40 minutes in all on a loaded machine (docs/benchmarks.md): 24 for the single-host figures
 # (9 before the run sandbox, on the machine alone; the peers of (8) add a few), then about 2 for the
-# fleet's and 6 to 10 for history's; `.venv/bin/python -m bench.run --tiny` runs every figure in seconds.
+# fleet's, 6 to 10 for history's and about 6 for the simulated fleet's; `.venv/bin/python -m bench.run
+# --tiny` runs every figure in seconds.
 # `make bench` reproduces every figure of docs/benchmarks.md: the single-host figures, then the fleet's,
-# then history's (one after the other: all load this machine's cores). `make bench-fleet` re-measures only
-# the fleet's (about 2 minutes), e.g. after a change to claims or dead-host timing; `make bench-history`
-# only a million finished runs and their pruning (6 to 10 minutes, PostgreSQL only); `--tiny` in seconds.
+# then history's, then the simulated fleet's (one after the other: all load this machine's cores).
+# `make bench-fleet` re-measures only the fleet's (about 2 minutes), e.g. after a change to claims or
+# dead-host timing; `make bench-history` only a million finished runs and their pruning (6 to 10 minutes,
+# PostgreSQL only); `make bench-scale` only 100 and 300 simulated hosts; `--tiny` in seconds.
 # The peers of (8), pgqueuer workers (bench/peers.py), run from a virtualenv of their own,
 # .venv-bench-peers (bench/peers-requirements.txt): never unitvisor's, nor in pyproject or debian/control.
 # bench.run makes it itself when it is missing or older than the requirements (so `--tiny` and the
 # smoke test work on a fresh checkout); `make bench-peers-venv` does only that.
-.PHONY: bench bench-fleet bench-history bench-peers-venv
+.PHONY: bench bench-fleet bench-history bench-scale bench-peers-venv
 bench: venv bench-peers-venv
 	$(VENV)/bin/python -m bench.run
 	$(VENV)/bin/python -m bench.fleet
 	$(VENV)/bin/python -m bench.history
+	$(VENV)/bin/python -m bench.scale
 
 bench-peers-venv: venv
 	$(VENV)/bin/python -m bench.peers_env
@@ -95,6 +98,12 @@ bench-fleet: venv
 
 bench-history: venv
 	$(VENV)/bin/python -m bench.history
+
+# 100 and then 300 real daemons against one PostgreSQL, systemd faked at its adapter (about 6 minutes,
+# PostgreSQL only): what an idle fleet costs the database, and what a submit wakes (docs/benchmarks.md,
+# Fleet at scale (simulated)).
+bench-scale: venv
+	$(VENV)/bin/python -m bench.scale
 
 # The system tests three times in a row beside a CPU load (stress-ng on one of the two cores): the
 # proof that no system test depends on catching a short moment on a quiet machine. Not part of

@@ -1,0 +1,537 @@
+"""`make bench-scale`: a fleet of 100 and of 300 daemons against one real PostgreSQL, with systemd faked.
+
+Each host is a real `supervisor.daemon.Daemon` (the code `unitvisor daemon` runs: its loop, its two
+connections, its LISTEN, its probe, claim and reconcile pass), many of them in threads of a few worker
+processes (so that the GIL of one process does not serialise the whole fleet). Only the systemd
+adapter is fake: `FakeSystemd` and `FakeWatcher` below stand in for supervisor.systemd's Systemd and
+Watcher (the same methods the daemon and the reconciler call): a start "runs" the unit for
+`run_seconds`, then the unit is `active/exited` with result success and the watcher reports it
+changed, as PropertiesChanged would. No process is started; what is measured is the database's side.
+
+Per fleet size: (S1) idle for `idle_seconds`: the PostgreSQL server's CPU (every backend and the
+postmaster's helpers, from /proc/<pid>/stat) per idle host, statements per host per minute
+(pg_stat_statements), connections per host (pg_stat_activity). (S2) a trickle of single submits, one at
+a time: claim latency (the submit's commit to attempts.claimed_at, both on the database's clock), and how
+many daemons each submit makes run a claim (every daemon's store.claim is counted by the bench, in its
+worker, with the host and the time). (S3) a burst of `burst` runs in one transaction: claim latency p50 and
+p99, the claim statements it cost. What each figure means, and the latest results: docs/benchmarks.md,
+Fleet at scale (simulated).
+
+    .venv/bin/python -m bench.scale            # 100 and 300 daemons (about 6 minutes here)
+    .venv/bin/python -m bench.scale --tiny     # 5 daemons, every figure in seconds (the smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import heapq
+import logging
+import math
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection as Pipe
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.run import CLIENT_ROLE, RESULTS, database, interrupt_on_sigterm, loadavg, machine_facts, save, say, summary
+from supervisor import __version__, config, daemon, store, systemd
+from tests.harness.postgres import Postgres
+
+# Two connections per daemon (its work connection and its LISTEN connection), the bench's own, and
+# PostgreSQL's reserved ones: the default max_connections (100) holds 49 daemons, not 300.
+CONNECTIONS_PER_DAEMON = 2
+SPARE_CONNECTIONS = 20
+HOSTS_PER_WORKER = 25  # daemons per worker process (threads); 300 daemons are 12 processes
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CLAIM_STATEMENT = "%unitvisor.claim_jobs(%"
+FAILED = -1  # a claim that raised, in the workers' counts
+# Each host: the packaged defaults (poll 10 s, reconcile 60 s, max_runs 64, claim_batch 32), its own id,
+# no metrics port (300 would clash), no output tails (there is no journal of fake units to read).
+HOST_CONFIG = """
+[host]
+id = "{host}"
+name = "{host}"
+
+[runs]
+allowed_executables = ["/bin/true"]
+output_tail_lines = 0
+
+[metrics]
+listen = ""
+"""
+
+
+@dataclass
+class Sizes:
+    fleets: list[int] = field(default_factory=lambda: [100, 300])
+    idle_seconds: float = 60.0
+    trickle: int = 20  # single submits, one after another
+    trickle_gap: float = 2.0  # seconds between two single submits; a daemon woken by one claims in it
+    burst: int = 1000  # runs submitted in one transaction
+    run_seconds: float = 0.5  # how long a fake unit "runs"
+    ready_timeout: float = 300.0  # every daemon registered and through its first reconcile pass
+    burst_timeout: float = 300.0
+
+
+TINY = Sizes(fleets=[5], idle_seconds=3.0, trickle=3, trickle_gap=1.0, burst=20, ready_timeout=120.0,
+             burst_timeout=120.0)
+
+
+# -- the fake systemd (in the worker processes) --------------------------------------------------
+
+
+class Ender(threading.Thread):
+    """One per worker process: ends each fake unit when its time is up, on behalf of every FakeSystemd."""
+
+    def __init__(self) -> None:
+        super().__init__(name="fake-unit-ender", daemon=True)
+        self.due: list[tuple[float, int, FakeSystemd, str]] = []
+        self.order = 0  # ties of `due` never compare FakeSystemd objects
+        self.cond = threading.Condition()
+
+    def add(self, when: float, fake: FakeSystemd, name: str) -> None:
+        with self.cond:
+            self.order += 1
+            heapq.heappush(self.due, (when, self.order, fake, name))
+            self.cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.due or self.due[0][0] > time.monotonic():
+                    self.cond.wait(self.due[0][0] - time.monotonic() if self.due else None)
+                _, _, fake, name = heapq.heappop(self.due)
+            fake.end(name)
+
+
+class FakeWatcher:
+    """supervisor.systemd.Watcher's interface: a file descriptor that is readable when units changed."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.changed: set[str] = set()
+        self.lock = threading.Lock()
+        self.connected = False
+
+    def connect(self) -> None:
+        self.connected = True
+
+    def close(self) -> None:
+        self.connected = False
+
+    def fileno(self) -> int:
+        return self.read_fd
+
+    def signal(self, name: str) -> None:
+        with self.lock:
+            self.changed.add(name)
+        try:
+            os.write(self.write_fd, b"\0")
+        except BlockingIOError:  # the pipe is full: the loop is readable anyway
+            pass
+
+    def drain(self) -> tuple[set[str], bool]:
+        try:
+            while os.read(self.read_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self.lock:
+            changed, self.changed = self.changed, set()
+        return changed, False
+
+
+class FakeSystemd:
+    """supervisor.systemd.Systemd's interface, in memory: a started unit is active/running for the
+    ender's `run_seconds`, then active/exited with result success (Type=exec with RemainAfterExit, as
+    unitspec builds it), and the watcher hears of it; release() unloads it."""
+
+    def __init__(self, watcher: FakeWatcher, ender: Ender, run_seconds: float) -> None:
+        self.watcher = watcher
+        self.ender = ender
+        self.run_seconds = run_seconds
+        self.units: dict[str, systemd.UnitState] = {}
+        self.lock = threading.Lock()
+        self.connected = False
+
+    def connect(self) -> None:
+        self.connected = True
+
+    def close(self) -> None:
+        self.connected = False
+
+    def start_transient(self, name: str, properties: dict[bytes, Any]) -> bool:
+        now = int(time.time() * 1e6)
+        with self.lock:
+            if name in self.units:
+                return False
+            self.units[name] = systemd.UnitState(
+                name=name, active_state="active", sub_state="running", result="success", exec_main_code=0,
+                exec_main_status=0, invocation_id=os.urandom(16).hex(), job_pending=False,
+                exec_main_start_usec=now, active_enter_usec=now)
+        self.ender.add(time.monotonic() + self.run_seconds, self, name)
+        return True
+
+    def end(self, name: str) -> None:
+        with self.lock:
+            unit = self.units.get(name)
+            if unit is None:
+                return
+            self.units[name] = systemd.UnitState(
+                name=name, active_state="active", sub_state="exited", result="success", exec_main_code=1,  # CLD_EXITED
+                exec_main_status=0, invocation_id=unit.invocation_id, job_pending=False,
+                exec_main_start_usec=unit.exec_main_start_usec, exec_main_exit_usec=int(time.time() * 1e6),
+                active_enter_usec=unit.active_enter_usec)
+        self.watcher.signal(name)
+
+    def state(self, name: str) -> systemd.UnitState | None:
+        with self.lock:
+            return self.units.get(name)
+
+    def list_units(self, pattern: str) -> dict[str, systemd.UnitBrief]:
+        with self.lock:  # every unit here is the daemon's own (the pattern is always unitspec.UNIT_GLOB)
+            return {name: systemd.UnitBrief(u.active_state, u.sub_state, u.job_pending)
+                    for name, u in self.units.items()}
+
+    def stop(self, name: str) -> bool:
+        with self.lock:
+            return self.units.pop(name, None) is not None
+
+    def reset_failed(self, name: str) -> bool:
+        return False
+
+    def release(self, name: str) -> None:
+        self.stop(name)
+
+
+# -- a worker process: many daemons in threads ---------------------------------------------------
+
+
+class _ThreadSignals:
+    """Stands in for the `signal` module in supervisor.daemon, in the worker processes only: Python lets
+    only the main thread install handlers, and the bench stops each daemon itself (stopping, then a wake)."""
+
+    SIGTERM = SIGINT = 0
+
+    @staticmethod
+    def signal(signum: int, handler: object) -> None:
+        return None
+
+    @staticmethod
+    def set_wakeup_fd(fd: int) -> int:
+        return -1
+
+
+def worker(hosts: list[str], dsn: str, run_seconds: float, pipe: Pipe) -> None:
+    """Run one daemon per host id in threads until told to stop; then send every claim each made:
+    (wall-clock time the statement was sent, host, jobs claimed, or FAILED when the statement raised:
+    a statement or lock timeout, a dropped connection; pg_stat_statements never counts those)."""
+    logging.getLogger("unitvisor").setLevel(logging.WARNING)
+    daemon.signal = _ThreadSignals  # type: ignore[assignment]
+    claims: list[tuple[float, str, int]] = []
+    real_claim = store.claim
+
+    def counted_claim(conn: store.Connection, fence: store.Fence, batch: int, unit_format: str) -> list:
+        sent = time.time()
+        try:
+            claimed = real_claim(conn, fence, batch, unit_format)
+        except Exception:
+            claims.append((sent, fence.host_id, FAILED))
+            raise
+        claims.append((sent, fence.host_id, len(claimed)))  # list.append is atomic under the GIL
+        return claimed
+
+    store.claim = counted_claim  # the daemon calls store.claim through the module
+    ender = Ender()
+    ender.start()
+    daemons = []
+    for host in hosts:
+        d = daemon.Daemon(config.parse(HOST_CONFIG.format(host=host), f"<{host}>"), lambda: dsn)
+        # The fake systemd starts units for anyone; a real one needs root, which is all the daemon's check
+        # is about (it would claim nothing otherwise).
+        d.is_root = True
+        d.watcher = FakeWatcher()
+        d.systemd = FakeSystemd(d.watcher, ender, run_seconds)
+        daemons.append(d)
+    threads = [threading.Thread(target=d.run, name=d.host_id, daemon=True) for d in daemons]
+    for t in threads:
+        t.start()
+    while not all(d.reconciler is not None and not d.problem for d in daemons):
+        time.sleep(0.2)
+    pipe.send("ready")
+    pipe.recv()  # "stop"
+    for d in daemons:
+        d.stopping = True
+        d._wake()
+    for t in threads:
+        t.join(30)
+    pipe.send(claims)
+
+
+# -- the bench (in the main process) -------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # gone since it was listed
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def server_cpu(pg: Postgres) -> float:
+    """CPU seconds used so far by the PostgreSQL server: the postmaster and every process it forked
+    that is still there (each daemon's backends live as long as the fleet, so a difference over a
+    window is the server's work in it, but for helpers that come and go, like autovacuum workers)."""
+    postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
+    total = _cpu_seconds(postmaster)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == postmaster:
+            total += _cpu_seconds(int(stat.parent.name))
+    return total
+
+
+class Fleet:
+    """N daemons in worker processes against one database of the cluster, and the bench's connection."""
+
+    def __init__(self, pg: Postgres, n: int, sizes: Sizes) -> None:
+        self.pg, self.n, self.sizes = pg, n, sizes
+        self.dbname = f"scale_{n}"
+        with store.connect(pg.dsn) as conn:
+            conn.execute(f"CREATE DATABASE {self.dbname}")
+        with store.connect(pg.dsn_for(self.dbname)) as conn:
+            store.migrate(conn)
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        # The bench's own statements (submits, polling) log in as CLIENT_ROLE, counted apart.
+        self.conn = psycopg.connect(pg.dsn_for(self.dbname).replace("user=postgres", f"user={CLIENT_ROLE}"),
+                                    autocommit=True)
+        hosts = [f"scale-{i:03d}" for i in range(1, n + 1)]
+        context = multiprocessing.get_context("spawn")  # no fork of this process's threads and connections
+        self.workers: list[tuple[multiprocessing.process.BaseProcess, Pipe]] = []
+        for start in range(0, n, HOSTS_PER_WORKER):
+            ours, theirs = context.Pipe()
+            proc = context.Process(target=worker, daemon=True, args=(
+                hosts[start:start + HOSTS_PER_WORKER], pg.dsn_for(self.dbname), sizes.run_seconds, theirs))
+            proc.start()
+            self.workers.append((proc, ours))
+        deadline = time.monotonic() + sizes.ready_timeout
+        for _, pipe in self.workers:
+            if not pipe.poll(max(0.0, deadline - time.monotonic())):
+                raise SystemExit(f"{n} daemons: not all registered within {sizes.ready_timeout:.0f} s")
+            pipe.recv()
+        self.claims: list[tuple[float, str, int]] = []
+
+    def stop(self) -> None:
+        for _, pipe in self.workers:
+            pipe.send("stop")
+        for proc, pipe in self.workers:
+            if pipe.poll(60):
+                self.claims += pipe.recv()
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+        self.conn.close()
+
+    def _daemon_statements(self, pattern: str = "%") -> int:
+        return self.conn.execute(
+            """SELECT coalesce(sum(s.calls), 0)::bigint FROM pg_stat_statements s
+               JOIN pg_roles u ON u.oid = s.userid JOIN pg_database d ON d.oid = s.dbid
+               WHERE u.rolname <> %s AND d.datname = %s AND s.query LIKE %s""",
+            (CLIENT_ROLE, self.dbname, pattern)).fetchone()[0]
+
+    def connections(self) -> int:
+        return self.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND usename <> %s",
+                                 (self.dbname, CLIENT_ROLE)).fetchone()[0]
+
+    def idle(self) -> dict[str, Any]:
+        """(S1) The fleet with nothing to do, after its first poll intervals have passed."""
+        time.sleep(min(self.sizes.idle_seconds, 10.0))  # past the start: every daemon in its steady loop
+        self.conn.execute("SELECT pg_stat_statements_reset()")
+        cpu, began = server_cpu(self.pg), time.monotonic()
+        time.sleep(self.sizes.idle_seconds)
+        seconds = time.monotonic() - began
+        cpu = server_cpu(self.pg) - cpu
+        statements = self._daemon_statements()
+        minutes = seconds / 60
+        connections = self.connections()
+        return {"seconds": seconds, "server_cpu_seconds": cpu, "loadavg": loadavg(),
+                "server_cpu_ms_per_host_per_minute": cpu * 1000 / self.n / minutes,
+                "server_cpu_share_of_one_core": cpu / seconds,
+                "statements_per_host_per_minute": statements / self.n / minutes,
+                "connections": connections, "connections_per_host": connections / self.n}
+
+    def _submit(self, count: int) -> tuple[list[str], float]:
+        """`count` runs in one transaction; their ids and the commit's time on the database's clock. The
+        commit timestamp itself (track_commit_timestamp), not a clock read after COMMIT returned: the
+        daemons' NOTIFY arrives at the commit, and their claims were seen to come before such a read."""
+        with self.conn.transaction():
+            ids = [str(store.submit_run(self.conn, argv=["/bin/true"])) for _ in range(count)]
+            xid = self.conn.execute("SELECT pg_current_xact_id()::text::xid").fetchone()[0]
+        return ids, self.conn.execute("SELECT extract(epoch FROM pg_xact_commit_timestamp(%s::xid))::float8",
+                                      (xid,)).fetchone()[0]
+
+    def _latencies_ms(self, committed: dict[str, float], timeout: float) -> list[float]:
+        """Claim latency of each run: its first attempt's claimed_at minus its submit's commit."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.conn.execute(
+                "SELECT run_id::text, extract(epoch FROM claimed_at)::float8 FROM unitvisor.attempts "
+                "WHERE attempt = 1 AND run_id = ANY(%s::uuid[])", (list(committed),)).fetchall()
+            if len(rows) == len(committed) or time.monotonic() > deadline:
+                return [(claimed - committed[run]) * 1000 for run, claimed in rows]
+            time.sleep(0.2)
+
+    def trickle(self) -> dict[str, Any]:
+        """(S2) Single submits, `trickle_gap` apart: each one's claim latency, and the claim statements
+        (pg_stat_statements) that followed it. Who ran them is read from the workers' counts at the end."""
+        committed: dict[str, float] = {}
+        self.submits: list[tuple[float, float]] = []  # (wall clock at the submit, then after the gap)
+        statements = []
+        for _ in range(self.sizes.trickle):
+            before, sent = self._daemon_statements(CLAIM_STATEMENT), time.time()
+            ids, at = self._submit(1)
+            committed[ids[0]] = at
+            time.sleep(self.sizes.trickle_gap)
+            self.submits.append((sent, time.time()))
+            statements.append(self._daemon_statements(CLAIM_STATEMENT) - before)
+        latencies = self._latencies_ms(committed, self.sizes.burst_timeout)
+        return {"submits": self.sizes.trickle, "gap_s": self.sizes.trickle_gap, "claimed": len(latencies),
+                "claim_latency_ms": summary(latencies), "claim_statements_per_submit": summary(statements)}
+
+    def burst(self) -> dict[str, Any]:
+        """(S3) `burst` runs in one transaction, claimed by the fleet."""
+        before, cpu = self._daemon_statements(CLAIM_STATEMENT), server_cpu(self.pg)
+        self.burst_window = (time.time(), math.inf)
+        began = time.monotonic()
+        ids, at = self._submit(self.sizes.burst)
+        latencies = self._latencies_ms(dict.fromkeys(ids, at), self.sizes.burst_timeout)
+        self.burst_window = (self.burst_window[0], time.time())
+        per_host = self.conn.execute(
+            "SELECT count(DISTINCT host_id) FROM unitvisor.attempts WHERE attempt = 1 AND run_id = ANY(%s::uuid[])",
+            (ids,)).fetchone()[0]
+        return {"runs": self.sizes.burst, "claimed": len(latencies), "seconds": time.monotonic() - began,
+                "claim_latency_ms": summary(latencies), "hosts_that_claimed": per_host,
+                "claim_statements": self._daemon_statements(CLAIM_STATEMENT) - before, "loadavg": loadavg(),
+                "server_cpu_seconds": server_cpu(self.pg) - cpu}
+
+    def woken(self) -> dict[str, Any]:
+        """(S2) how many daemons each single submit made run a claim: the distinct hosts whose store.claim
+        was sent in the gap after it (the workers' counts), and how many of them got the run."""
+        hosts, empty, failed = [], [], []
+        for began, ended in self.submits:
+            calls = [(host, got) for sent, host, got in self.claims if began <= sent < ended]
+            hosts.append(len({host for host, _ in calls}))
+            empty.append(sum(1 for _, got in calls if not got))
+            failed.append(sum(1 for _, got in calls if got == FAILED))
+        return {"daemons_that_claimed": summary(hosts), "empty_claims": summary(empty),
+                "failed_claims": summary(failed), "share_of_fleet_p50": summary(hosts)["p50"] / self.n}
+
+    def burst_claims(self) -> dict[str, int]:
+        """(S3) the claims the daemons sent from the burst's submit until its last run was claimed: those
+        that got jobs, those that got none, those that failed (the workers' counts)."""
+        began, ended = self.burst_window
+        got = [n for sent, _, n in self.claims if began <= sent < ended]
+        return {"sent": len(got), "with_jobs": sum(1 for n in got if n > 0), "empty": got.count(0),
+                "failed": got.count(FAILED)}
+
+
+def measure(pg: Postgres, n: int, sizes: Sizes) -> dict[str, Any]:
+    say(f"{n} daemons: starting ...")
+    began = time.monotonic()
+    fleet = Fleet(pg, n, sizes)
+    try:
+        result: dict[str, Any] = {"hosts": n, "workers": len(fleet.workers),
+                                  "start_seconds": time.monotonic() - began}
+        say(f"{n} daemons: all registered in {result['start_seconds']:.1f} s; idle for {sizes.idle_seconds:g} s ...")
+        result["idle"] = fleet.idle()
+        say(f"{n} daemons: {sizes.trickle} single submits ...")
+        result["trickle"] = fleet.trickle()
+        say(f"{n} daemons: a burst of {sizes.burst} runs ...")
+        result["burst"] = fleet.burst()
+    finally:
+        fleet.stop()
+    result["trickle"]["woken"] = fleet.woken()
+    result["burst"]["daemon_claims"] = fleet.burst_claims()
+    return result
+
+
+def run(sizes: Sizes) -> dict[str, Any]:
+    started = dt.datetime.now(dt.UTC)
+    with database() as pg:
+        # bench.run's cluster, with room for the largest fleet's connections (the default 100 would not do).
+        needed = CONNECTIONS_PER_DAEMON * max(sizes.fleets) + SPARE_CONNECTIONS
+        pg.settings["max_connections"] = str(max(100, needed))
+        pg.restart()
+        with pg.connect() as conn:
+            server = conn.execute("SHOW server_version").fetchone()[0]
+        r: dict[str, Any] = {
+            "date": started.isoformat(timespec="seconds"), "machine": machine_facts(), "sizes": asdict(sizes),
+            "versions": {"unitvisor": __version__, "postgresql": server, "python": sys.version.split()[0],
+                         "psycopg": psycopg.__version__},
+            "max_connections": int(pg.settings["max_connections"]), "systemd": "fake (bench/scale.py FakeSystemd)",
+            "loadavg": {"start": loadavg()}, "fleets": {},
+        }
+        for n in sizes.fleets:
+            r["fleets"][str(n)] = measure(pg, n, sizes)
+        r["loadavg"]["end"] = loadavg()
+        r["wall_seconds"] = (dt.datetime.now(dt.UTC) - started).total_seconds()
+        return r
+
+
+def table(r: dict[str, Any]) -> str:
+    def ms(s: dict[str, float]) -> str:
+        return f"{s['p50']:.0f} / {s['p99']:.0f} ms" if not math.isnan(s["p50"]) else "-"
+
+    lines = [f"Fleet at scale (simulated; systemd is a fake), {r['machine']['nproc']} cores, "
+             f"load {r['loadavg']['start']}",
+             f"{'hosts':>6}  {'(S1) server CPU/host/min':>24}  {'stmts/host/min':>14}  {'conns/host':>10}  "
+             f"{'(S2) claim p50/p99':>18}  {'daemons woken/submit':>20}  {'(S3) burst p50/p99':>18}"]
+    for n, f in r["fleets"].items():
+        idle, trickle, burst = f["idle"], f["trickle"], f["burst"]
+        woken = trickle["woken"]["daemons_that_claimed"]["p50"]
+        lines.append(f"{n:>6}  {idle['server_cpu_ms_per_host_per_minute']:>21.1f} ms  "
+                     f"{idle['statements_per_host_per_minute']:>14.1f}  {idle['connections_per_host']:>10.2f}  "
+                     f"{ms(trickle['claim_latency_ms']):>18}  {woken:>20.0f}  "
+                     f"{ms(burst['claim_latency_ms']):>18}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="5 daemons, every figure in seconds (smoke test)")
+    parser.add_argument("--fleets", help="comma-separated fleet sizes [default: 100,300]")
+    parser.add_argument("--idle-seconds", type=float, help="how long the idle fleet is watched [default: 60]")
+    parser.add_argument("--burst", type=int, help="runs submitted in one transaction [default: 1000]")
+    parser.add_argument("--out", type=Path, help="the JSON file [default: bench/results/scale.json, "
+                        "or scale-tiny.json with --tiny]")
+    args = parser.parse_args(argv)
+    sizes = TINY if args.tiny else Sizes()
+    if args.fleets:
+        sizes.fleets = [int(v) for v in args.fleets.split(",")]
+    if args.idle_seconds is not None:
+        sizes.idle_seconds = args.idle_seconds
+    if args.burst is not None:
+        sizes.burst = args.burst
+    out = args.out or RESULTS / ("scale-tiny.json" if args.tiny else "scale.json")
+    interrupt_on_sigterm()
+    results = run(sizes)
+    save(out, results)
+    print(table(results))
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

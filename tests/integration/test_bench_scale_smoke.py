@@ -1,0 +1,51 @@
+"""`python -m bench.scale --tiny` works: it boots its own PostgreSQL, runs five real daemons with systemd
+faked at its adapter (no test bed needed), and writes every figure. The figures themselves are never
+asserted (benchmarks are not tests; docs/benchmarks.md, Fleet at scale, has the real runs); only that
+every run submitted was claimed, once, by the fleet."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.harness.host import REPO
+
+FIGURES = [
+    *(("idle", key) for key in ("server_cpu_ms_per_host_per_minute", "statements_per_host_per_minute",
+                                "connections_per_host", "server_cpu_seconds", "seconds")),
+    *((phase, "claim_latency_ms", p) for phase in ("trickle", "burst") for p in ("p50", "p99")),
+    ("trickle", "claim_statements_per_submit", "p50"), ("trickle", "woken", "daemons_that_claimed", "p50"),
+    ("trickle", "woken", "empty_claims", "p50"), ("trickle", "woken", "share_of_fleet_p50"),
+    ("burst", "claim_statements"), ("burst", "hosts_that_claimed"), ("burst", "seconds"),
+    ("start_seconds",), ("workers",),
+]
+
+
+def _get(data: dict, path: tuple[str, ...]) -> object:
+    for key in path:
+        data = data[key]
+    return data
+
+
+def test_bench_scale_tiny_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    # Seconds on this 2-core machine; the bound is for a machine loaded by other suites.
+    result = subprocess.run([sys.executable, "-m", "bench.scale", "--tiny", "--out", str(out)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Fleet at scale" in result.stdout, result.stdout
+    data = json.loads(out.read_text())
+    assert data["systemd"].startswith("fake")
+    assert data["max_connections"] >= 100
+    [(size, fleet)] = data["fleets"].items()
+    assert int(size) == fleet["hosts"] == data["sizes"]["fleets"][0]
+    for path in FIGURES:
+        value = _get(fleet, path)
+        assert value not in (None, ""), path
+        assert not (isinstance(value, float) and math.isnan(value)), path
+    assert fleet["trickle"]["claimed"] == fleet["trickle"]["submits"] == data["sizes"]["trickle"]
+    assert fleet["burst"]["claimed"] == fleet["burst"]["runs"] == data["sizes"]["burst"]
+    assert fleet["trickle"]["woken"]["daemons_that_claimed"]["n"] == data["sizes"]["trickle"]
