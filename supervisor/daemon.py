@@ -1,9 +1,10 @@
 """`unitvisor daemon`: one thread, one loop.
 
-The loop select()s on the LISTEN connection's socket and on the systemd signal connection, with the
-nearest timer as its timeout. Each wake-up drains what is ready, does the work that is due (claim,
-settle changed units, cancel, the probe that is also the heartbeat, reconcile) and feeds the
-watchdog. Nothing is kept in memory that cannot be rebuilt from PostgreSQL and systemd after a kill -9.
+The loop select()s on its one database connection's socket (which also LISTENs) and on the systemd
+signal connection, with the nearest timer as its timeout. Each wake-up drains what is ready, does the
+work that is due (claim, settle changed units, cancel, the probe that is also the heartbeat,
+reconcile) and feeds the watchdog. Nothing is kept in memory that cannot be rebuilt from PostgreSQL
+and systemd after a kill -9.
 """
 
 from __future__ import annotations
@@ -81,8 +82,13 @@ class Daemon:
                            _stop_running_units)
         self.systemd = Systemd()
         self.watcher = Watcher(UNIT_PREFIX)
-        self.conn: store.Connection | None = None
-        self.listen_conn: store.Connection | None = None
+        # The one database connection of this host: every query, and the LISTEN for wake-ups. One, not
+        # a second for LISTEN, so that a fleet of N hosts costs the server N sessions (issue 14).
+        self.conn: GuardedConnection | None = None
+        # Channels that fired since the loop last looked. psycopg hands a notification that arrives
+        # while a query runs on the connection to _on_notify; the loop reads those that arrive while
+        # it is idle. Both land here, so none is lost to the other path.
+        self.notified: set[str] = set()
         self.notifier = sdnotify.SystemdNotifier()
         self.stopping = False
         self.host_state = "active"
@@ -177,19 +183,21 @@ class Daemon:
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     def _connected(self) -> bool:
-        return self.conn is not None and self.listen_conn is not None and self.systemd.connected \
-            and self.watcher.connected
+        return self.conn is not None and self.systemd.connected and self.watcher.connected
 
     def _connect(self) -> bool:
         try:
-            if self.conn is None or self.listen_conn is None:
+            if self.conn is None:
                 self._close_db()
                 self.dsn = self.dsn_source()
                 conn = store.connect(self.dsn, GuardedConnection)
                 conn.guard = self.guard
+                # Before the LISTEN: from then on every notification reaches the handler or the loop.
+                conn.add_notify_handler(self._on_notify)
                 self.conn = conn
-                self.listen_conn = store.connect(self.dsn)
-                store.listen(self.listen_conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
+                # Again after every reconnect: a LISTEN belongs to its session. In autocommit it takes
+                # effect at once; inside a transaction it would wait for the commit.
+                store.listen(conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
                 pending = store.pending_migrations(self.conn)
                 if pending:
                     raise store.DatabaseError(
@@ -225,7 +233,11 @@ class Daemon:
         """Take this host id for this daemon (or learn that another live daemon has it), then renew."""
         assert self.conn is not None
         # A session whose client went silent (a black hole) ends on the server after this long, so
-        # that it does not hold this host's lock for ever; a live daemon speaks every poll interval.
+        # that it does not hold this host's lock for ever. A live daemon speaks at least every poll
+        # interval (the probe, however quiet the queue), and host_dead_after is at least 3 of them
+        # (config), so a session idle only because nothing happened is never ended: waiting for a
+        # NOTIFY on it does not count as idle for long. Notifications the server sends do not reset
+        # the timer; only what the client sends does.
         store.set_idle_session_timeout(self.conn, self.settings.fleet.host_dead_after)
         profile = fleet.host_profile(self.settings, __version__, self.instance, self.boot_id, self.is_root)
         sent = time.monotonic()
@@ -251,13 +263,15 @@ class Daemon:
 
     def _close_db(self) -> None:
         with self.guard.closing():
-            for conn in (self.conn, self.listen_conn):
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except psycopg.Error:
-                        pass
-            self.conn = self.listen_conn = None
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                except psycopg.Error:
+                    pass
+            self.conn = None
+        # What a closed session heard is stale: the reconcile pass after the reconnect and the probe
+        # re-read the tables anyway.
+        self.notified.clear()
 
     def _disconnect(self) -> None:
         self._close_db()
@@ -307,15 +321,22 @@ class Daemon:
     # -- the loop ---------------------------------------------------------------------------------
 
     def _iteration(self) -> None:
-        assert self.conn is not None and self.listen_conn is not None
+        assert self.conn is not None
+        db_fd = self.conn.fileno()
+        # Notifications read during the last iteration's queries (or left parsed-but-unread in libpq's
+        # buffer by them) never make the socket readable again: act on them now, without waiting.
+        self._drain_notifications(receive=False)
         now = time.monotonic()
-        timeout = self.timers.nearest(now, cap=self.settings.daemon.poll_interval)
-        readable, _, _ = _select([self.listen_conn.fileno(), self.watcher.fileno(), self.wakeup_r], timeout)
+        timeout = 0.0 if self.notified else self.timers.nearest(now, cap=self.settings.daemon.poll_interval)
+        readable, _, _ = _select([db_fd, self.watcher.fileno(), self.wakeup_r], timeout)
         if self.wakeup_r in readable:
             _drain_pipe(self.wakeup_r)
             if self.stopping:
                 return
-        wake_claim, wake_cancel = self._drain_notifications() if readable else (False, False)
+        if db_fd in readable:
+            self._drain_notifications(receive=True)
+        wake_claim, wake_cancel = store.SPAWN_CHANNEL in self.notified, store.CANCEL_CHANNEL in self.notified
+        self.notified.clear()
         changed, reloaded = self.watcher.drain()
         if reloaded:
             event("systemd-reloaded", host=self.host_id)
@@ -387,18 +408,22 @@ class Daemon:
         for run, attempt in pairs:
             self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.reconcile_one(r, a))
 
-    def _drain_notifications(self) -> tuple[bool, bool]:
-        """Read queued NOTIFYs without blocking. They are hints: what they say is re-read from the
-        tables, and the fallback poll covers any that were lost."""
-        assert self.listen_conn is not None
-        pgconn = self.listen_conn.pgconn
-        pgconn.consume_input()
-        claim = cancel = False
+    def _on_notify(self, note: psycopg.Notify) -> None:
+        """psycopg's handler for a notification it read while a query ran on the connection (it takes
+        them out of libpq's queue, so the loop would never see them)."""
+        self.notified.add(note.channel)
+
+    def _drain_notifications(self, receive: bool) -> None:
+        """Take the NOTIFYs queued on the idle connection into `notified`, without blocking; with
+        `receive`, first read what the socket has (it was readable). They are hints: what they say is
+        re-read from the tables, and the fallback poll covers any that were lost. A connection the
+        server closed fails here, as a lost connection, and the loop reconnects."""
+        assert self.conn is not None
+        pgconn = self.conn.pgconn
+        if receive:
+            pgconn.consume_input()
         while (note := pgconn.notifies()) is not None:
-            channel = note.relname.decode()
-            claim = claim or channel == store.SPAWN_CHANNEL
-            cancel = cancel or channel == store.CANCEL_CHANNEL
-        return claim, cancel
+            self.notified.add(note.relname.decode())
 
     def _feed_watchdog(self) -> None:
         now = time.monotonic()
@@ -423,7 +448,7 @@ class Daemon:
 
     def _metrics_state(self) -> State:
         """What a scrape shows of the loop (called from the metrics server's thread: reads only)."""
-        reconciler, connected = self.reconciler, self.conn is not None and self.listen_conn is not None
+        reconciler, connected = self.reconciler, self.conn is not None
         return State(in_flight=reconciler.in_flight if reconciler else 0, database_up=connected,
                      systemd_up=self.systemd.connected and self.watcher.connected,
                      host_state=self.host_state if connected and self.fence else "unregistered")

@@ -56,7 +56,8 @@ def make(boundaries, events):
         d.is_root = is_root
         d._sleep = mock.Mock()
         if connected:
-            d.conn, d.listen_conn = mock.Mock(name="conn"), mock.Mock(name="listen_conn")
+            d.conn = mock.Mock(name="conn")
+            d.conn.pgconn.notifies.return_value = None  # libpq's queue of notifications: empty
             d.dsn = DSN
             d.fence = store.Fence("h1", 4)
         return d
@@ -78,7 +79,7 @@ def test_construction_touches_no_bus_and_no_database(make, boundaries):
     boundaries.Systemd.assert_called_once_with()
     boundaries.Systemd.return_value.connect.assert_not_called()
     boundaries.Watcher.assert_called_once_with("unitvisor-run-")
-    assert d.conn is None and d.listen_conn is None and d.fence is None
+    assert d.conn is None and d.notified == set() and d.fence is None
     assert d.guard._thread is None
 
 
@@ -97,10 +98,9 @@ def boom(exc):
     return work
 
 
-def assert_db_closed(d, conn, listen_conn):
-    assert d.conn is None and d.listen_conn is None
+def assert_db_closed(d, conn):
+    assert d.conn is None and d.notified == set()
     conn.close.assert_called_once_with()
-    listen_conn.close.assert_called_once_with()
 
 
 def test_guard_success_returns_true_and_touches_nothing(make, events):
@@ -113,10 +113,10 @@ def test_guard_success_returns_true_and_touches_nothing(make, events):
 
 def test_guard_turns_fenced_into_a_closed_db_a_fenced_event_and_a_quick_retry(make, events):
     d = make()
-    conn, listen_conn = d.conn, d.listen_conn
+    conn = d.conn
     d.backoff = 16.0
     assert d._guard(boom(store.Fenced("host h1 is fenced: its row is gone, or its epoch 4 is over"))) is False
-    assert_db_closed(d, conn, listen_conn)
+    assert_db_closed(d, conn)
     assert d.backoff == 1.0
     fenced = [c for c in events.call_args_list if c.args[0] == "fenced"]
     assert len(fenced) == 1
@@ -135,9 +135,9 @@ def test_guard_turns_fenced_into_a_closed_db_a_fenced_event_and_a_quick_retry(ma
 ])
 def test_guard_turns_a_lost_connection_into_a_closed_db_and_a_status_problem(make, events, exc):
     d = make()
-    conn, listen_conn = d.conn, d.listen_conn
+    conn = d.conn
     assert d._guard(boom(exc)) is False
-    assert_db_closed(d, conn, listen_conn)
+    assert_db_closed(d, conn)
     assert d.problem == f"database at db.example:5433 unreachable: {store.one_line(exc)}"
     assert "secret" not in d.problem
     assert statuses(d)[-1].startswith(f"STATUS={d.problem}; retrying. ")
@@ -162,9 +162,9 @@ def test_guard_turns_a_lost_bus_into_closed_bus_connections_only(make, events):
 ])
 def test_guard_contains_any_other_exception_with_a_closed_db_and_a_backoff(make, events, exc):
     d = make()
-    conn, listen_conn = d.conn, d.listen_conn
+    conn = d.conn
     assert d._guard(boom(exc)) is False
-    assert_db_closed(d, conn, listen_conn)
+    assert_db_closed(d, conn)
     assert d.problem == f"internal error: {type(exc).__name__}: {store.one_line(exc)}"
     assert statuses(d)[-1].startswith(f"STATUS={d.problem}; retrying. ")
     d._sleep.assert_called_once_with(1.0)
@@ -195,13 +195,14 @@ def test_closing_the_db_holds_the_guards_lock(make):
     assert held == [True]
 
 
-def test_a_close_that_fails_still_forgets_the_connections(make):
+def test_a_close_that_fails_still_forgets_the_connection(make):
     d = make()
-    d.conn.close.side_effect = psycopg.OperationalError("already broken")
-    listen_conn = d.listen_conn
+    conn = d.conn
+    conn.close.side_effect = psycopg.OperationalError("already broken")
+    d.notified.add(store.SPAWN_CHANNEL)
     d._close_db()
-    assert d.conn is None and d.listen_conn is None
-    listen_conn.close.assert_called_once_with()
+    assert d.conn is None and d.notified == set()  # what a closed session heard is not acted on
+    conn.close.assert_called_once_with()
 
 
 # -- registration -----------------------------------------------------------------------------------
@@ -273,10 +274,9 @@ def test_connect_on_conflict_waits_a_poll_interval_and_does_nothing(make, st, ev
     st.register_host.return_value = store.Registration(False, None, None, "held by another instance")
     assert d._connect() is False
     assert d.backoff == 12.0
-    assert d.conn is None and d.listen_conn is None
-    assert len(st.made) == 2
-    for conn in st.made:  # both sessions closed: the host lock is not held by a daemon that does nothing
-        conn.close.assert_called_once_with()
+    assert d.conn is None
+    (conn,) = st.made  # one session, closed: the host lock is not held by a daemon that does nothing
+    conn.close.assert_called_once_with()
     assert d.problem == ("not working: held by another instance; this daemon claims, starts and stops nothing "
                          "while it lasts")
     d.systemd.connect.assert_not_called()
@@ -289,9 +289,10 @@ def test_connect_success_registers_and_connects_the_bus(make, st, events):
     d.systemd.connected = False
     d.problem = "earlier trouble"
     assert d._connect() is True
-    assert st.connect.call_args_list == [mock.call(DSN, GuardedConnection), mock.call(DSN)]
+    assert st.connect.call_args_list == [mock.call(DSN, GuardedConnection)]  # one connection, no other
     assert d.conn.guard is d.guard
-    st.listen.assert_called_once_with(d.listen_conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
+    d.conn.add_notify_handler.assert_called_once_with(d._on_notify)
+    st.listen.assert_called_once_with(d.conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
     assert d.fence == store.Fence("h1", 5)
     d.watcher.connect.assert_called_once_with()
     d.systemd.connect.assert_called_once_with()
@@ -531,3 +532,96 @@ def test_a_tail_read_wakes_the_loop_through_the_signal_pipe(make):
     finally:
         os.close(d.wakeup_r)
         os.close(d.wakeup_w)
+
+
+# -- notifications on the one connection --------------------------------------------------------------
+
+def pg_notify(channel):
+    """What libpq's queue holds (psycopg.pq.PGnotify): the channel as bytes."""
+    return mock.Mock(relname=channel.encode(), extra=b"", be_pid=4242)
+
+
+@pytest.fixture
+def idle_loop(make, mocker):
+    """A connected daemon whose timers are all far away: only a notification makes it claim or cancel."""
+    d = make()
+    d.conn.fileno.return_value = 7
+    d.watcher.fileno.return_value = 8
+    d.watcher.drain.return_value = (set(), False)
+    d.reconciler = mock.Mock(settled=0, in_flight=0)
+    d.timers = daemon_mod.Timers(claim=math.inf, reconcile=math.inf, retention=math.inf, watchdog=math.inf)
+    return mock.Mock(d=d, select=mocker.patch.object(daemon_mod, "_select", return_value=([], [], [])),
+                     claim=mocker.patch.object(store, "claim", return_value=[]),
+                     open_attempts=mocker.patch.object(store, "open_attempts", return_value=[]))
+
+
+def test_a_notification_read_while_the_connection_is_idle_wakes_the_claim(idle_loop):
+    d = idle_loop.d
+    idle_loop.select.return_value = ([7], [], [])
+    d.conn.pgconn.notifies.side_effect = [None, pg_notify(store.SPAWN_CHANNEL), None]  # before, after select
+    d._iteration()
+    assert idle_loop.select.call_args.args == ([7, 8, -1], 10.0)  # the poll interval: nothing was pending
+    d.conn.pgconn.consume_input.assert_called_once_with()
+    idle_loop.claim.assert_called_once()
+    idle_loop.open_attempts.assert_not_called()
+    assert d.notified == set()
+
+
+def test_a_notification_that_arrives_during_a_query_is_not_lost(idle_loop):
+    """psycopg reads it while the claim's query runs and hands it to the handler (libpq's queue is then
+    empty and the socket not readable): the next iteration acts on it without waiting."""
+    d = idle_loop.d
+    idle_loop.select.return_value = ([7], [], [])
+    d.conn.pgconn.notifies.side_effect = [None, pg_notify(store.SPAWN_CHANNEL), None, None]
+
+    def claim_while_a_cancel_is_sent(*args):
+        d._on_notify(psycopg.Notify(store.CANCEL_CHANNEL, "", 4242))
+        return []
+    idle_loop.claim.side_effect = claim_while_a_cancel_is_sent
+    d._iteration()
+    assert d.notified == {store.CANCEL_CHANNEL}
+    idle_loop.select.return_value = ([], [], [])
+    d._iteration()
+    assert [c.args[1] for c in idle_loop.select.call_args_list] == [10.0, 0.0]  # no wait for the pending one
+    idle_loop.open_attempts.assert_called_once_with(d.conn, "h1", cancel_requested=True)
+    idle_loop.claim.assert_called_once()
+    assert d.notified == set()
+
+
+def test_a_notification_left_in_libpqs_queue_is_taken_before_waiting(idle_loop):
+    d = idle_loop.d
+    d.conn.pgconn.notifies.side_effect = [pg_notify(store.CANCEL_CHANNEL), None]
+    d._iteration()
+    assert idle_loop.select.call_args.args[1] == 0.0
+    d.conn.pgconn.consume_input.assert_not_called()  # the socket was not readable: no read
+    idle_loop.open_attempts.assert_called_once_with(d.conn, "h1", cancel_requested=True)
+    idle_loop.claim.assert_not_called()
+
+
+def test_a_connection_closed_by_the_server_is_lost_when_read_and_reconnected(idle_loop):
+    d = idle_loop.d
+    conn = d.conn
+    idle_loop.select.return_value = ([7], [], [])
+    conn.pgconn.consume_input.side_effect = psycopg.OperationalError("server closed the connection unexpectedly")
+    assert d._guard(d._iteration) is False
+    assert d.conn is None
+    conn.close.assert_called_once_with()
+    assert d.problem.startswith("database at db.example:5433 unreachable: server closed the connection")
+
+
+def test_listen_is_issued_again_on_every_new_connection_after_its_handler(make, st, mocker):
+    d = make(connected=False)
+    order = []
+    st.listen.side_effect = lambda conn, *channels: order.append(("listen", conn, channels))
+    assert d._connect() is True
+    first = d.conn
+    assert d._guard(boom(psycopg.OperationalError("server closed the connection unexpectedly"))) is False
+    assert d._connect() is True
+    second = d.conn
+    assert st.made == [first, second] and first is not second
+    first.close.assert_called_once_with()
+    channels = (store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
+    assert order == [("listen", first, channels), ("listen", second, channels)]
+    for conn in (first, second):  # the handler before the LISTEN: nothing heard before it is dropped
+        conn.add_notify_handler.assert_called_once_with(d._on_notify)
+        assert conn.method_calls.index(mock.call.add_notify_handler(d._on_notify)) == 0

@@ -153,7 +153,7 @@ def test_stopping_is_the_last_word_and_marks_the_host_stopped(make, clock, mocke
     d._reconcile = mock.Mock()
 
     def iteration():
-        d.conn, d.listen_conn, d.fence = mock.Mock(), mock.Mock(), store.Fence("h1", 3)
+        d.conn, d.fence = mock.Mock(), store.Fence("h1", 3)
         d.stopping = True
     d._iteration = iteration
     d._connected = mock.Mock(return_value=False)
@@ -191,10 +191,10 @@ def st(mocker):
 def test_status_says_what_is_wrong_then_that_it_recovered(make, clock, st):
     d = make()
     d.systemd.connected = d.watcher.connected = False
-    st.connect.side_effect = [psycopg.OperationalError("connection refused"), mock.Mock(), mock.Mock()]
+    st.connect.side_effect = [psycopg.OperationalError("connection refused"), mock.Mock()]
 
     def connected_once_set_up():
-        return d.conn is not None and d.listen_conn is not None and d.systemd.connected and d.watcher.connected
+        return d.conn is not None and d.systemd.connected and d.watcher.connected
 
     def bus_up():
         d.systemd.connected = d.watcher.connected = True

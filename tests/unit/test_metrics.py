@@ -384,7 +384,7 @@ def test_daemon_state_for_a_scrape(bare_daemon):
     d = bare_daemon("")
     d.systemd.connected, d.watcher.connected = False, False
     assert d._metrics_state() == State(0, False, False, "unregistered")
-    d.conn, d.listen_conn, d.fence = mock.Mock(), mock.Mock(), store.Fence("h1", 3)
+    d.conn, d.fence = mock.Mock(), store.Fence("h1", 3)
     d.host_state = "draining"
     d.systemd.connected, d.watcher.connected = True, True
     d.reconciler = mock.Mock(in_flight=5)
