@@ -77,12 +77,16 @@ def postgres() -> Iterator[Postgres]:
 def throwaway_database(postgres: Postgres, template: str = "template1") -> Iterator[str]:
     """A new database (a copy of `template`) for one test, dropped afterwards; yields its DSN."""
     name = f"t_{uuid.uuid4().hex[:16]}"
+    # Without the daemon's statement_timeout (store.SESSION_SETTINGS, 15 s): CREATE DATABASE waits for a
+    # checkpoint, which on a machine under heavy load took longer than that and failed a test's setup.
     with store.connect(postgres.dsn) as conn:
+        conn.execute("SET statement_timeout = 0")
         conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
     try:
         yield postgres.dsn_for(name)
     finally:
         with store.connect(postgres.dsn) as conn:
+            conn.execute("SET statement_timeout = 0")
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
