@@ -27,6 +27,16 @@
 --
 -- Expand only: claim_jobs keeps its signature (0.3.0 and 0.4.0 call it), nothing else changes.
 
+-- claim_jobs' memo of one answer per kind of run: `memo` with `kind` set to `answer`, unless it holds
+-- 64 kinds already (the claim then asks again for further kinds: a bound on its memory, not on its
+-- answers).
+CREATE FUNCTION unitvisor.claim_memo(memo jsonb, kind text, answer boolean) RETURNS jsonb
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN (SELECT count(*) FROM jsonb_object_keys(memo)) >= 64 THEN memo
+                ELSE memo || jsonb_build_object(kind, answer) END
+$$;
+REVOKE EXECUTE ON FUNCTION unitvisor.claim_memo(jsonb, text, boolean) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION unitvisor.claim_jobs(
     host_id text, host_epoch bigint, batch integer, unit_format text,
     starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')
@@ -47,6 +57,13 @@ DECLARE
     next_attempt integer;
     name text;
     enough bigint;
+    -- host_refusal(me, r) and also_accepted(me, r) of each kind of run met (what they read of a run
+    -- besides the pin: argv[0], user, environment, memory_max), at most 64 kinds each: a burst is
+    -- mostly runs of a few kinds, and each call costs tens of microseconds (also_accepted one
+    -- host_refusal per other host until one accepts), on every row a claim looks at.
+    refusals jsonb := '{}';
+    accepted jsonb := '{}';
+    contested boolean;
     -- A bound cursor, not FOR ... IN SELECT: PL/pgSQL plans a bound cursor for its first rows
     -- (cursor_tuple_fraction), so it walks spawn_jobs_available_idx in claim order and evaluates
     -- host_refusal only on the rows it fetches; FOR ... IN SELECT plans for every row, and chose to
@@ -54,14 +71,14 @@ DECLARE
     jobs CURSOR FOR
         -- Stale jobs (their run is not queued) of any pin are discarded by whoever meets them, so
         -- that the probe's "claimable" and this loop agree.
+        -- host_refusal(me, r) is asked in the loop, once per kind of run (see `refusals`); the pin is a
+        -- column here: a queue of runs pinned to other hosts costs an index walk, no call each.
         SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max, r.concurrency_key,
-               share < free AND r.state = 'queued' AND unitvisor.also_accepted(me, r) AS contested
+               r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max)::text AS kind,
+               r AS run
         FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now()
-          -- The pin as a column first: a queue of runs pinned to other hosts costs an index walk, not
-          -- a host_refusal call each (host_refusal refuses them all the same).
           AND (r.state <> 'queued' OR ((r.host_pin IS NULL OR r.host_pin = me.id)
-                                       AND unitvisor.host_refusal(me, r) IS NULL
                                        AND (r.concurrency_key IS NULL OR unitvisor.concurrency_blocker(r) IS NULL)
                                        AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))))
         ORDER BY j.priority DESC, j.scheduled_at, j.id
@@ -102,6 +119,17 @@ BEGIN
         share := free;  -- no other live host: nothing to share
     END IF;
     FOR job IN jobs LOOP
+        IF job.run_state = 'queued' THEN
+            -- A run this host refuses is skipped as if the query had not returned it (as in 006).
+            IF refusals ? job.kind THEN
+                CONTINUE WHEN (refusals ->> job.kind)::boolean;
+            ELSIF unitvisor.host_refusal(me, job.run) IS NOT NULL THEN
+                refusals := unitvisor.claim_memo(refusals, job.kind, true);
+                CONTINUE;
+            ELSE
+                refusals := unitvisor.claim_memo(refusals, job.kind, false);
+            END IF;
+        END IF;
         looked := looked + 1;
         IF job.run_state <> 'queued' THEN
             -- A job whose run moved on (cancelled, or started by a job claimed before it): it can
@@ -115,7 +143,16 @@ BEGIN
             CONTINUE;
         END IF;
         EXIT WHEN taken >= free OR looked > 4 * claim_jobs.batch;
-        IF job.contested AND shared >= share AND job.scheduled_at > now() - claim_jobs.spread_grace THEN
+        -- Contested: another live host would take it too (as 006's column, asked here, per kind).
+        IF share >= free OR job.host_pin IS NOT NULL THEN
+            contested := false;  -- nothing to share; or pinned to this host, which no other host takes
+        ELSIF accepted ? job.kind THEN
+            contested := (accepted ->> job.kind)::boolean;
+        ELSE
+            contested := unitvisor.also_accepted(me, job.run);
+            accepted := unitvisor.claim_memo(accepted, job.kind, contested);
+        END IF;
+        IF contested AND shared >= share AND job.scheduled_at > now() - claim_jobs.spread_grace THEN
             CONTINUE;  -- another host's share, for now
         END IF;
         IF me.memory_budget IS NOT NULL AND memory_used + coalesce(job.memory_max, 0) > me.memory_budget THEN
@@ -143,7 +180,7 @@ BEGIN
         INTO claim_jobs.run_id, claim_jobs.attempt, claim_jobs.unit_name, claim_jobs.claimed_at;
         RETURN NEXT;
         taken := taken + 1;
-        shared := shared + job.contested::integer;
+        shared := shared + contested::integer;
         memory_used := memory_used + coalesce(job.memory_max, 0);
     END LOOP;
 END $$;

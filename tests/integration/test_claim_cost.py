@@ -4,6 +4,9 @@ also_accepted calls once more for other hosts). A claim's work must follow what 
 length of the queue: in 006 a claim of 5 runs over 500 queued jobs called it on every one of them,
 twice, and with 300 hosts and 10,000 queued jobs each claim took most of a second.
 
+The claim asks host_refusal once per kind of run it meets (argv[0], user, environment, memory_max), so
+a backlog of one kind costs a call or two, whatever its length.
+
 The counts come from pg_stat_xact_user_functions (track_functions = 'all', for this transaction only).
 """
 
@@ -43,11 +46,12 @@ def test_a_claim_over_a_backlog_checks_about_as_many_jobs_as_it_takes(conn: psyc
         submit_backlog(conn, BACKLOG)
         taken, calls = counted_claim(conn, h1, batch=5)
     assert taken == 5
-    # The counter works here (the call is not inlined away), and the claim checked the runs it took ...
-    assert calls >= taken
-    # ... and the rows the loop fetched beyond them (ten at a time), not the backlog: each fetched row is
-    # checked for this host, and by also_accepted for the first other host that takes it.
-    assert calls <= 4 * 10, calls
+    # The counter works here (the call is not inlined away) ...
+    assert calls >= 1
+    # ... and the claim asked about the rows it fetched at most (ten at a time), not about the backlog:
+    # for this host, and through also_accepted for the first other host that takes it; once per kind
+    # of run, in fact, and these 500 are of one kind.
+    assert calls <= 4, calls
 
 
 def test_a_backlog_pinned_to_another_host_costs_no_refusal_checks(conn: psycopg.Connection, dsn: str) -> None:
@@ -58,4 +62,4 @@ def test_a_backlog_pinned_to_another_host_costs_no_refusal_checks(conn: psycopg.
         assert counted_claim(conn, h1, batch=5) == (0, 0)
         # The host they are pinned to still takes them (and checks the ones it takes).
         taken, calls = counted_claim(other, h2, batch=5)
-    assert taken == 5 and 5 <= calls <= 4 * 10, (taken, calls)
+    assert taken == 5 and 1 <= calls <= 4, (taken, calls)
