@@ -22,7 +22,11 @@ This needs the journal of the boot in which the unit ended. Within a boot journa
 or the default `Storage=auto` with /var/log/journal present (as on this project's Debian 12 test
 machines). With a volatile journal, an attempt whose unit ended while the daemon was down and the
 host then rebooted has no record left and stays `lost` (its run retries by its policy), as any
-attempt of a rebooted host did before.
+attempt of a rebooted host did before. Even a persistent journal may lose what PID 1 logs late in a
+shutdown (seen once in about twenty reboots of the test bed: likely logged after journald let go of
+/var/log/journal, systemd-journal-flush.service's ExecStop, which nothing orders after the runs'
+units): a run stopped then has no end in the journal and is `lost`. What is lost that way is
+everything from some record on, so a kept success record keeps the stop job that came before it.
 
 It also tells a command's own exit status of 200-243 from systemd's setup failure (see the note in
 supervisor/outcomes.py): the child PID 1 forked logs a spawn failure, PID 1 logs "Started" only once the

@@ -94,9 +94,15 @@ def test_a_run_stopped_by_the_hosts_shutdown_is_not_a_success(host: Host) -> Non
     unit = unit_of(run_id)
     host.tb.reboot()
     records = pid1_records(host, unit)
-    # What systemd wrote: the stop job, then the same "Deactivated successfully" as a clean exit.
-    assert any(r.get("MESSAGE_ID") == STOPPING and r.get("JOB_TYPE") == "stop" for r in records)
-    assert any(r.get("MESSAGE_ID") == "7ad2d189f7e94e70a38c781354912448" for r in records)
+    shown = [r.get("MESSAGE") for r in records]
+    # What systemd writes: the stop job, then the same "Deactivated successfully" as a clean exit. Once
+    # in about twenty reboots here the stop job's record was missing after the reboot: likely written
+    # after journald let go of /var/log/journal (systemd-journal-flush.service's ExecStop, which nothing
+    # orders after the runs' units). What is lost that way is everything from some record on, so a
+    # kept success record never lacks the stop job's, which comes before it.
+    stopped = any(r.get("MESSAGE_ID") == STOPPING and r.get("JOB_TYPE") == "stop" for r in records)
+    succeeded = any(r.get("MESSAGE_ID") == "7ad2d189f7e94e70a38c781354912448" for r in records)
+    assert stopped or not succeeded, shown
     host.start()
     data = host.wait_run(run_id)
     [attempt] = data["attempts"]
