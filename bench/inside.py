@@ -145,11 +145,13 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
         calls.append((time.perf_counter() - c0) * 1000)
     loop_s = time.perf_counter() - t0
     pattern = f"{args.prefix}-*.service"
-    if not props.get(b"RemainAfterExit"):
-        # No RemainAfterExit: a unit that ran is unloaded at once, so "none left" means "all ran".
+    if not props.get(b"RemainAfterExit") and not props.get(b"AddRef"):
+        # Neither RemainAfterExit nor AddRef: a unit that ran is unloaded at once, so "none left"
+        # means "all ran".
         drained = wait(lambda: not _units_like(systemd, pattern), 300)
     else:
-        # RemainAfterExit=yes, as the daemon's units: all ran when none is still starting.
+        # RemainAfterExit=yes, or AddRef (as the daemon's units: this connection holds them loaded
+        # once ended, inactive or failed): all ran when none is still starting.
         drained = wait(lambda: all(sub in ("exited", "failed", "dead") or active == "failed"
                                     for _, active, sub in _units_like(systemd, pattern)), 300)
     drain_s = time.perf_counter() - t0

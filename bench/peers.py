@@ -64,7 +64,8 @@ MAX_IN_FLIGHT = 64
 # `check`'s comparison.
 PER_UNIT = ("Id", "Names", "InvocationID", "MainPID", "ExecMainPID", "ControlGroup", "ControlGroupId",
             "FragmentPath", "ExecStart", "ExecStartEx", "StatusText", "Following", "NRestarts",
-            "User", "Group", "UID", "GID")  # DynamicUser: a user named after each unit
+            "User", "Group", "UID", "GID",  # DynamicUser: a user named after each unit
+            "Refs")  # the bus clients holding the unit (AddRef): pystemd's connection, systemd-run's none
 PER_UNIT_SUFFIXES = ("Timestamp", "TimestampMonotonic", "Current", "NSec", "Bytes", "Packets", "Peak")
 
 
@@ -110,6 +111,10 @@ def run_options(props: dict[bytes, Any]) -> tuple[list[str], list[str]]:
         if name in ("ExecStart", "ExecStartEx"):
             [(_path, args, *_flags)] = value
             argv = [arg.decode() for arg in args]
+            continue
+        if name == "AddRef":
+            # Not a unit setting but a request of the calling connection (systemd-run has no spelling
+            # for it, and its connection closes at once): the unit it makes is the same.
             continue
         spelled, values = _option_values(name, value)
         options += [f"--property={spelled}={text}" for text in values]

@@ -34,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from bench import peers_env
+from bench import peers_env, pyspy_top
 from bench.inside import UNSANDBOXED_RUNS
 from supervisor import __version__, store
 from tests.harness import postgres as postgres_mod
@@ -340,8 +340,7 @@ class Bench:
             self.wait_quiet(timeout=120 + n / 5)
         finally:
             if spy:
-                spy.send_signal(signal.SIGINT)
-                spy.wait(timeout=60)
+                self.stop_py_spy(spy, f"throughput-{n}")
         cpu = {name: self.cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
         statements, top = self.daemon_statements(top=12)
         committed, recorded, outcomes = self.client.execute(
@@ -364,17 +363,45 @@ class Bench:
                 "statements_by_query": top}
 
     def start_py_spy(self, pid: int, label: str) -> subprocess.Popen | None:
-        """Sample the daemon (by its PID outside the container) while a phase runs, if py-spy is
-        installed: `--profile` writes collapsed stacks to bench/results/profile-<label>.txt."""
+        """Sample the daemon (PID `pid` in the test bed) while a phase runs, if py-spy is installed
+        (before the test bed boots: its root is this machine's, as it was then): `--profile` writes
+        collapsed stacks to bench/results/profile-<label>.txt; stop_py_spy() ends it and writes where
+        the loop's time goes (bench/pyspy_top.py) to profile-<label>-top.txt.
+
+        Inside the test bed, on the daemon's PID there; with the native frames and every sample. From
+        outside, py-spy cannot match the interpreter's thread ids (the test bed's PID namespace) with
+        the kernel's, and without the native frames it counts pystemd's waits for PID 1 (made holding
+        the GIL) as work: the profile was wall-clock time of four threads, not CPU. pyspy_top tells the
+        waits apart by the native frames instead."""
         spy = _which("py-spy")
         if not spy:
             say("  (py-spy not found: no profile)")
             return None
-        outer = _outer_pid(self.tb.leader, pid)
         RESULTS.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen([spy, "record", "--pid", str(outer), "--rate", "250", "--format", "raw",
+        return subprocess.Popen(["nsenter", "-t", str(self.tb.leader), "-a", "--", spy, "record", "--pid", str(pid),
+                                 "--native", "--idle", "--rate", "100", "--format", "raw",
                                  "--output", str(RESULTS / f"profile-{label}.txt")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @staticmethod
+    def stop_py_spy(spy: subprocess.Popen, label: str) -> None:
+        """SIGINT to py-spy, which then writes its profile. nsenter passes no signal on to the command
+        it forked, so the signal goes to nsenter's children themselves."""
+        for child in _children(spy.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGINT)
+        try:
+            spy.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait()
+        raw = RESULTS / f"profile-{label}.txt"
+        if raw.exists():
+            top = raw.with_name(f"profile-{label}-top.txt")
+            top.write_text(pyspy_top.report(pyspy_top.summarize(raw.read_text().splitlines())))
+            say(f"  profile: {raw}, where the loop's time goes: {top}")
+        else:
+            say("  (py-spy wrote no profile)")
 
     # -- (7) the run sandbox ----------------------------------------------------------------------
 
@@ -534,19 +561,15 @@ def _which(name: str) -> str | None:
     return None
 
 
-def _outer_pid(leader: int, inner: int) -> int:
-    """The PID, as seen from outside, of the process that is `inner` in the test bed's namespace."""
-    namespace = os.readlink(f"/proc/{leader}/ns/pid")
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    children = []
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if os.readlink(proc / "ns/pid") != namespace:
-                continue
-            for line in (proc / "status").read_text().splitlines():
-                if line.startswith("NSpid:") and line.split()[-1] == str(inner):
-                    return int(proc.name)
-    raise RuntimeError(f"no process {inner} in the test bed")
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    children.append(int(proc.name))
+    return children
 
 
 # -- machine and versions -----------------------------------------------------------------------

@@ -207,7 +207,11 @@ class FakeSystemd:
     def reset_failed(self, name: str) -> bool:
         return False
 
-    def release(self, name: str) -> None:
+    def ref(self, name: str) -> bool:
+        with self.lock:
+            return name in self.units
+
+    def release(self, name: str, active_state: str | None = None) -> None:
         self.stop(name)
 
 

@@ -1,12 +1,32 @@
 """Reading journald: what PID 1 recorded about a unit that is no longer loaded.
 
-Used by the reconciler when an attempt's unit is gone (host reboot, someone ran reset-failed): PID 1
-logs a failed unit's exit ("Main process exited", EXIT_CODE/EXIT_STATUS) and result ("Failed with
-result", UNIT_RESULT) at info level, so a failure survives in the journal. A clean exit is logged at
-debug level only, which is not stored: success cannot be proven from the journal, and such an
-attempt stays `lost`. An exit that follows a stop job (a shutdown stopping the unit) is the stop's
-doing, not the run's, and is `lost` too. The exit record's own time (__REALTIME_TIMESTAMP) is the
-attempt's end.
+Used by the reconciler when an attempt's unit is gone: the host rebooted, someone ran reset-failed,
+or the unit ended cleanly while no daemon held a reference on it (the daemon was stopped or crashed:
+PID 1 collects a cleanly ended unit at once then, see unitspec.build). PID 1 logs a failed unit's
+exit ("Main process exited", EXIT_CODE/EXIT_STATUS) and result ("Failed with result", UNIT_RESULT) at
+info level, so a failure survives in the journal. A clean exit's own record is debug level, not
+stored; what is stored is the unit's "Deactivated successfully" (MSG_UNIT_SUCCESS, systemd >= 248),
+logged when the unit ends with Result=success. That proves a success only when the same invocation
+has no stop job: a unit stopped (a cancel, `systemctl stop`, the host's shutdown) whose command dies
+of SIGTERM ends with Result=success and the same record, after "Stopping ..." (JOB_TYPE=stop). An
+exit that follows a stop job is the stop's doing, not the run's, and is `lost`. What a clean
+"Deactivated successfully" cannot tell apart (measured with systemd 252): an exit 0, and a death by
+SIGHUP, SIGINT, SIGTERM or SIGPIPE sent by something other than a stop job (a `kill` by hand, the
+command signalling itself), which systemd also counts as a success; such a rare run is recorded as
+the success systemd saw. The exit record's (or the success record's) own time
+(__REALTIME_TIMESTAMP) is the attempt's end; the figures of PID 1's resource-usage record, when it
+logged one (only above its thresholds: 1 s of CPU, 1 MB of IO), are its accounting.
+
+This needs the journal of the boot in which the unit ended. Within a boot journald always has it
+(in /run/log/journal at least); across a reboot only a persistent journal does: `Storage=persistent`,
+or the default `Storage=auto` with /var/log/journal present (as on this project's Debian 12 test
+machines). With a volatile journal, an attempt whose unit ended while the daemon was down and the
+host then rebooted has no record left and stays `lost` (its run retries by its policy), as any
+attempt of a rebooted host did before. Even a persistent journal may lose what PID 1 logs late in a
+shutdown (seen once in about twenty reboots of the test bed: likely logged after journald let go of
+/var/log/journal, systemd-journal-flush.service's ExecStop, which nothing orders after the runs'
+units): a run stopped then has no end in the journal and is `lost`. What is lost that way is
+everything from some record on, so a kept success record keeps the stop job that came before it.
 
 It also tells a command's own exit status of 200-243 from systemd's setup failure (see the note in
 supervisor/outcomes.py): the child PID 1 forked logs a spawn failure, PID 1 logs "Started" only once the
@@ -24,24 +44,39 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
+from supervisor.model import Accounting
 from supervisor.outcomes import CLD_DUMPED, CLD_EXITED, CLD_KILLED, Outcome, classify
 from supervisor.systemd import from_usec
 
 MSG_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
+# systemd's sd-messages.h (252): SD_MESSAGE_UNIT_FAILURE_RESULT, _UNIT_STOPPING, _UNIT_STOPPED,
+# _UNIT_SUCCESS, _UNIT_RESOURCES. (Until 0.4.0 MSG_UNIT_STOPPING had a wrong value, so a stop job was
+# never seen.)
 MSG_UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
-MSG_UNIT_STOPPING = "de5b426a63be47a7b6ac3eb1a5b1e6ba"
+MSG_UNIT_STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
+MSG_UNIT_STOPPED = "9d1aaa27d60140bd96365438aad20286"
+MSG_UNIT_SUCCESS = "7ad2d189f7e94e70a38c781354912448"
+MSG_UNIT_RESOURCES = "ae8f7b866b0347b9af31fe1c80b127c0"
 MSG_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
 MSG_SPAWN_FAILED = "641257651c1b4ec9a8624d7a40a9e1e7"
 _CODES = {"exited": CLD_EXITED, "killed": CLD_KILLED, "dumped": CLD_DUMPED}
+# The records after which PID 1 writes nothing more about an invocation that ended.
+_FINAL = {MSG_UNIT_SUCCESS, MSG_UNIT_FAILED, MSG_UNIT_STOPPED}
+# The resource-usage record's fields (systemd's unit_log_resources) -> Accounting.
+_RESOURCE_FIELDS = {"cpu_usage_nsec": "CPU_USAGE_NSEC", "io_read_bytes": "IO_METRIC_READ_BYTES",
+                    "io_write_bytes": "IO_METRIC_WRITE_BYTES"}
 
 
 @dataclass(frozen=True)
 class Found:
-    """An outcome read from the journal, and when the main process ended by the journal's clock."""
+    """An outcome read from the journal, when the main process ended by the journal's clock, and what
+    PID 1's resource-usage record says it consumed (NULLs when it logged none)."""
 
     outcome: Outcome
     ended_at: datetime | None
+    accounting: Accounting = Accounting()
 
 
 def program_ran(records: list[dict[str, str]], trust_absence: bool) -> bool | None:
@@ -62,6 +97,18 @@ def program_ran(records: list[dict[str, str]], trust_absence: bool) -> bool | No
     return None
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
+    except OSError:
+        return ""
+
+
+def _of_this_boot(records: list[dict[str, str]]) -> bool:
+    """Whether the last of these records was written in the running boot (by its trusted _BOOT_ID)."""
+    return bool(records) and records[-1].get("_BOOT_ID", "") == _boot_id() != ""
+
+
 def _realtime(record: dict[str, str]) -> datetime | None:
     try:
         return from_usec(int(record.get("__REALTIME_TIMESTAMP", "")))
@@ -69,13 +116,46 @@ def _realtime(record: dict[str, str]) -> datetime | None:
         return None
 
 
+def _stop_job(record: dict[str, str]) -> bool:
+    return record.get("MESSAGE_ID") in (MSG_UNIT_STOPPING, MSG_UNIT_STOPPED) and record.get("JOB_TYPE") == "stop"
+
+
+def accounting_from_records(records: list[dict[str, str]]) -> Accounting:
+    """Pure: the figures of the last resource-usage record among them; NULL for any it lacks."""
+    usage = [r for r in records if r.get("MESSAGE_ID") == MSG_UNIT_RESOURCES]
+    if not usage:
+        return Accounting()
+    values: dict[str, int | None] = {}
+    for key, name in _RESOURCE_FIELDS.items():
+        raw = usage[-1].get(name, "")
+        values[key] = int(raw) if raw.isdigit() and int(raw) < 2**63 else None
+    return Accounting(**values)
+
+
+def success_from_records(records: list[dict[str, str]]) -> Found | None:
+    """Pure: a success that PID 1's records prove, where they hold no exit record (a clean exit's
+    is debug level): one invocation, its "Deactivated successfully", no stop job at all (a stopped
+    unit whose command died of SIGTERM logs the same record), no failure record. Anything else
+    proves nothing (None)."""
+    successes = [r for r in records if r.get("MESSAGE_ID") == MSG_UNIT_SUCCESS]
+    if not successes or len({r["INVOCATION_ID"] for r in records if r.get("INVOCATION_ID")}) > 1:
+        return None
+    if any(_stop_job(r) or r.get("MESSAGE_ID") in (MSG_UNIT_FAILED, MSG_SPAWN_FAILED) for r in records):
+        return None
+    return Found(Outcome("success", "exit:0", "exited 0 (from the journal: systemd recorded the unit's success and "
+                         "no stop job; the unit was gone)"), _realtime(successes[-1]), accounting_from_records(records))
+
+
 def found_from_records(records: list[dict[str, str]]) -> Found | None:
     """Pure: the outcome PID 1's records about one unit invocation show, if they show one."""
+    ids = {r.get("MESSAGE_ID") for r in records}
+    if MSG_UNIT_SUCCESS in ids and MSG_PROCESS_EXIT not in ids:
+        return success_from_records(records)
     result = code = status = None
     ended_at = None
     for record in records:
         message_id = record.get("MESSAGE_ID")
-        if message_id == MSG_UNIT_STOPPING and record.get("JOB_TYPE") == "stop" and code is None:
+        if _stop_job(record) and code is None:
             return None
         if message_id == MSG_PROCESS_EXIT and record.get("EXIT_CODE") in _CODES:
             code = _CODES[record["EXIT_CODE"]]
@@ -97,7 +177,7 @@ def found_from_records(records: list[dict[str, str]]) -> Found | None:
         found = classify(result or "", code, status, cancel_requested=False,
                          program_ran=program_ran(records, trust_absence=False))
     return Found(Outcome(found.outcome, found.exit_status, f"{found.reason} (from the journal; the unit was gone)"),
-                 ended_at)
+                 ended_at, accounting_from_records(records))
 
 
 def outcome_from_records(records: list[dict[str, str]]) -> Outcome | None:
@@ -159,9 +239,30 @@ class Journal:
         return bool(self._output(log_matches(run_id, attempt), 1))
 
     def outcome(self, unit_name: str, invocation_id: str | None) -> Found | None:
-        """The outcome of a unit that is gone (host reboot, reset-failed), if the journal shows one."""
-        records = self._records(unit_name, invocation_id)
-        return found_from_records(records) if records is not None else None
+        """The outcome of a unit that is gone (host reboot, reset-failed, a clean end collected while
+        no daemon held it), if the journal shows one.
+
+        A unit of this boot may be gone a moment before journald has written PID 1's last records
+        about it (they travel on a datagram socket, the unit's removal on D-Bus): when this boot's
+        records of it show no end yet, wait for one a little (`settle_wait`). Never for an earlier
+        boot's (nothing more will come), so a pass after a reboot does not wait per run."""
+        deadline = time.monotonic() + self.settle_wait
+        while True:
+            records = self._records(unit_name, invocation_id)
+            if records is None:
+                return None
+            if (any(r.get("MESSAGE_ID") in _FINAL for r in records) or not _of_this_boot(records)
+                    or time.monotonic() >= deadline):
+                return found_from_records(records)
+            time.sleep(0.1)
+
+    def unit_seen(self, unit_name: str) -> bool | None:
+        """Whether PID 1 ever logged about this unit (it was started, in any boot the journal keeps);
+        None when the journal is unreadable."""
+        records = self._records(unit_name, None)
+        if records is None:
+            return None
+        return bool(records)
 
     def exec_evidence(self, unit_name: str, invocation_id: str | None) -> bool | None:
         """For a loaded unit that just ended with an exit status of 200-243: did its command run?

@@ -5,14 +5,17 @@ Decision table (every row has a unit test in tests/unit/test_reconciler.py):
 
 | attempt row                        | systemd has                 | action                                   |
 |------------------------------------|-----------------------------|------------------------------------------|
-| not started, run not cancelled     | no unit                     | START it under the same name             |
+| not started, run not cancelled     | no unit, none in the journal| START it under the same name             |
+| not started, run not cancelled     | no unit, but PID 1 logged it| GONE: started before a crash, then ended |
+|                                    | (started, then collected)   | and collected: the journal's outcome     |
 | not started, cancel requested      | no unit                     | SETTLE as cancelled, start nothing       |
 | any                                | unit, process still running | ADOPT (record start and invocation id)   |
 | any, cancel requested              | unit, process still running | STOP it; it settles as cancelled         |
 | any, cancel requested              | unit, stopping              | NOTHING: the stop is on its way          |
 | any                                | unit, ended                 | SETTLE with the unit's outcome, release  |
-| started                            | no unit (reboot, reset)     | GONE: cancelled if requested, else the   |
-|                                    |                             | journal's outcome, else lost             |
+| started                            | no unit (reboot, reset, a   | GONE: cancelled if requested, else the   |
+|                                    | clean end collected while   | journal's outcome, else lost             |
+|                                    | no daemon held it)          |                                          |
 | outcome already recorded           | unit ended                  | RELEASE the unit (crash before release)  |
 | outcome already recorded           | unit still running          | STOP_STALE: taken over while this host   |
 |                                    |                             | was cut off, or cancelled; stop it       |
@@ -21,6 +24,11 @@ Decision table (every row has a unit test in tests/unit/test_reconciler.py):
 | open, on another host              | unit with our prefix        | LEAVE it: never ours to stop             |
 | no attempt row yet, run in flight  | unit with the attempt's name| LEAVE it: the claim will adopt it        |
 | no attempt row at all              | unit with our prefix        | STOP_ORPHAN (or leave it, by config)     |
+
+Ended units stay loaded for the daemon (AddRef at creation, Ref when adopted: a reference PID 1
+holds for the daemon's bus connection) until their outcome is recorded; then they are released
+(Unref, and reset-failed for a failed one). A unit of 0.4.0 (RemainAfterExit=yes) that ended is
+`active/exited`: settled the same way, and released with a stop job as 0.4.0 did.
 
 Between passes (the daemon's loop: a unit that changed, a run an operator cancelled) one row differs
 (decide_on_change): a started attempt's running unit is left alone (NOTHING) even when its invocation id
@@ -76,6 +84,8 @@ class Decision:
     invocation_id: str | None = None
     # What systemd said about the unit (None: not loaded), for its own timestamps and exit details.
     unit: UnitState | None = None
+    # An orphan's ActiveState as listed (RELEASE: how to release it).
+    unit_state: str | None = None
 
 
 def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
@@ -88,12 +98,8 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
                 return Decision(Action.SETTLE, name, "cancelled before its unit started",
                                 Outcome("cancelled", None, "cancelled before its unit started"))
             return Decision(Action.START, name, "claimed but no unit yet")
-        if cancelled:
-            return Decision(Action.GONE, name, "unit gone after a cancel request",
-                            Outcome("cancelled", None, "cancelled; the unit is gone"))
-        return Decision(Action.GONE, name, "unit is gone and left no outcome in systemd",
-                        Outcome("lost", None, "the unit disappeared (host reboot or reset) before its outcome "
-                                "was read"))
+        return gone(run, name, "unit gone after a cancel request" if cancelled
+                    else "unit is gone and left no outcome in systemd")
     if unit.has_ended:
         # A Type=exec unit that ever became active had its command exec'd (see the note in outcomes.py).
         ran = True if unit.active_enter_usec else None
@@ -109,6 +115,19 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
         return Decision(Action.ADOPT, name, "unit is running; adopted", invocation_id=unit.invocation_id or None,
                         unit=unit)
     return Decision(Action.NOTHING, name, "unit is running")
+
+
+# A started attempt whose unit is gone: the journal may still prove its outcome (Reconciler.apply).
+GONE_LOST = Outcome("lost", None, "the unit disappeared (host reboot, reset, or ended while no daemon held it) "
+                    "before its outcome was read, and the journal does not prove one")
+
+
+def gone(run: Run, name: str, reason: str) -> Decision:
+    """An attempt whose unit ran and is gone: cancelled if that was requested, else lost unless the
+    journal proves an outcome (Reconciler.apply reads it)."""
+    if run.cancel_requested_at is not None:
+        return Decision(Action.GONE, name, reason, Outcome("cancelled", None, "cancelled; the unit is gone"))
+    return Decision(Action.GONE, name, reason, GONE_LOST)
 
 
 def decide_on_change(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
@@ -132,9 +151,10 @@ def _started_at(decision: Decision) -> datetime | None:
 
 
 def decide_orphan(unit_name: str, owner: store.UnitOwner | None, host_id: str, stop_orphans: bool,
-                  running: bool, awaiting_claim: bool = False) -> Decision:
+                  running: bool, awaiting_claim: bool = False, active_state: str | None = None) -> Decision:
     """A unit with our prefix and no open attempt of this host in the pass's snapshot. `owner` is its
-    attempt row as read after the units were listed; `running` whether its process still runs."""
+    attempt row as read after the units were listed; `running` whether its process still runs;
+    `active_state` its ActiveState as listed."""
     if owner is not None and owner.outcome is None:
         if owner.host_id == host_id:
             return Decision(Action.NOTHING, unit_name, "claimed by this host while the pass ran; the next pass "
@@ -146,7 +166,8 @@ def decide_orphan(unit_name: str, owner: store.UnitOwner | None, host_id: str, s
         if running:
             return Decision(Action.STOP_STALE, unit_name, f"its attempt already has an outcome ({owner.outcome}, "
                             f"recorded by host {owner.host_id}) but the unit still runs; stopping it")
-        return Decision(Action.RELEASE, unit_name, "outcome already recorded; releasing the unit")
+        return Decision(Action.RELEASE, unit_name, "outcome already recorded; releasing the unit",
+                        unit_state=active_state)
     if awaiting_claim:
         # Stopping it would be the one wrong move: its run is still to be started, and the claim
         # that starts it will find this unit and adopt it instead of running the command twice.
@@ -204,18 +225,35 @@ class Reconciler:
         """A whole pass, decided but not carried out (what `unitvisor reconcile --dry-run` prints)."""
         pairs = store.open_attempts(self.conn, self.host_id)
         units = self.systemd.list_units(unitspec.UNIT_GLOB)
-        planned = [Planned(self._decide_in_pass(run, attempt, units), run, attempt) for run, attempt in pairs]
+        planned = [Planned(self._decide_in_pass(run, attempt, units, hold=False), run, attempt)
+                   for run, attempt in pairs]
         planned += [Planned(d) for d in self._orphans(units, {a.unit_name for _, a in pairs})]
         return planned
 
-    def _decide_in_pass(self, run: Run, attempt: Attempt, units: dict[str, UnitBrief]) -> Decision:
+    def _decide_in_pass(self, run: Run, attempt: Attempt, units: dict[str, UnitBrief], hold: bool = True) -> Decision:
         """decide(), reading a unit in full only when the listing does not already settle it: a pass
-        over thousands of runs costs one D-Bus call, not two per run."""
+        over thousands of runs costs one D-Bus call, not two per run.
+
+        `hold`: take this connection's reference on a listed unit it holds none on (adopted from a
+        daemon before this one: its reference went with its connection), so that the unit stays
+        loaded with its outcome when it ends. Once per unit and connection."""
         brief = units.get(attempt.unit_name)
+        if brief is not None and hold and not self.systemd.ref(attempt.unit_name):
+            brief = None  # ended and collected since the listing: the journal is what is left
         if (brief is not None and brief.plainly_running and attempt.started_at is not None
                 and attempt.invocation_id and run.cancel_requested_at is None):
             return Decision(Action.NOTHING, attempt.unit_name, "unit is running")
-        return decide(run, attempt, self.systemd.state(attempt.unit_name) if brief is not None else None)
+        return self._unless_seen(run, attempt, decide(
+            run, attempt, self.systemd.state(attempt.unit_name) if brief is not None else None))
+
+    def _unless_seen(self, run: Run, attempt: Attempt, decision: Decision) -> Decision:
+        """START, unless PID 1's journal knows the unit: then it was started (by a daemon that died
+        before recording that) and is gone since, as a clean end is collected at once when no daemon
+        holds the unit. Starting it again would run the command twice; the journal says how it
+        ended, or it is lost. Unknown to the journal, or the journal unreadable: START."""
+        if decision.action is Action.START and self.journal.unit_seen(attempt.unit_name):
+            return gone(run, attempt.unit_name, "its unit was started before and is gone")
+        return decision
 
     def _orphans(self, units: dict[str, UnitBrief], owned: set[str]) -> list[Decision]:
         loaded = [name for name in units if name not in owned]
@@ -227,7 +265,8 @@ class Reconciler:
         parsed = {name: unitspec.parse_unit_name(name) for name in loaded}
         unclaimed = store.unclaimed_attempts(self.conn, [p for n, p in parsed.items() if p and n not in owners])
         return [decide_orphan(name, owners.get(name), self.host_id, self.settings.daemon.stop_orphans,
-                              running=units[name].process_running, awaiting_claim=parsed[name] in unclaimed)
+                              running=units[name].process_running, awaiting_claim=parsed[name] in unclaimed,
+                              active_state=units[name].active_state)
                 for name in loaded]
 
     # -- acting -----------------------------------------------------------------------------------
@@ -281,7 +320,8 @@ class Reconciler:
 
     def reconcile_one(self, run: Run, attempt: Attempt) -> Decision:
         """One attempt between passes: its unit changed, or its run was cancelled (decide_on_change)."""
-        return self._act(run, attempt, decide_on_change(run, attempt, self.systemd.state(attempt.unit_name)))
+        return self._act(run, attempt, self._unless_seen(
+            run, attempt, decide_on_change(run, attempt, self.systemd.state(attempt.unit_name))))
 
     def _act(self, run: Run, attempt: Attempt, decision: Decision) -> Decision:
         self.apply(run, attempt, decision)
@@ -331,7 +371,12 @@ class Reconciler:
             # need to read it back. Its invocation id is recorded with its outcome, or by the next pass.
             store.mark_started(self.conn, self.fence, attempt, None, f"unit {attempt.unit_name} started")
             return
-        # An existing unit may be in any state, even ended: decide on what systemd says.
+        # An existing unit may be in any state, even ended: decide on what systemd says. Held first, so
+        # that it stays loaded when it ends. Gone already (it ended and was collected since PID 1 said
+        # it exists): it ran, so never started again; the journal says how it ended.
+        if not self.systemd.ref(attempt.unit_name):
+            self.apply(run, attempt, gone(run, attempt.unit_name, "its unit existed and is gone"))
+            return
         decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
         if decision.action is Action.ADOPT:
             decision = Decision(Action.ADOPT, attempt.unit_name, f"unit {attempt.unit_name} existed: adopted",
@@ -355,15 +400,16 @@ class Reconciler:
                       detail=decision.reason)
         elif action is Action.GONE:
             assert decision.outcome is not None
-            outcome, ended_at = decision.outcome, None
+            outcome, ended_at, accounting = decision.outcome, None, None
             if outcome.outcome == "lost":
                 found = self.journal.outcome(attempt.unit_name, attempt.invocation_id)
                 if found is not None:
-                    outcome, ended_at = found.outcome, found.ended_at
-            # The unit is gone, and systemd's measurements with it; its output may still be in this
-            # host's journal (a reboot keeps it), so the tail is read all the same.
+                    outcome, ended_at, accounting = found.outcome, found.ended_at, found.accounting
+            # The unit is gone, and systemd's measurements with it (but for what PID 1's resource-usage
+            # record kept); its output may still be in this host's journal (a reboot keeps it), so the
+            # tail is read all the same.
             self.settle(run, attempt, self._cut_off(attempt, outcome), unit_exists=False, ended_at=ended_at,
-                        keep_output=True)
+                        accounting=accounting, keep_output=True)
         elif action is Action.SETTLE:
             assert decision.outcome is not None
             unit = decision.unit
@@ -371,7 +417,8 @@ class Reconciler:
                         unit_exists=attempt.started_at is not None or decision.invocation_id is not None,
                         invocation_id=decision.invocation_id,
                         started_at=unit.started_at if unit else None, ended_at=unit.ended_at if unit else None,
-                        accounting=unit.accounting if unit else None, keep_output=unit is not None)
+                        accounting=unit.accounting if unit else None, keep_output=unit is not None,
+                        unit_state=unit.active_state if unit else None)
 
     def _proven(self, attempt: Attempt, decision: Decision) -> Outcome:
         """The decision's outcome, with an exit status of 200-243 that the unit's state left unproven
@@ -394,10 +441,9 @@ class Reconciler:
 
     def apply_orphan(self, decision: Decision) -> None:
         if decision.action is Action.RELEASE:
-            self.systemd.release(decision.unit_name)
+            self.systemd.release(decision.unit_name, decision.unit_state)
         elif decision.action in (Action.STOP_ORPHAN, Action.STOP_STALE):
-            self.systemd.stop(decision.unit_name)
-            self.systemd.reset_failed(decision.unit_name)
+            self.systemd.release(decision.unit_name)  # a stop job, reset-failed, and this daemon's reference
         if decision.action is Action.NOTHING:
             return
         event(decision.action.value, unit=decision.unit_name, detail=decision.reason,
@@ -406,12 +452,13 @@ class Reconciler:
     def settle(self, run: Run, attempt: Attempt, outcome: Outcome, unit_exists: bool = True,
                invocation_id: str | None = None, started_at: datetime | None = None,
                ended_at: datetime | None = None, accounting: Accounting | None = None,
-               keep_output: bool = False) -> None:
+               keep_output: bool = False, unit_state: str | None = None) -> None:
         """Record an attempt's outcome (and the run's next step), then release its unit. `started_at` and
         `ended_at` are systemd's own times when known; the database's now() stands in otherwise.
         `accounting` is what systemd measured of the unit (read with its state, before the release
         discards it); `keep_output`: the attempt ran here, so the end of its output is read from this
-        host's journal once the outcome is recorded, and kept with it (output_tails)."""
+        host's journal once the outcome is recorded, and kept with it (output_tails); `unit_state`: the
+        ActiveState the unit ended in, which says how to release it (Systemd.release)."""
         if self._record(run, attempt, outcome, invocation_id, started_at, ended_at, accounting):
             if keep_output:
                 self.output_tails.add(run.id, attempt.attempt)
@@ -424,7 +471,7 @@ class Reconciler:
         self.env_files.remove(attempt.unit_name)
         # Released only once the outcome is committed: until then the unit is the only record of it.
         if unit_exists:
-            self.systemd.release(attempt.unit_name)
+            self.systemd.release(attempt.unit_name, unit_state)
 
     def _record(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None,
                 started_at: datetime | None = None, ended_at: datetime | None = None,

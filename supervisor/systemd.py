@@ -28,6 +28,7 @@ DEST = b"org.freedesktop.systemd1"
 MANAGER_PATH = b"/org/freedesktop/systemd1"
 MANAGER_IFACE = b"org.freedesktop.systemd1.Manager"
 PROPS_IFACE = b"org.freedesktop.DBus.Properties"
+UNIT_IFACE = b"org.freedesktop.systemd1.Unit"
 UNIT_PATH_PREFIX = b"/org/freedesktop/systemd1/unit"
 
 # Properties that pystemd (0.11 up to 0.15) cannot marshal because it does not know their D-Bus
@@ -50,6 +51,9 @@ _EXTRA_SIGNATURES = {
     b"SystemCallErrorNumber": b"i",
     b"RestrictAddressFamilies": b"(bas)",
     b"UMask": b"u",
+    # Not a unit setting: asks PID 1 to hold a reference on the new unit for the calling connection
+    # (systemd >= 236), so that it stays loaded after it ends (Systemd.start_transient).
+    b"AddRef": b"b",
 }
 unit_signatures.KNOWN_UNIT_SIGNATURES.update(_EXTRA_SIGNATURES)
 
@@ -106,8 +110,10 @@ class UnitState:
     def has_ended(self) -> bool:
         """True once the main process is gone for good and the result is final.
 
-        With RemainAfterExit=yes a clean exit leaves the unit `active/exited`, a failure leaves it
-        `failed`; `inactive` only shows briefly before the unit is unloaded. A queued job (start or
+        A clean exit leaves the unit `inactive/dead`, a failure `failed`; the unit stays loaded that
+        way while a bus client (the daemon: AddRef, Ref) holds a reference on it. A unit started by
+        unitvisor 0.4.0 (RemainAfterExit=yes) shows a clean exit as `active/exited` instead, which
+        is still recognised, so that an upgraded daemon settles those too. A queued job (start or
         stop) means the state is still moving.
         """
         if self.job_pending:
@@ -131,7 +137,8 @@ class UnitBrief:
 
     @property
     def process_running(self) -> bool:
-        """Its process may still run: not ended (an exited unit with RemainAfterExit is `active/exited`)."""
+        """Its process may still run: not ended (a 0.4.0 unit, RemainAfterExit=yes, that exited is
+        `active/exited`)."""
         return self.active_state in ("active", "activating", "deactivating", "reloading") and self.sub_state != "exited"
 
 
@@ -190,6 +197,15 @@ def _is_unit_exists(exc: DBusBaseError) -> bool:
     return exc.errno == -errno.EEXIST or _text(exc.err_name or b"").endswith(".UnitExists")
 
 
+def _is_gone(exc: BaseException | None) -> bool:
+    """A call on a unit's object that found no such object: the unit was unloaded (sd-bus maps
+    UnknownObject to ENXIO)."""
+    if isinstance(exc, DBusNoSuchUnitError):
+        return True
+    return isinstance(exc, DBusBaseError) and (
+        exc.errno == -errno.ENXIO or _text(exc.err_name or b"").endswith(".UnknownObject"))
+
+
 def _open_bus() -> DBus:
     bus = DBus()
     try:
@@ -204,6 +220,9 @@ class _Connection:
 
     def __init__(self) -> None:
         self._bus: DBus | None = None
+        # Units this connection holds a reference on (AddRef at creation, or Ref). PID 1 drops them
+        # all when the connection closes, so they are forgotten with it.
+        self._refs: set[str] = set()
 
     @property
     def connected(self) -> bool:
@@ -216,6 +235,7 @@ class _Connection:
             except DBusBaseError:
                 pass
             self._bus = None
+        self._refs.clear()
 
 
 class Systemd(_Connection):
@@ -241,7 +261,8 @@ class Systemd(_Connection):
         """Start a transient service; return False when a unit of that name is already loaded.
 
         An existing name is adoption, never an error and never a second run: the name is derived
-        from (run, attempt), so if it exists it is this attempt's unit.
+        from (run, attempt), so if it exists it is this attempt's unit. With `AddRef` in the
+        properties, PID 1 holds a reference on the new unit for this connection (see `ref`).
         """
         args = apply_signature(b"ss", [name.encode(), b"fail"])
         args += unit_signatures.signature_array(properties)
@@ -255,6 +276,8 @@ class Systemd(_Connection):
             if isinstance(exc, SystemdUnavailable):
                 raise
             raise UnitRefused(str(exc)) from cause
+        if properties.get(b"AddRef"):
+            self._refs.add(name)
         return True
 
     def state(self, name: str) -> UnitState | None:
@@ -333,11 +356,61 @@ class Systemd(_Connection):
     def reset_failed(self, name: str) -> bool:
         return self._unit_call(b"ResetFailedUnit", b"s", [name.encode()], name)
 
-    def release(self, name: str) -> None:
-        """Unload a finished unit whose outcome is recorded: stop an `exited` one, reset a `failed`
-        one, so that neither piles up in systemd."""
-        self.stop(name)
-        self.reset_failed(name)
+    def ref(self, name: str) -> bool:
+        """Hold a reference on a loaded unit for this connection (once: PID 1 counts each Ref), so
+        that it stays loaded after it ends, `inactive` or `failed` with its Result, exit status,
+        timestamps and accounting readable, until `release` (or until this connection closes: PID 1
+        then drops the reference and collects an ended unit). For a unit this daemon adopted rather
+        than created (created ones get AddRef). False when the unit is not loaded (it ended and was
+        collected already: the journal is what is left)."""
+        if name in self._refs:
+            return True
+        # Ref() on the unit's own object, not the manager's RefUnit: that one loads a unit that is not
+        # loaded, and refuses one whose load state is not `loaded`, which a transient unit of ours is
+        # not after a daemon-reload (systemd 252 cannot read back the ExecStartEx= it wrote to the
+        # transient file: `bad-setting`, though the unit and its state are still there).
+        try:
+            path = self._call(MANAGER_PATH, MANAGER_IFACE, b"GetUnit", apply_signature(b"s", [name.encode()]),
+                              f"looking up {name}")
+        except SystemdError as exc:
+            if isinstance(exc.__cause__, DBusNoSuchUnitError):
+                return False
+            raise
+        try:
+            self._call(path, UNIT_IFACE, b"Ref", [], f"Ref {name}")
+        except SystemdError as exc:
+            if _is_gone(exc.__cause__):  # unloaded between the two calls
+                return False
+            raise
+        self._refs.add(name)
+        return True
+
+    def unref(self, name: str) -> bool:
+        """Drop this connection's reference on a unit, if it holds one. A refusal (the unit is not
+        loaded, or PID 1 says it is not referenced) is nothing to do: at worst a reference is left
+        that PID 1 drops with this connection."""
+        if name not in self._refs:
+            return False
+        self._refs.discard(name)
+        try:
+            return self._unit_call(b"UnrefUnit", b"s", [name.encode()], name)
+        except SystemdUnavailable:
+            raise
+        except SystemdError:
+            return False
+
+    def release(self, name: str, active_state: str | None = None) -> None:
+        """Let PID 1 unload a finished unit whose outcome is recorded, so that none piles up.
+
+        `active_state` is the state it was settled in. `inactive` (a clean exit): dropping the
+        reference is all; `failed`: reset-failed too (PID 1 keeps a failed unit until then). `active`
+        (a unit of 0.4.0, RemainAfterExit=yes, `exited`) or unknown (None): a stop job first, as
+        0.4.0 released every unit."""
+        if active_state not in ("inactive", "failed"):
+            self.stop(name)
+        if active_state != "inactive":
+            self.reset_failed(name)
+        self.unref(name)
 
 
 class Watcher(_Connection):

@@ -154,7 +154,8 @@ def test_limits_and_sandbox_appear_in_systemctl_show(started: Host) -> None:
         "MemoryMax": "134217728", "CPUQuotaPerSecUSec": "1.500000s", "TasksMax": "16", "IOWeight": "50",
         "RuntimeMaxUSec": "2min", "DynamicUser": "yes", "NoNewPrivileges": "yes", "PrivateTmp": "yes",
         "ProtectSystem": "strict", "ProtectHome": "yes", "Slice": "unitvisor.slice", "Type": "exec",
-        "RemainAfterExit": "yes",
+        # An ended unit is kept loaded by the daemon's reference (AddRef), not as active/exited.
+        "RemainAfterExit": "no",
     }
     started.cli("cancel", run_id)
     started.wait_run(run_id)

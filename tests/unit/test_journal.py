@@ -18,10 +18,14 @@ from supervisor.journal import (
     MSG_PROCESS_EXIT,
     MSG_SPAWN_FAILED,
     MSG_UNIT_FAILED,
+    MSG_UNIT_STOPPED,
     MSG_UNIT_STOPPING,
+    MSG_UNIT_SUCCESS,
     Journal,
+    found_from_records,
     outcome_from_records,
 )
+from supervisor.model import Accounting
 from supervisor.outcomes import Outcome
 
 UNIT = "unitvisor-run-00000000-0000-4000-8000-000000000001-1.service"
@@ -58,6 +62,16 @@ def stopping(invocation=INV):
 def started():
     return pid1("Started unitvisor run.", PRIORITY="6", MESSAGE_ID="39f53479d3a045ac8e11786248231fbf",
                 JOB_ID="811", JOB_TYPE="start", JOB_RESULT="done")
+
+
+def deactivated(invocation=INV, at="1714564801000000"):
+    return pid1("Deactivated successfully.", invocation, PRIORITY="6", MESSAGE_ID=MSG_UNIT_SUCCESS,
+                __REALTIME_TIMESTAMP=at)
+
+
+def stopped(invocation=INV):
+    return pid1(f"Stopped unitvisor run {UNIT}.", invocation, PRIORITY="6", MESSAGE_ID=MSG_UNIT_STOPPED,
+                JOB_ID="812", JOB_TYPE="stop", JOB_RESULT="done")
 
 
 def consumed(cpu="1.5s"):
@@ -250,3 +264,106 @@ def test_non_string_values_are_dropped_before_parsing(run):
     # A field journald could not store as text comes as a list of bytes: EXIT_STATUS then counts as missing.
     run.return_value.stdout = json_lines({**process_exit("exited", 1, "1"), "EXIT_STATUS": [49]})
     assert Journal().outcome(UNIT, INV) is None
+
+
+# -- a clean end: "Deactivated successfully" (records as systemd 252 wrote them in the test bed) -------------
+
+SUCCESS = Outcome("success", "exit:0", "exited 0 (from the journal: systemd recorded the unit's success and no "
+                  "stop job; the unit was gone)")
+
+
+def test_the_message_ids_are_systemds():
+    # sd-messages.h: SD_MESSAGE_UNIT_STOPPING, _UNIT_STOPPED, _UNIT_SUCCESS (until 0.4.0 STOPPING was wrong).
+    assert (MSG_UNIT_STOPPING, MSG_UNIT_STOPPED, MSG_UNIT_SUCCESS) == (
+        "de5b426a63be47a7b6ac3eaac82e2f6f", "9d1aaa27d60140bd96365438aad20286", "7ad2d189f7e94e70a38c781354912448")
+
+
+def test_a_clean_end_without_a_stop_job_is_a_success_ended_when_pid1_saw_it():
+    found = found_from_records([started(), deactivated()])
+    assert found.outcome == SUCCESS
+    assert found.ended_at.isoformat() == "2024-05-01T12:00:01+00:00"
+    assert found.accounting == Accounting()  # no resource-usage record: NULLs
+
+
+def test_a_success_keeps_the_resource_usage_record():
+    usage = {**consumed(), "IO_METRIC_READ_BYTES": "4096", "IO_METRIC_WRITE_BYTES": "18446744073709551615"}
+    found = found_from_records([started(), deactivated(), usage])
+    assert found.outcome == SUCCESS
+    assert found.accounting == Accounting(cpu_usage_nsec=1_500_000_000, io_read_bytes=4096)
+
+
+@pytest.mark.parametrize("records", [
+    # systemctl stop, the host's shutdown: the stop job's records around the same success record
+    [started(), stopping(), deactivated(), stopped()],
+    [started(), deactivated(), stopped()],  # the "Stopping" record lost
+    [started(), stopping(), deactivated()],  # the "Stopped" record not written
+    # two invocations of one attempt's unit: nothing says which one ended how
+    [started(), deactivated(), deactivated(OTHER_INV)],
+    [deactivated(), failed("exit-code")],
+    [{**deactivated(), "MESSAGE_ID": MSG_SPAWN_FAILED}, deactivated()],
+], ids=["stopped", "stopped-only", "stopping-only", "two-invocations", "with-a-failure", "spawn-failed"])
+def test_a_clean_end_that_proves_no_success(records):
+    assert found_from_records(records) is None
+
+
+def test_a_stop_job_of_another_type_does_not_spoil_a_success():
+    assert found_from_records([{**stopping(), "JOB_TYPE": "restart"}, deactivated()]).outcome == SUCCESS
+
+
+def test_a_kept_exit_record_decides_over_the_success_record():
+    # A journal that keeps PID 1's debug records: a SIGTERM from outside a stop job ends Result=success too.
+    records = [started(), process_exit("killed", 15, "15/TERM"), deactivated()]
+    assert outcome_from_records(records) == Outcome("signal", "signal:TERM", "killed by signal TERM" + SUFFIX)
+    records = [started(), process_exit("exited", 0, "0/SUCCESS"), deactivated()]
+    assert outcome_from_records(records) == Outcome("success", "exit:0", "exited 0" + SUFFIX)
+
+
+def test_a_failures_resource_usage_is_kept_too():
+    found = found_from_records([started(), process_exit("exited", 3, "3"), failed("exit-code"), consumed()])
+    assert found.accounting.cpu_usage_nsec == 1_500_000_000
+
+
+# -- Journal.outcome waits for this boot's last record; unit_seen ---------------------------------------------
+
+BOOT = "0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture
+def this_boot(mocker):
+    mocker.patch.object(journal, "_boot_id", return_value=BOOT)
+    return BOOT
+
+
+def test_a_unit_of_this_boot_without_its_last_record_is_waited_for(run, this_boot, mocker):
+    mocker.patch.object(journal.time, "sleep")
+    run.side_effect = [subprocess.CompletedProcess([], 0, stdout=json_lines({**started(), "_BOOT_ID": BOOT}),
+                                                   stderr=""),
+                       subprocess.CompletedProcess([], 0, stdout=json_lines({**started(), "_BOOT_ID": BOOT},
+                                                                            {**deactivated(), "_BOOT_ID": BOOT}),
+                                                   stderr="")]
+    assert Journal(settle_wait=5.0).outcome(UNIT, None).outcome == SUCCESS
+    assert run.call_count == 2
+
+
+def test_a_unit_of_this_boot_whose_end_never_comes_is_lost_after_the_wait(run, this_boot, mocker):
+    run.return_value.stdout = json_lines({**started(), "_BOOT_ID": BOOT})
+    assert Journal(settle_wait=0.3).outcome(UNIT, None) is None
+    assert run.call_count >= 2
+
+
+def test_an_earlier_boots_unit_is_never_waited_for(run, this_boot):
+    run.return_value.stdout = json_lines({**started(), "_BOOT_ID": "f" * 32})
+    assert Journal(settle_wait=5.0).outcome(UNIT, None) is None
+    assert run.call_count == 1
+
+
+@pytest.mark.parametrize(("stdout", "returncode", "seen"), [
+    (json_lines(started()), 0, True),
+    (json_lines({**process_exit("exited", 203, "203/EXEC"), "MESSAGE_ID": MSG_SPAWN_FAILED, "_PID": "812"}), 0, True),
+    ("", 0, False),
+    ("", 1, None),
+])
+def test_unit_seen_is_any_record_of_the_unit_in_any_boot(run, stdout, returncode, seen):
+    run.return_value = subprocess.CompletedProcess([], returncode, stdout=stdout, stderr="")
+    assert Journal().unit_seen(UNIT) is seen
+    assert run.call_args.args[0][-1] == f"UNIT={UNIT}"  # no invocation id: any of its invocations

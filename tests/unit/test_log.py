@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 
 import pytest
@@ -84,6 +85,32 @@ def test_event_values_are_str_of_objects(caplog):
 ])
 def test_value_quoting(value, rendered):
     assert log._value(value) == rendered
+
+
+def test_value_quoted_exactly_when_a_character_is_whitespace_a_quote_or_equals():
+    """The regex agrees with the rule it replaced (str.isspace(), '"' or '=') on every code point."""
+    for code in range(sys.maxunicode + 1):
+        char = chr(code)
+        expected = char.isspace() or char in '"='
+        assert (log._value("a" + char + "b") != "a" + char + "b") is expected, hex(code)
+
+
+def test_value_of_a_str_subclass_is_its_str():
+    class Loud(str):
+        def __str__(self) -> str:
+            return "LOUD"
+
+    assert log._value(Loud("quiet")) == "LOUD"
+
+
+def test_disabled_level_formats_nothing(caplog):
+    class Exploding:
+        def __str__(self) -> str:
+            raise AssertionError("formatted")
+
+    with caplog.at_level(logging.INFO, logger="unitvisor"):
+        event("noise", level=logging.DEBUG, value=Exploding())
+    assert messages(caplog) == []
 
 
 def test_event_with_awkward_values_is_one_line(caplog):

@@ -78,7 +78,8 @@ def test_started_no_unit_is_gone_lost():
     d = decide(make_run(), make_attempt(started=True, invocation_id=INV), None)
     assert d == Decision(Action.GONE, NAME, "unit is gone and left no outcome in systemd",
                          Outcome("lost", None,
-                                 "the unit disappeared (host reboot or reset) before its outcome was read"))
+                                 "the unit disappeared (host reboot, reset, or ended while no daemon held it) "
+                                 "before its outcome was read, and the journal does not prove one"))
 
 
 def test_started_no_unit_cancel_requested_is_gone_cancelled():
@@ -349,3 +350,50 @@ def test_unit_ahead_of_its_claim_is_left_for_adoption_even_when_orphans_are_stop
     assert d.action is Action.LEAVE_ORPHAN
     assert "adopt" in d.reason
     assert orphan(SETTLED, awaiting_claim=True).action is Action.RELEASE
+
+
+# -- RemainAfterExit=no with AddRef (issue 14) ------------------------------------------------------------
+
+INACTIVE_OK = dict(active="inactive", sub="dead", result="success", code=CLD_EXITED, status=0)
+
+
+@pytest.mark.parametrize("attempt", [make_attempt(), make_attempt(started=True),
+                                     make_attempt(started=True, invocation_id=INV)])
+def test_a_clean_end_held_inactive_dead_settles_success(attempt):
+    # What a unit of this release shows after exit 0 while the daemon holds it (measured, systemd 252).
+    u = unit(**INACTIVE_OK)
+    assert decide(make_run(), attempt, u) == Decision(Action.SETTLE, NAME, "unit ended: exited 0",
+                                                      Outcome("success", "exit:0", "exited 0"), INV, u)
+
+
+def test_a_stopped_or_killed_unit_inactive_dead_with_result_success_is_a_signal_not_a_success():
+    # systemctl stop, or a SIGTERM from outside: Result=success too, but the exit status tells.
+    d = decide(make_run(), make_attempt(started=True),
+               unit(active="inactive", sub="dead", result="success", code=CLD_KILLED, status=15))
+    assert d.outcome == Outcome("signal", "signal:TERM", "killed by signal TERM")
+
+
+def test_a_failed_unit_reset_by_hand_still_shows_its_exit_status():
+    # `systemctl reset-failed` on a held failed unit turns it inactive/dead with Result=success, and
+    # keeps ExecMainStatus (measured): the exit status decides, not the result.
+    d = decide(make_run(), make_attempt(started=True),
+               unit(active="inactive", sub="dead", result="success", code=CLD_EXITED, status=1))
+    assert d.outcome.outcome == "exit-code"
+
+
+def test_a_040_unit_active_exited_still_settles_success():
+    # Started by 0.4.0 (RemainAfterExit=yes) and still loaded when the upgraded daemon starts.
+    u = unit(**EXITED_OK)
+    assert decide(make_run(), make_attempt(started=True), u).outcome == Outcome("success", "exit:0", "exited 0")
+
+
+def test_a_gone_unit_of_a_cancelled_run_is_cancelled_whatever_the_journal_says():
+    d = decide(make_run(cancelled=True), make_attempt(started=True), None)
+    assert (d.action, d.outcome.outcome) == (Action.GONE, "cancelled")
+
+
+@pytest.mark.parametrize(("listed", "expected"), [("inactive", "inactive"), ("failed", "failed"),
+                                                  ("active", "active")])
+def test_a_released_orphan_carries_the_state_it_was_listed_in(listed, expected):
+    d = decide_orphan(NAME, SETTLED, "me", True, running=False, active_state=listed)
+    assert (d.action, d.unit_state) == (Action.RELEASE, expected)

@@ -20,8 +20,9 @@ import psycopg
 import pytest
 
 from supervisor import fleet, runenv, store
+from supervisor import journal as journal_mod
 from supervisor.config import RunSettings, Settings, cut_off_after
-from supervisor.model import Attempt, Run
+from supervisor.model import Accounting, Attempt, Run
 from supervisor.outcomes import CLD_EXITED, CLD_KILLED, Outcome
 from supervisor.reconciler import Action, Decision, Reconciler
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitBrief, UnitRefused, UnitState
@@ -115,6 +116,8 @@ def rec(st, systemd, log):
     journal = mock.Mock()
     journal.outcome.return_value = None
     journal.exec_evidence.return_value = None
+    journal.unit_seen.return_value = False
+    journal.output_tail.return_value = None
     return Reconciler(settings, FENCE, FakeConn(log), systemd, journal=journal, cut_off_units=set())
 
 
@@ -237,7 +240,7 @@ def test_a_cut_off_unit_that_ended_settles_as_lost_and_leaves_the_set(rec, st, s
     assert outcome.reason.endswith("s cut off from the database (stop_runs_when_cut_off)")
     assert state == "failed"
     assert rec.cut_off_units == {"unitvisor-run-other-1.service"}
-    systemd.release.assert_called_once_with(attempt.unit_name)
+    systemd.release.assert_called_once_with(attempt.unit_name, "failed")
 
 
 def test_a_cut_off_unit_that_exited_0_is_still_lost(rec, st, systemd):
@@ -304,8 +307,9 @@ ORPHAN = unit_name(rid(90), 1)
 
 
 @pytest.mark.parametrize(("action", "calls", "level"), [
-    (Action.STOP_ORPHAN, ["stop", "reset_failed"], logging.WARNING),
-    (Action.STOP_STALE, ["stop", "reset_failed"], logging.WARNING),
+    # release() with no state: a stop job, reset-failed, and this daemon's reference dropped
+    (Action.STOP_ORPHAN, ["release"], logging.WARNING),
+    (Action.STOP_STALE, ["release"], logging.WARNING),
     (Action.RELEASE, ["release"], logging.INFO),
     (Action.LEAVE_ORPHAN, [], logging.WARNING),
     (Action.NOTHING, [], None),
@@ -314,7 +318,7 @@ def test_apply_orphan(rec, systemd, events, action, calls, level):
     rec.apply_orphan(Decision(action, ORPHAN, "why"))
     assert [c[0] for c in systemd.method_calls] == calls
     for call in systemd.method_calls:
-        assert call.args == (ORPHAN,)
+        assert call.args in ((ORPHAN,), (ORPHAN, None))
     if level is None:
         events.assert_not_called()
     else:
@@ -369,7 +373,7 @@ def test_reconcile_pass_stops_a_unit_with_no_row_and_a_stale_one(rec, st, system
     done = rec.reconcile_pass()
     assert [(p.decision.action, p.decision.unit_name) for p in done] == [
         (Action.STOP_ORPHAN, ORPHAN), (Action.STOP_STALE, stale)]
-    assert systemd.stop.call_args_list == [mock.call(ORPHAN), mock.call(stale)]
+    assert systemd.release.call_args_list == [mock.call(ORPHAN), mock.call(stale)]
     st.record_outcome.assert_not_called()  # an outcome already recorded is never merged
 
 
@@ -555,3 +559,105 @@ def test_an_unreadable_directory_is_reported_not_fatal(rec, st, mocker, events):
     mocker.patch.object(runenv.EnvironmentFiles, "listing", side_effect=PermissionError(13, "Permission denied"))
     assert rec.sweep_environment_files() == []
     assert names(events) == ["environment-files-unreadable"]
+
+
+# -- units held by the daemon's reference (RemainAfterExit=no, AddRef) -----------------------------------
+
+JOURNAL_SUCCESS = journal_mod.Found(Outcome("success", "exit:0", "exited 0 (from the journal)"),
+                                    datetime(2024, 5, 1, 12, 0, 5, tzinfo=UTC),
+                                    Accounting(cpu_usage_nsec=1_500_000_000))
+
+
+def test_an_unstarted_attempt_whose_unit_the_journal_knows_is_never_started_again(rec, st, systemd):
+    # A daemon died between its StartTransientUnit and recording it; the unit ended and was collected.
+    run, attempt = pair(1, started=False)
+    rec.journal.unit_seen.return_value = True
+    rec.journal.outcome.return_value = JOURNAL_SUCCESS
+    st.open_attempts.return_value = [(run, attempt)]
+    (done,) = rec.reconcile_pass()
+    assert done.decision.action is Action.GONE
+    systemd.start_transient.assert_not_called()
+    rec.journal.unit_seen.assert_called_once_with(attempt.unit_name)
+    rec.journal.outcome.assert_called_once_with(attempt.unit_name, None)
+    ((_, outcome, state),) = recorded(st)
+    assert (outcome, state) == (JOURNAL_SUCCESS.outcome, "succeeded")
+    assert st.record_outcome.call_args.kwargs["accounting"] == JOURNAL_SUCCESS.accounting
+    assert st.record_outcome.call_args.kwargs["ended_at"] == JOURNAL_SUCCESS.ended_at
+    systemd.release.assert_not_called()
+
+
+@pytest.mark.parametrize("seen", [False, None])  # None: the journal is unreadable, so nothing is known
+def test_an_unstarted_attempt_unknown_to_the_journal_is_started(rec, st, systemd, seen):
+    run, attempt = pair(1, started=False)
+    rec.journal.unit_seen.return_value = seen
+    st.open_attempts.return_value = [(run, attempt)]
+    rec.reconcile_pass()
+    systemd.start_transient.assert_called_once()
+
+
+def test_a_unit_that_exists_but_is_collected_before_the_ref_is_gone_not_started_again(rec, st, systemd):
+    run, attempt = pair(1, started=False)
+    systemd.start_transient.return_value = False  # UnitExists
+    systemd.ref.return_value = False  # ended and collected since
+    rec.journal.outcome.return_value = JOURNAL_SUCCESS
+    rec.start(run, attempt)
+    systemd.state.assert_not_called()
+    assert systemd.start_transient.call_count == 1
+    ((_, outcome, _),) = recorded(st)
+    assert outcome == JOURNAL_SUCCESS.outcome
+
+
+def test_an_existing_unit_is_held_before_its_state_is_read(rec, st, systemd):
+    run, attempt = pair(1, started=False)
+    systemd.start_transient.return_value = False
+    systemd.ref.return_value = True
+    systemd.state.return_value = UnitState(attempt.unit_name, "active", "running", "success", 0, 0, INV, False)
+    rec.start(run, attempt)
+    assert [c[0] for c in systemd.method_calls] == ["start_transient", "ref", "state"]
+
+
+def test_a_pass_holds_every_listed_unit_of_an_open_attempt(rec, st, systemd):
+    run, attempt = pair(1)
+    st.open_attempts.return_value = [(run, attempt)]
+    systemd.list_units.return_value = {attempt.unit_name: RUNNING}
+    systemd.ref.return_value = True
+    (done,) = rec.reconcile_pass()
+    assert done.decision.action is Action.NOTHING
+    systemd.ref.assert_called_once_with(attempt.unit_name)
+
+
+def test_a_dry_run_holds_nothing(rec, st, systemd):
+    run, attempt = pair(1)
+    st.open_attempts.return_value = [(run, attempt)]
+    systemd.list_units.return_value = {attempt.unit_name: RUNNING}
+    rec.plan()
+    systemd.ref.assert_not_called()
+
+
+def test_a_listed_unit_collected_before_the_ref_is_decided_as_gone(rec, st, systemd):
+    run, attempt = pair(1)
+    st.open_attempts.return_value = [(run, attempt)]
+    systemd.list_units.return_value = {attempt.unit_name: RUNNING}
+    systemd.ref.return_value = False
+    rec.journal.outcome.return_value = JOURNAL_SUCCESS
+    (done,) = rec.reconcile_pass()
+    assert done.decision.action is Action.GONE
+    systemd.state.assert_not_called()
+    assert recorded(st)[0][1] == JOURNAL_SUCCESS.outcome
+
+
+@pytest.mark.parametrize(("active", "sub", "code", "status", "result"), [
+    ("inactive", "dead", CLD_EXITED, 0, "success"),
+    ("failed", "failed", CLD_EXITED, 3, "exit-code"),
+    ("active", "exited", CLD_EXITED, 0, "success"),  # a unit of 0.4.0
+])
+def test_a_settled_unit_is_released_by_the_state_it_ended_in(rec, st, systemd, active, sub, code, status, result):
+    run, attempt = pair(1)
+    systemd.state.return_value = UnitState(attempt.unit_name, active, sub, result, code, status, INV, False)
+    rec.reconcile_one(run, attempt)
+    systemd.release.assert_called_once_with(attempt.unit_name, active)
+
+
+def test_a_released_orphan_is_released_by_its_listed_state(rec, systemd):
+    rec.apply_orphan(Decision(Action.RELEASE, ORPHAN, "why", unit_state="inactive"))
+    systemd.release.assert_called_once_with(ORPHAN, "inactive")

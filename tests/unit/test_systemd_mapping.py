@@ -335,6 +335,107 @@ def test_release_stops_then_resets_even_a_unit_already_gone(bus):
     assert [c.args[3] for c in bus.call_method.call_args_list] == [b"StopUnit", b"ResetFailedUnit"]
 
 
+def methods(bus):
+    return [c.args[3] for c in bus.call_method.call_args_list]
+
+
+def held(bus, props=None):
+    """A connection that created UNIT with AddRef (PID 1 holds a reference on it for the connection)."""
+    bus.call_method.return_value = answer(b"/org/freedesktop/systemd1/job/42")
+    s = Systemd()
+    assert s.start_transient(UNIT, props if props is not None else {**PROPS, b"AddRef": True}) is True
+    bus.call_method.reset_mock()
+    return s
+
+
+@pytest.mark.parametrize(("state", "calls"), [
+    # a clean end (inactive/dead): dropping the reference is all, no job for PID 1
+    ("inactive", [b"UnrefUnit"]),
+    # PID 1 keeps a failed unit until reset-failed
+    ("failed", [b"ResetFailedUnit", b"UnrefUnit"]),
+    # a unit of 0.4.0 (RemainAfterExit=yes), active/exited: a stop job as 0.4.0 did
+    ("active", [b"StopUnit", b"ResetFailedUnit", b"UnrefUnit"]),
+    (None, [b"StopUnit", b"ResetFailedUnit", b"UnrefUnit"]),
+])
+def test_release_by_the_state_the_unit_ended_in(bus, state, calls):
+    s = held(bus)
+    s.release(UNIT, state)
+    assert methods(bus) == calls
+    assert bus.call_method.call_args.args[4] == [(ord("s"), UNIT.encode())]
+
+
+def test_release_drops_a_reference_once_and_only_one_it_holds(bus):
+    s = held(bus)
+    s.release(UNIT, "inactive")
+    s.release(UNIT, "inactive")
+    assert methods(bus) == [b"UnrefUnit"]
+    bus.call_method.reset_mock()
+    s = held(bus, PROPS)  # created without AddRef: no reference to drop
+    s.release(UNIT, "inactive")
+    assert methods(bus) == []
+
+
+def test_ref_takes_one_reference_per_connection_on_the_units_own_object(bus):
+    bus.call_method.return_value = answer(UNIT_PATH)
+    s = Systemd()
+    assert s.ref(UNIT) is True
+    assert s.ref(UNIT) is True  # PID 1 counts each Ref: a second one would need a second Unref
+    # Not the manager's RefUnit, which refuses a unit left `bad-setting` by a daemon-reload (systemd 252)
+    assert methods(bus) == [b"GetUnit", b"Ref"]
+    assert bus.call_method.call_args.args == (sd.DEST, UNIT_PATH, sd.UNIT_IFACE, b"Ref", [])
+    s.release(UNIT, "inactive")
+    assert methods(bus) == [b"GetUnit", b"Ref", b"UnrefUnit"]
+
+
+@pytest.mark.parametrize("answers", [
+    [no_such_unit()],
+    [answer(UNIT_PATH), DBusError(-errno.ENXIO, b"org.freedesktop.DBus.Error.UnknownObject",
+                                  f"Unknown object '{UNIT_PATH.decode()}'.".encode())],
+], ids=["not-loaded", "unloaded-between-the-calls"])
+def test_ref_of_a_unit_already_collected_is_false(bus, answers):
+    bus.call_method.side_effect = answers
+    s = Systemd()
+    assert s.ref(UNIT) is False
+    bus.call_method.reset_mock(side_effect=True)
+    s.release(UNIT, "inactive")
+    assert methods(bus) == []  # nothing held, nothing dropped
+
+
+def test_a_ref_that_pid1_refuses_is_an_error_not_a_gone_unit(bus):
+    bus.call_method.side_effect = [answer(UNIT_PATH), DBusError(
+        -errno.EACCES, b"org.freedesktop.DBus.Error.AccessDenied", b"Access denied")]
+    with pytest.raises(SystemdError):
+        Systemd().ref(UNIT)
+
+
+def test_references_go_with_the_connection(bus):
+    s = held(bus)
+    s.close()
+    bus.call_method.return_value = answer(None)
+    s.release(UNIT, "inactive")  # PID 1 dropped it when the connection closed
+    assert b"UnrefUnit" not in methods(bus)
+    s = held(bus)
+    s.connect()
+    s.release(UNIT, "inactive")
+    assert b"UnrefUnit" not in methods(bus)
+
+
+def test_an_unref_that_pid1_refuses_is_nothing_to_do(bus):
+    s = held(bus)
+    bus.call_method.side_effect = DBusError(-errno.EIO, b"org.freedesktop.systemd1.NotReferenced",
+                                            b"Unit has not been referenced yet.")
+    s.release(UNIT, "inactive")  # no error: at worst a reference PID 1 drops with the connection
+    assert methods(bus) == [b"UnrefUnit"]
+    assert s.unref(UNIT) is False  # and it is not asked again
+
+
+def test_an_unref_on_a_broken_connection_raises_unavailable(bus):
+    s = held(bus)
+    bus.call_method.side_effect = disconnected()
+    with pytest.raises(SystemdUnavailable):
+        s.release(UNIT, "inactive")
+
+
 # -- list_units ---------------------------------------------------------------------------------------------
 
 def row(name, active, sub, job_id=0):

@@ -165,7 +165,9 @@ def test_build_core_properties():
     assert props[b"Description"] == f"unitvisor run {RUN_ID} attempt 2".encode()
     assert props[b"Slice"] == b"unitvisor.slice"
     assert props[b"Type"] == b"exec"
-    assert props[b"RemainAfterExit"] is True
+    # An ended unit is kept loaded by the daemon's reference (AddRef), not as active/exited.
+    assert props[b"RemainAfterExit"] is False
+    assert props[b"AddRef"] is True
     assert props[b"KillMode"] == b"control-group"
     assert props[b"SendSIGKILL"] is True
     assert props[b"TimeoutStopUSec"] == 10_000_000
@@ -175,9 +177,9 @@ def test_build_core_properties():
 def test_build_exact_key_set_without_options():
     props = props_for()
     assert set(props) == {
-        b"Description", b"Slice", b"Type", b"RemainAfterExit", b"ExecStartEx", b"LogExtraFields", b"KillMode",
-        b"TimeoutStopUSec", b"SendSIGKILL", b"NoNewPrivileges", b"PrivateTmp", b"ProtectSystem", b"ProtectHome",
-        b"DynamicUser", b"InaccessiblePaths", b"CPUAccounting", b"MemoryAccounting", b"IOAccounting",
+        b"Description", b"Slice", b"Type", b"RemainAfterExit", b"AddRef", b"ExecStartEx", b"LogExtraFields",
+        b"KillMode", b"TimeoutStopUSec", b"SendSIGKILL", b"NoNewPrivileges", b"PrivateTmp", b"ProtectSystem",
+        b"ProtectHome", b"DynamicUser", b"InaccessiblePaths", b"CPUAccounting", b"MemoryAccounting", b"IOAccounting",
     } | set(SANDBOX_DEFAULTS)
 
 
