@@ -1,7 +1,7 @@
 """`make bench-scale`: a fleet of 100 and of 300 daemons against one real PostgreSQL, with systemd faked.
 
-Each host is a real `supervisor.daemon.Daemon` (the code `unitvisor daemon` runs: its loop, its two
-connections, its LISTEN, its probe, claim and reconcile pass), many of them in threads of a few worker
+Each host is a real `supervisor.daemon.Daemon` (the code `unitvisor daemon` runs: its loop, its one
+connection with its LISTEN, its probe, claim and reconcile pass), many of them in threads of a few worker
 processes (so that the GIL of one process does not serialise the whole fleet). Only the systemd
 adapter is fake: `FakeSystemd` and `FakeWatcher` below stand in for supervisor.systemd's Systemd and
 Watcher (the same methods the daemon and the reconciler call): a start "runs" the unit for
@@ -44,9 +44,9 @@ from bench.run import CLIENT_ROLE, RESULTS, database, interrupt_on_sigterm, load
 from supervisor import __version__, config, daemon, store, systemd
 from tests.harness.postgres import Postgres
 
-# Two connections per daemon (its work connection and its LISTEN connection), the bench's own, and
-# PostgreSQL's reserved ones: the default max_connections (100) holds 49 daemons, not 300.
-CONNECTIONS_PER_DAEMON = 2
+# One connection per daemon (since 0.4.0 its LISTEN is on its work connection), the bench's own, and
+# PostgreSQL's reserved ones: the default max_connections (100) holds fewer than 100 daemons, not 300.
+CONNECTIONS_PER_DAEMON = 1
 SPARE_CONNECTIONS = 20
 HOSTS_PER_WORKER = 25  # daemons per worker process (threads); 300 daemons are 12 processes
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -411,7 +411,22 @@ class Daemon:
     def _on_notify(self, note: psycopg.Notify) -> None:
         """psycopg's handler for a notification it read while a query ran on the connection (it takes
         them out of libpq's queue, so the loop would never see them)."""
-        self.notified.add(note.channel)
+        self._heard(note.channel, note.payload)
+
+    def _heard(self, channel: str, payload: str) -> None:
+        """Note a notification for the loop, unless it is a spawn hint this host should not act on: one
+        that names other hosts (sql/010_wake_targets.sql), or one that comes while the host is draining
+        or has every slot taken, when its claim could take nothing. Ignoring a hint is safe: the probe
+        of every poll interval, and the claim after each run that ends, find what it was about."""
+        if channel == store.SPAWN_CHANNEL:
+            targets = store.spawn_hint_targets(payload)
+            if targets is not None and self.host_id not in targets:
+                return
+            if self.host_state != "active":
+                return
+            if self.reconciler is not None and self.reconciler.in_flight >= self.settings.host.max_runs:
+                return
+        self.notified.add(channel)
 
     def _drain_notifications(self, receive: bool) -> None:
         """Take the NOTIFYs queued on the idle connection into `notified`, without blocking; with
@@ -423,7 +438,7 @@ class Daemon:
         if receive:
             pgconn.consume_input()
         while (note := pgconn.notifies()) is not None:
-            self.notified.add(note.relname.decode())
+            self._heard(note.relname.decode(), note.extra.decode())
 
     def _feed_watchdog(self) -> None:
         now = time.monotonic()

@@ -6,6 +6,7 @@ autocommit mode, and whatever must happen together runs inside one explicit `con
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -49,6 +50,20 @@ SUBMITTER_ROLE = "unitvisor_submitter"
 HOST_ROLE = "unitvisor_host"
 SPAWN_CHANNEL = "unitvisor_spawn"
 CANCEL_CHANNEL = "unitvisor_cancel"
+
+
+def spawn_hint_targets(payload: str) -> frozenset[str] | None:
+    """The hosts a notification on SPAWN_CHANNEL asks to claim (sql/010_wake_targets.sql:
+    {"hosts": [...]}), or None for every host: the empty payload (as before 010), and one this release
+    cannot read, which costs a claim that finds nothing at worst, where ignoring it could leave a run to
+    the next poll."""
+    try:
+        hosts = json.loads(payload)["hosts"] if payload else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        return None
+    return frozenset(hosts)
 
 Connection = psycopg.Connection
 

@@ -328,3 +328,70 @@ def test_a_watchdog_for_another_process_is_not_fed(make, env, clock):
     d = make()
     d._feed_watchdog()
     assert notes(d) == []
+
+
+# -- which spawn notifications wake the claim (sql/010_wake_targets.sql) ------------------------------------
+
+@pytest.mark.parametrize(("payload", "targets"), [
+    ("", None),  # every host, as before 010 (and what 0.4.0's trigger sends)
+    ('{"hosts": ["h1", "h2"]}', frozenset({"h1", "h2"})),
+    ('{"hosts": []}', frozenset()),
+    ("not json", None),  # a payload this release cannot read: every host
+    ('{"hosts": "h1"}', None),
+    ('{"hosts": [1]}', None),
+    ('{"later": true}', None),
+    ("[]", None),
+])
+def test_spawn_hint_targets(payload, targets):
+    assert store.spawn_hint_targets(payload) == targets
+
+
+@pytest.fixture
+def listening(make):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=0)
+    return d
+
+
+@pytest.mark.parametrize(("payload", "wakes"), [
+    ("", True),
+    ('{"hosts": ["h1"]}', True),
+    ('{"hosts": ["h0", "h1", "h2"]}', True),
+    ('{"hosts": ["h2"]}', False),  # another host's run (its pin), or others have the room
+    ('{"hosts": []}', False),
+    ("garbage", True),
+])
+def test_a_spawn_hint_wakes_the_claim_only_when_it_names_this_host(listening, payload, wakes):
+    listening._on_notify(psycopg.Notify(store.SPAWN_CHANNEL, payload, 4242))
+    assert listening.notified == ({store.SPAWN_CHANNEL} if wakes else set())
+
+
+def test_hints_read_from_the_idle_connection_are_filtered_too(listening):
+    queue = [mock.Mock(relname=store.SPAWN_CHANNEL.encode(), extra=b'{"hosts": ["h2"]}'),
+             mock.Mock(relname=store.CANCEL_CHANNEL.encode(), extra=b""), None]
+    listening.conn = mock.Mock(pgconn=mock.Mock(notifies=mock.Mock(side_effect=queue)))
+    listening._drain_notifications(receive=False)
+    assert listening.notified == {store.CANCEL_CHANNEL}
+    queue[:] = [mock.Mock(relname=store.SPAWN_CHANNEL.encode(), extra=b'{"hosts": ["h1"]}'), None]
+    listening.conn.pgconn.notifies.side_effect = queue
+    listening._drain_notifications(receive=False)
+    assert listening.notified == {store.CANCEL_CHANNEL, store.SPAWN_CHANNEL}
+
+
+@pytest.mark.parametrize("host_state", ["draining", "stopped"])
+def test_a_host_that_is_not_active_ignores_spawn_hints_but_not_cancels(listening, host_state):
+    listening.host_state = host_state
+    listening._on_notify(psycopg.Notify(store.SPAWN_CHANNEL, '{"hosts": ["h1"]}', 4242))
+    listening._on_notify(psycopg.Notify(store.SPAWN_CHANNEL, "", 4242))
+    assert listening.notified == set()
+    listening._on_notify(psycopg.Notify(store.CANCEL_CHANNEL, "", 4242))
+    assert listening.notified == {store.CANCEL_CHANNEL}
+
+
+def test_a_host_with_every_slot_taken_ignores_spawn_hints(listening):
+    listening.reconciler.in_flight = listening.settings.host.max_runs
+    listening._on_notify(psycopg.Notify(store.SPAWN_CHANNEL, "", 4242))
+    assert listening.notified == set()
+    listening.reconciler.in_flight -= 1  # one run ended: room again
+    listening._on_notify(psycopg.Notify(store.SPAWN_CHANNEL, "", 4242))
+    assert listening.notified == {store.SPAWN_CHANNEL}
