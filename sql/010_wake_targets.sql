@@ -68,8 +68,15 @@ BEGIN
     END IF;
     IF unpinned > 0 THEN
         SELECT coalesce(jsonb_agg(k), '[]') INTO kinds FROM (
+            -- The environment's names only, each with an empty value: host_refusal reads the names,
+            -- and the values (which may be secrets) must not go into the session's settings, where
+            -- the submitter's current_setting, pg_settings and any error context would show them.
             SELECT DISTINCT jsonb_build_object('argv', ARRAY[r.argv[1]], 'run_user', r.run_user,
-                                               'environment', r.environment, 'memory_max', r.memory_max) AS k
+                                               'environment', (SELECT coalesce(jsonb_object_agg(e.name, ''), '{}')
+                                                               FROM jsonb_object_keys(
+                                                                   CASE WHEN jsonb_typeof(r.environment) = 'object'
+                                                                        THEN r.environment ELSE '{}' END) AS e(name)),
+                                               'memory_max', r.memory_max) AS k
             FROM new_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
             WHERE j.state = 'available' AND r.host_pin IS NULL
             LIMIT 33) x;

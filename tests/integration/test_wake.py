@@ -140,3 +140,15 @@ def test_a_retry_wakes_hosts_as_a_submit_does(conn: psycopg.Connection, dsn: str
         store.record_outcome(conn, fences[1], attempt, Outcome("exit-code", "exit:1", "exited 1"), "queued",
                              timedelta(0))
         assert named(listener) == {"h2"}
+
+
+def test_the_transaction_notes_keep_environment_names_never_values(conn: psycopg.Connection, dsn: str,
+                                                                   listener: psycopg.Connection) -> None:
+    """The notes live in the submitter's session settings until commit (current_setting, pg_settings):
+    an environment value may be a secret, and host_refusal needs only the names."""
+    with fleet(dsn, conn, 3):
+        with conn.transaction():
+            store.submit_run(conn, argv=["/bin/true"], environment={"API_TOKEN": "s3cret-value"})
+            kinds = conn.execute("SELECT current_setting('unitvisor.spawn_kinds', true)").fetchone()[0]
+            assert "API_TOKEN" in kinds and "s3cret-value" not in kinds
+        assert named(listener) is not None
