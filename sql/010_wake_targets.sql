@@ -28,12 +28,12 @@
 --   host).
 -- When no host could claim now (no pin, and no live host has a free slot) the list is empty,
 -- {"hosts": []}: the notification is still sent (a control plane that listens hears of every
--- transaction that added jobs, and a 0.4.0 daemon claims on it as before), and it wakes no daemon of
+-- transaction that added jobs, and a 0.3.0 daemon claims on it as before), and it wakes no daemon of
 -- this release. A daemon claims again when one of its runs ends, and every daemon polls (the probe,
 -- every poll_interval), which also covers a hint that was lost or went to a host that then could not
 -- claim.
 --
--- Hosts of 0.4.0 treat any notification on the channel as a hint to claim, whatever its payload: during
+-- Hosts of 0.3.0 treat any notification on the channel as a hint to claim, whatever its payload: during
 -- a rolling upgrade they are woken as the list says, or more often (they ignore the list), never less.
 --
 -- SECURITY DEFINER: the triggers fire in the submitter's session, and a submitter may not read hosts or

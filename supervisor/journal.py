@@ -52,7 +52,7 @@ from supervisor.systemd import from_usec
 
 MSG_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
 # systemd's sd-messages.h (252): SD_MESSAGE_UNIT_FAILURE_RESULT, _UNIT_STOPPING, _UNIT_STOPPED,
-# _UNIT_SUCCESS, _UNIT_RESOURCES. (Until 0.4.0 MSG_UNIT_STOPPING had a wrong value, so a stop job was
+# _UNIT_SUCCESS, _UNIT_RESOURCES. (Before 0.4.0 MSG_UNIT_STOPPING had a wrong value, so a stop job was
 # never seen.)
 MSG_UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
 MSG_UNIT_STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"

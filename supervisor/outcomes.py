@@ -38,7 +38,7 @@ _SYSTEMD_SETUP_EXITS = {
 # An exit status in 200-243 is ambiguous: systemd's forked child exits with it when a setup step fails
 # before execve() (the command never ran), and a command may exit with it on its own. systemd 252 keeps
 # no property that says which (ExecMainHandoffTimestamp only arrived in 255). Measured in the test bed
-# (systemd 252, Type=exec, RemainAfterExit=yes, as 0.4.0 started every run's unit; units are now
+# (systemd 252, Type=exec, RemainAfterExit=yes, as 0.3.0 started every run's unit; units are now
 # RemainAfterExit=no and kept loaded by the daemon's reference instead, which changes how a clean end
 # shows, `inactive/dead` instead of `active/exited`, not these fields, set when the process is reaped):
 #

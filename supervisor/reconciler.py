@@ -27,8 +27,8 @@ Decision table (every row has a unit test in tests/unit/test_reconciler.py):
 
 Ended units stay loaded for the daemon (AddRef at creation, Ref when adopted: a reference PID 1
 holds for the daemon's bus connection) until their outcome is recorded; then they are released
-(Unref, and reset-failed for a failed one). A unit of 0.4.0 (RemainAfterExit=yes) that ended is
-`active/exited`: settled the same way, and released with a stop job as 0.4.0 did.
+(Unref, and reset-failed for a failed one). A unit of 0.3.0 (RemainAfterExit=yes) that ended is
+`active/exited`: settled the same way, and released with a stop job as 0.3.0 did.
 
 Between passes (the daemon's loop: a unit that changed, a run an operator cancelled) one row differs
 (decide_on_change): a started attempt's running unit is left alone (NOTHING) even when its invocation id

@@ -333,7 +333,7 @@ def test_a_watchdog_for_another_process_is_not_fed(make, env, clock):
 # -- which spawn notifications wake the claim (sql/010_wake_targets.sql) ------------------------------------
 
 @pytest.mark.parametrize(("payload", "targets"), [
-    ("", None),  # every host, as before 010 (and what 0.4.0's trigger sends)
+    ("", None),  # every host, as before 010 (and what 0.3.0's trigger sends)
     ('{"hosts": ["h1", "h2"]}', frozenset({"h1", "h2"})),
     ('{"hosts": []}', frozenset()),
     ("not json", None),  # a payload this release cannot read: every host

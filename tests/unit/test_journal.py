@@ -273,7 +273,7 @@ SUCCESS = Outcome("success", "exit:0", "exited 0 (from the journal: systemd reco
 
 
 def test_the_message_ids_are_systemds():
-    # sd-messages.h: SD_MESSAGE_UNIT_STOPPING, _UNIT_STOPPED, _UNIT_SUCCESS (until 0.4.0 STOPPING was wrong).
+    # sd-messages.h: SD_MESSAGE_UNIT_STOPPING, _UNIT_STOPPED, _UNIT_SUCCESS (before 0.4.0 STOPPING was wrong).
     assert (MSG_UNIT_STOPPING, MSG_UNIT_STOPPED, MSG_UNIT_SUCCESS) == (
         "de5b426a63be47a7b6ac3eaac82e2f6f", "9d1aaa27d60140bd96365438aad20286", "7ad2d189f7e94e70a38c781354912448")
 

@@ -382,7 +382,7 @@ def test_a_failed_unit_reset_by_hand_still_shows_its_exit_status():
 
 
 def test_a_040_unit_active_exited_still_settles_success():
-    # Started by 0.4.0 (RemainAfterExit=yes) and still loaded when the upgraded daemon starts.
+    # Started by 0.3.0 (RemainAfterExit=yes) and still loaded when the upgraded daemon starts.
     u = unit(**EXITED_OK)
     assert decide(make_run(), make_attempt(started=True), u).outcome == Outcome("success", "exit:0", "exited 0")
 

@@ -649,7 +649,7 @@ def test_a_listed_unit_collected_before_the_ref_is_decided_as_gone(rec, st, syst
 @pytest.mark.parametrize(("active", "sub", "code", "status", "result"), [
     ("inactive", "dead", CLD_EXITED, 0, "success"),
     ("failed", "failed", CLD_EXITED, 3, "exit-code"),
-    ("active", "exited", CLD_EXITED, 0, "success"),  # a unit of 0.4.0
+    ("active", "exited", CLD_EXITED, 0, "success"),  # a unit of 0.3.0
 ])
 def test_a_settled_unit_is_released_by_the_state_it_ended_in(rec, st, systemd, active, sub, code, status, result):
     run, attempt = pair(1)
