@@ -175,8 +175,9 @@ def accounting_from_properties(props: dict[bytes, Any]) -> Accounting:
 
 
 # What `Systemd.state` reads of a unit, one `Get` each, in this order. Not `GetAll`: that marshals all
-# of a unit's ~400 properties (1.1 ms of the daemon's CPU a read, measured in the benchmark's test
-# bed, against about 0.01 ms a `Get`), of which UnitState uses these. Several `Get`s are not one
+# of a unit's ~400 properties, of which UnitState uses these (in the test bed, 0.8-1.2 ms of the
+# caller's CPU a `GetAll`, 0.4 ms these 14 `Get`s; one `GetAll` each of the Unit and Service
+# interfaces costs as much as `GetAll("")`: docs/benchmarks.md). Several `Get`s are not one
 # snapshot, so the unit's state comes first: `has_ended` decides on `Job`, `ActiveState` and
 # `SubState` alone, and once they say "ended", the unit does not change again (no Restart=, one
 # invocation per unit name), so what is read after them is that ended invocation's. If the unit
@@ -319,7 +320,7 @@ class Systemd(_Connection):
             if isinstance(exc.__cause__, DBusNoSuchUnitError):
                 return None
             raise
-        props = {}
+        props: dict[bytes, Any] = {}
         for iface, prop in _STATE_PROPERTIES:
             try:
                 props[prop] = self._call(path, PROPS_IFACE, b"Get", apply_signature(b"ss", [iface, prop]),
