@@ -250,6 +250,32 @@ def props(overrides=None):
     return values
 
 
+def unknown_property() -> DBusBaseError:
+    """systemd 252's answer to a Get of MemoryPeak, as pystemd raised it in the test bed (errno EBADR)."""
+    return DBusError(-errno.EBADR, b"org.freedesktop.DBus.Error.UnknownProperty",
+                     b"Unknown interface org.freedesktop.systemd1.Service or property MemoryPeak.")
+
+
+# The interface of each property, as systemd 252's D-Bus API has it (`busctl introspect` of a service).
+SERVICE_PROPERTIES = {b"Result", b"ExecMainCode", b"ExecMainStatus", b"ExecMainStartTimestamp",
+                      b"ExecMainExitTimestamp", b"CPUUsageNSec", b"MemoryPeak", b"IOReadBytes", b"IOWriteBytes"}
+
+
+def pid1(values, path=UNIT_PATH):
+    """A fake PID 1 for state(): GetUnit answers `path`; Get answers a property from `values` on its own
+    interface only, UnknownProperty for one it lacks (as sd-bus does); anything else fails the test."""
+    def call_method(dest, obj, iface, method, args):
+        if method == b"GetUnit":
+            return answer(path)
+        assert (obj, iface, method) == (path, sd.PROPS_IFACE, b"Get"), (obj, iface, method)
+        (_, want_iface), (_, prop) = args
+        expected = sd.SERVICE_IFACE if prop in SERVICE_PROPERTIES else sd.UNIT_IFACE
+        if want_iface != expected or prop not in values:
+            raise unknown_property()
+        return answer(values[prop])
+    return call_method
+
+
 def test_state_of_a_unit_that_is_not_loaded_is_none(bus):
     bus.call_method.side_effect = no_such_unit()
     s = Systemd()
@@ -257,21 +283,57 @@ def test_state_of_a_unit_that_is_not_loaded_is_none(bus):
     assert s.connected  # an answer, not a broken connection
 
 
-def test_state_reads_getunit_then_all_properties(bus):
-    bus.call_method.side_effect = [answer(UNIT_PATH), answer(props())]
+def test_state_reads_getunit_then_one_get_a_property_the_units_state_first(bus):
+    bus.call_method.side_effect = pid1(props())
     assert Systemd().state(UNIT) == UnitState(UNIT, "failed", "failed", "exit-code", 1, 3,
                                                "5a3c1f0e9b8d4c7a8e6f2b1d0c9a8b7e", False)
-    get_unit, get_all = bus.call_method.call_args_list
+    get_unit, *gets = bus.call_method.call_args_list
     assert get_unit.args[:4] == (sd.DEST, sd.MANAGER_PATH, sd.MANAGER_IFACE, b"GetUnit")
     assert get_unit.args[4] == [(ord("s"), UNIT.encode())]
-    assert get_all.args[:4] == (sd.DEST, UNIT_PATH, sd.PROPS_IFACE, b"GetAll")
-    assert get_all.args[4] == [(ord("s"), b"")]  # every interface at once
+    read = [c.args[4][1][1] for c in gets]
+    # Job, ActiveState and SubState (all has_ended decides on) before anything of the invocation
+    assert read[:3] == [b"Job", b"ActiveState", b"SubState"]
+    # exactly the properties UnitState is made of, each once: no GetAll of ~400
+    assert sorted(read) == sorted([b"Job", b"ActiveState", b"SubState", b"InvocationID", b"ActiveEnterTimestamp",
+                                   b"Result", b"ExecMainCode", b"ExecMainStatus", b"ExecMainStartTimestamp",
+                                   b"ExecMainExitTimestamp", b"CPUUsageNSec", b"MemoryPeak", b"IOReadBytes",
+                                   b"IOWriteBytes"])
+    assert {c.args[3] for c in gets} == {b"Get"}
+
+
+def test_state_reads_times_and_accounting(bus):
+    bus.call_method.side_effect = pid1(props({
+        b"ExecMainStartTimestamp": 1_700_000_000_000_001, b"ExecMainExitTimestamp": 1_700_000_001_000_002,
+        b"ActiveEnterTimestamp": 1_700_000_000_000_500, b"CPUUsageNSec": 12_000_000, b"MemoryPeak": 2**64 - 1,
+        b"IOReadBytes": 4096, b"IOWriteBytes": 0}))
+    state = Systemd().state(UNIT)
+    assert (state.exec_main_start_usec, state.exec_main_exit_usec, state.active_enter_usec) == (
+        1_700_000_000_000_001, 1_700_000_001_000_002, 1_700_000_000_000_500)
+    assert state.accounting == sd.Accounting(cpu_usage_nsec=12_000_000, memory_peak_bytes=None,
+                                             io_read_bytes=4096, io_write_bytes=0)
+
+
+def test_a_property_this_systemd_lacks_is_none_not_an_error(bus):
+    # systemd 252 has no MemoryPeak (256 on): Get answers UnknownProperty, which is no lost connection
+    values = props({b"CPUUsageNSec": 5, b"IOReadBytes": 6, b"IOWriteBytes": 7})
+    bus.call_method.side_effect = pid1(values)
+    s = Systemd()
+    state = s.state(UNIT)
+    assert state.accounting == sd.Accounting(cpu_usage_nsec=5, memory_peak_bytes=None, io_read_bytes=6,
+                                             io_write_bytes=7)
+    assert state.result == "exit-code"
+    assert s.connected
+
+
+def test_unknown_property_is_an_answer_not_a_broken_connection():
+    assert type(unknown_property()).__name__ == "DBusUnknownPropertyError"  # pystemd's own subclass
+    assert type(_map_error(unknown_property(), "reading")) is SystemdError
 
 
 def test_state_with_a_queued_job_and_the_invocation_id_as_bytes(bus):
-    bus.call_method.side_effect = [answer(UNIT_PATH), answer(props({
+    bus.call_method.side_effect = pid1(props({
         b"ActiveState": b"deactivating", b"SubState": b"stop-sigterm", b"Result": b"success", b"ExecMainCode": 0,
-        b"ExecMainStatus": 0, b"InvocationID": INVOCATION, b"Job": (17, b"/org/freedesktop/systemd1/job/17")}))]
+        b"ExecMainStatus": 0, b"InvocationID": INVOCATION, b"Job": (17, b"/org/freedesktop/systemd1/job/17")}))
     state = Systemd().state(UNIT)
     assert state.job_pending is True
     assert state.invocation_id == INVOCATION.hex()
@@ -281,9 +343,20 @@ def test_state_with_a_queued_job_and_the_invocation_id_as_bytes(bus):
 def test_state_of_a_unit_with_no_invocation_and_no_job(bus):
     values = props()
     del values[b"InvocationID"], values[b"Job"], values[b"Result"]
-    bus.call_method.side_effect = [answer(UNIT_PATH), answer(values)]
+    bus.call_method.side_effect = pid1(values)
     state = Systemd().state(UNIT)
     assert state.invocation_id == "" and state.job_pending is False and state.result == ""
+
+
+def test_a_unit_unloaded_while_its_state_is_read_is_an_error_as_before(bus):
+    # GetAll on an object that is gone failed; one Get of several failing is no partial state either
+    gone = DBusError(-errno.ENXIO, b"org.freedesktop.DBus.Error.UnknownObject",
+                     f"Unknown object '{UNIT_PATH.decode()}'.".encode())
+    bus.call_method.side_effect = [answer(UNIT_PATH), answer((0, b"/")), answer(b"inactive"), gone]
+    s = Systemd()
+    with pytest.raises(SystemdError, match=f"^reading {UNIT}: Unknown object"):
+        s.state(UNIT)
+    assert s.connected
 
 
 def test_a_broken_bus_while_reading_state_is_unavailable(bus):
@@ -509,14 +582,44 @@ def empty():
     return mock.Mock(**{"is_empty.return_value": True})
 
 
+class Signal:
+    """A received message as pystemd's DbusMessage behaves: the headers are readable at once
+    (get_member, get_path), `headers` and `body` only once process_reply has decoded the message."""
+
+    def __init__(self, member, path, body, interface):
+        self._member, self._path, self._body, self._interface = member, path, body, interface
+        self.headers, self.body = None, None
+        self.decoded = 0
+
+    def is_empty(self):
+        return False
+
+    def get_member(self):
+        return self._member
+
+    def get_path(self):
+        return self._path
+
+    def process_reply(self, with_headers):
+        self.decoded += 1
+        self.body = self._body
+        if with_headers:
+            self.headers = {"Type": 4, "Typename": "signal", "Member": self._member, "Path": self._path,
+                            "Interface": self._interface, "Sender": b":1.0"}
+
+
 def signal_msg(member, path=b"/org/freedesktop/systemd1", body=None, interface=b"org.freedesktop.systemd1.Manager"):
-    return mock.Mock(headers={"Type": 4, "Typename": "signal", "Member": member, "Path": path,
-                              "Interface": interface, "Sender": b":1.0"},
-                     body=body, **{"is_empty.return_value": False})
+    return Signal(member, path, body, interface)
+
+
+def escaped(name):
+    """sd-bus's escaping of a unit name in its object path: _xx for all but letters and (not first) digits."""
+    return "".join(c if c.isascii() and (c.isalpha() or (i and c.isdigit())) else f"_{ord(c):02x}"
+                   for i, c in enumerate(name))
 
 
 def props_changed(unit):
-    path = b"/org/freedesktop/systemd1/unit/" + unit.replace("-", "_2d").replace(".", "_2e").encode()
+    path = b"/org/freedesktop/systemd1/unit/" + escaped(unit).encode()
     return signal_msg(b"PropertiesChanged", path, body=(b"org.freedesktop.systemd1.Unit", {}, []),
                       interface=b"org.freedesktop.DBus.Properties")
 
@@ -570,11 +673,34 @@ def test_drain_decodes_paths_and_names_from_unitremoved_and_keeps_our_prefix(wat
     assert bus.process.call_count == 8
 
 
-def test_each_signal_is_read_before_its_headers_are_used(watcher, bus):
-    msg = props_changed("unitvisor-run-a-1.service")
-    bus.process.side_effect = [msg, empty(), empty()]
-    watcher.drain()
-    msg.process_reply.assert_called_once_with(True)
+def test_only_a_unitremoved_body_is_decoded(watcher, bus):
+    ours, other = props_changed("unitvisor-run-a-1.service"), props_changed("ssh.service")
+    removed = signal_msg(b"UnitRemoved", body=(b"unitvisor-run-b-2.service", b"/org/freedesktop/systemd1/unit/x"))
+    reload = signal_msg(b"Reloading", body=(True,))
+    bus.process.side_effect = [ours, other, removed, reload, empty(), empty()]
+    assert watcher.drain() == ({"unitvisor-run-a-1.service", "unitvisor-run-b-2.service"}, True)
+    assert (ours.decoded, other.decoded, removed.decoded, reload.decoded) == (0, 0, 1, 0)
+
+
+def test_a_unit_whose_name_only_resembles_the_prefix_is_not_ours(watcher, bus):
+    # "unitvisor-runner-..." and "unitvisor_run-..." share a start with the prefix, escaped or not
+    bus.process.side_effect = [props_changed("unitvisor-runner-1.service"), props_changed("unitvisor_run-x.service"),
+                               props_changed("unitvisor-run.service"), props_changed("xunitvisor-run-a.service"),
+                               empty(), empty()]
+    assert watcher.drain() == (set(), False)
+
+
+def test_the_prefixs_path_is_sd_bus_escaping_of_the_name():
+    assert Watcher("unitvisor-run-")._path_prefix == b"/org/freedesktop/systemd1/unit/unitvisor_2drun_2d"
+    assert Watcher("1a.")._path_prefix == b"/org/freedesktop/systemd1/unit/_31a_2e"  # a leading digit is escaped
+
+
+def test_an_empty_prefix_takes_every_unit(bus):
+    bus.call_method.return_value = answer(None)
+    w = Watcher("")
+    w.connect()
+    bus.process.side_effect = [props_changed("ssh.service"), props_changed("0day.service"), empty(), empty()]
+    assert w.drain() == ({"ssh.service", "0day.service"}, False)
 
 
 def test_drain_reports_a_reload(watcher, bus):
