@@ -113,7 +113,7 @@ class UnitState:
 
         A clean exit leaves the unit `inactive/dead`, a failure `failed`; the unit stays loaded that
         way while a bus client (the daemon: AddRef, Ref) holds a reference on it. A unit started by
-        unitvisor 0.4.0 (RemainAfterExit=yes) shows a clean exit as `active/exited` instead, which
+        unitvisor 0.3.0 (RemainAfterExit=yes) shows a clean exit as `active/exited` instead, which
         is still recognised, so that an upgraded daemon settles those too. A queued job (start or
         stop) means the state is still moving.
         """
@@ -138,7 +138,7 @@ class UnitBrief:
 
     @property
     def process_running(self) -> bool:
-        """Its process may still run: not ended (a 0.4.0 unit, RemainAfterExit=yes, that exited is
+        """Its process may still run: not ended (a 0.3.0 unit, RemainAfterExit=yes, that exited is
         `active/exited`)."""
         return self.active_state in ("active", "activating", "deactivating", "reloading") and self.sub_state != "exited"
 
@@ -441,8 +441,8 @@ class Systemd(_Connection):
 
         `active_state` is the state it was settled in. `inactive` (a clean exit): dropping the
         reference is all; `failed`: reset-failed too (PID 1 keeps a failed unit until then). `active`
-        (a unit of 0.4.0, RemainAfterExit=yes, `exited`) or unknown (None): a stop job first, as
-        0.4.0 released every unit."""
+        (a unit of 0.3.0, RemainAfterExit=yes, `exited`) or unknown (None): a stop job first, as
+        0.3.0 released every unit."""
         if active_state not in ("inactive", "failed"):
             self.stop(name)
         if active_state != "inactive":

@@ -176,7 +176,7 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         # the unit looking started and failing a moment later with 203/EXEC.
         b"Type": b"exec",
         # The unit ends `inactive` (clean exit) or `failed` and is not kept `active/exited`: releasing
-        # an exited unit cost PID 1 a stop job per run (0.4.0 did that), half of its start rate.
+        # an exited unit cost PID 1 a stop job per run (0.3.0 did that), half of its start rate.
         # What keeps an ended unit loaded, with Result, ExecMain*, timestamps and accounting readable
         # until the daemon has recorded the outcome and releases it (Unref), is AddRef: a reference
         # that PID 1 holds for the daemon's bus connection. When that connection closes (the daemon

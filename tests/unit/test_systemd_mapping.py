@@ -426,7 +426,7 @@ def held(bus, props=None):
     ("inactive", [b"UnrefUnit"]),
     # PID 1 keeps a failed unit until reset-failed
     ("failed", [b"ResetFailedUnit", b"UnrefUnit"]),
-    # a unit of 0.4.0 (RemainAfterExit=yes), active/exited: a stop job as 0.4.0 did
+    # a unit of 0.3.0 (RemainAfterExit=yes), active/exited: a stop job as 0.3.0 did
     ("active", [b"StopUnit", b"ResetFailedUnit", b"UnrefUnit"]),
     (None, [b"StopUnit", b"ResetFailedUnit", b"UnrefUnit"]),
 ])
