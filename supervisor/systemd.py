@@ -246,6 +246,21 @@ def _open_bus() -> DBus:
     return bus
 
 
+# How many units one connection holds a reference on, at most. Chosen, not inherited (systemd sets
+# no such bound): PID 1 tracks each holder of each unit on the system bus with match rules of its own
+# connection, and dbus-daemon allows a connection 512 of them (max_match_rules_per_connection, the
+# default in Debian's system.conf), all clients' held units together. Measured in the test bed
+# (systemd 252, dbus 1.14): a connection starting units with AddRef got "Message recipient
+# disconnected from message bus without replying" at its 506th held unit, and at its 256th in the
+# benchmark's boot: PID 1 had been thrown off the bus, which breaks every client of PID 1 on the
+# host, not only this daemon. 100 leaves PID 1 most of its rules for itself and others. Past it a
+# new unit is started as 0.3.0 started every unit (RemainAfterExit=yes, no AddRef: kept loaded by
+# itself, released with a stop job), and a unit adopted is read but not held (a clean end of it is
+# collected at once and proven from the journal, as after a restart). Raising it towards 256 would
+# put PID 1's bus connection at risk again.
+MAX_HELD_UNITS = 100
+
+
 class _Connection:
     """One bus connection, opened on demand and dropped on any connection error."""
 
@@ -293,8 +308,11 @@ class Systemd(_Connection):
 
         An existing name is adoption, never an error and never a second run: the name is derived
         from (run, attempt), so if it exists it is this attempt's unit. With `AddRef` in the
-        properties, PID 1 holds a reference on the new unit for this connection (see `ref`).
+        properties, PID 1 holds a reference on the new unit for this connection (see `ref`), unless
+        the connection holds MAX_HELD_UNITS already: then the unit is RemainAfterExit=yes instead.
         """
+        if properties.get(b"AddRef") and len(self._refs) >= MAX_HELD_UNITS:
+            properties = {**{k: v for k, v in properties.items() if k != b"AddRef"}, b"RemainAfterExit": True}
         args = apply_signature(b"ss", [name.encode(), b"fail"])
         args += unit_signatures.signature_array(properties)
         args += [(ord(b"a"), b"(sa(sv))"), (-1, None)]
@@ -399,7 +417,9 @@ class Systemd(_Connection):
         timestamps and accounting readable, until `release` (or until this connection closes: PID 1
         then drops the reference and collects an ended unit). For a unit this daemon adopted rather
         than created (created ones get AddRef). False when the unit is not loaded (it ended and was
-        collected already: the journal is what is left)."""
+        collected already: the journal is what is left). True without a reference when the
+        connection holds MAX_HELD_UNITS already: the unit is loaded now, and if it ends cleanly it is
+        collected and its outcome proven from the journal."""
         if name in self._refs:
             return True
         # Ref() on the unit's own object, not the manager's RefUnit: that one loads a unit that is not
@@ -413,6 +433,8 @@ class Systemd(_Connection):
             if isinstance(exc.__cause__, DBusNoSuchUnitError):
                 return False
             raise
+        if len(self._refs) >= MAX_HELD_UNITS:
+            return True
         try:
             self._call(path, UNIT_IFACE, b"Ref", [], f"Ref {name}")
         except SystemdError as exc:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 
-from tests.harness.host import Host, journal_invocations, wait_for
+from supervisor import store
+from supervisor.systemd import MAX_HELD_UNITS
+from tests.harness.fleet import submit_many
+from tests.harness.host import DEFAULT_CONFIG, GATES, Host, journal_invocations, wait_for
 
 STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
 
@@ -125,3 +128,29 @@ def test_killed_right_after_the_start_a_quick_success_is_not_run_twice(host: Hos
     [attempt] = data["attempts"]
     assert (data["state"], attempt["outcome"], attempt["exit_status"]) == ("succeeded", "success", "exit:0")
     assert len(journal_invocations(host, unit)) == 1, "the unit was started more than once"
+
+
+def test_more_runs_in_flight_than_units_held_all_end_and_pid1_keeps_its_bus(host: Host) -> None:
+    """PID 1 pays a bus match rule for every unit a client holds, and a client holding 256 to 506 cost
+    PID 1 its bus connection in this test bed: the daemon holds at most MAX_HELD_UNITS and starts the
+    rest RemainAfterExit=yes (supervisor/systemd.py). With 300 in flight, the held ones and the others
+    each end once with their outcome, and nothing stays loaded. (300, not the 506 that broke PID 1:
+    600 polling runs would load CI's machine more than anything else in the suite.)"""
+    count = 300
+    config = DEFAULT_CONFIG.format(host_id=host.host_id, runs_extra="")
+    host.configure(config=config.replace("[host]\n", f"[host]\nmax_runs = {count}\n", 1))
+    host.start()
+    host.gated("held")  # makes the gates' directory
+    # A slow poll: 300 runs polling every 0.1 s would load the test bed more than the test does.
+    argv = ["/bin/sh", "-c", f"while [ ! -e {GATES}/held ]; do sleep 2; done"]
+    with store.connect(host.dsn) as conn:
+        run_ids = [str(r) for r in submit_many(conn, argv, count)]
+    wait_for(lambda: len(host.loaded_run_units()) == count, timeout=300, what=f"{count} units at once")
+    held = [u for u in host.loaded_run_units()
+            if host.unit_props(u, "RemainAfterExit").get("RemainAfterExit") == "no"]
+    assert len(held) == MAX_HELD_UNITS  # the rest: RemainAfterExit=yes, kept loaded by themselves
+    host.open_gate("held")
+    for run_id in run_ids:
+        data = host.wait_run(run_id, timeout=180)
+        assert (data["state"], data["attempts"][0]["outcome"]) == ("succeeded", "success"), data
+    wait_for(lambda: host.loaded_run_units() == [], timeout=120, what="every run's unit to be released")

@@ -735,3 +735,50 @@ def test_a_bus_error_while_draining_closes_and_is_unavailable(watcher, bus):
     bus.close.assert_called_once_with()
     with pytest.raises(SystemdUnavailable):
         watcher.drain()
+
+
+def holding(bus, count):
+    """A connection that created `count` units with AddRef."""
+    bus.call_method.return_value = answer(b"/org/freedesktop/systemd1/job/42")
+    s = Systemd()
+    for i in range(count):
+        assert s.start_transient(f"unitvisor-run-{i}.service", {**PROPS, b"AddRef": True}) is True
+    bus.call_method.reset_mock()
+    return s
+
+
+def test_past_the_bound_a_new_unit_is_kept_by_remainafterexit_not_by_a_reference(bus, mocker):
+    """PID 1 pays bus match rules for every unit a client holds; past MAX_HELD_UNITS on one connection
+    it lost its bus connection in the test bed. A new unit is then started as 0.3.0's were."""
+    s = holding(bus, sd.MAX_HELD_UNITS - 1)
+    marshalled = mocker.spy(sd.unit_signatures, "signature_array")
+
+    def sent_properties(_bus):
+        return marshalled.call_args.args[0]
+
+    assert s.start_transient(UNIT, {**PROPS, b"AddRef": True}) is True
+    assert sent_properties(bus)[b"AddRef"] is True  # the last one held
+    over = "unitvisor-run-over.service"
+    assert s.start_transient(over, {**PROPS, b"AddRef": True}) is True
+    sent = sent_properties(bus)
+    assert b"AddRef" not in sent and sent[b"RemainAfterExit"] is True
+    bus.call_method.reset_mock()
+    s.release(over, "active")  # active/exited when it ends: released with a stop job, no Unref
+    assert methods(bus) == [b"StopUnit", b"ResetFailedUnit"]
+    bus.call_method.reset_mock()
+    s.release(UNIT, "inactive")  # one reference dropped: room for the next unit to be held again
+    bus.call_method.return_value = answer(b"/org/freedesktop/systemd1/job/43")
+    assert s.start_transient("unitvisor-run-next.service", {**PROPS, b"AddRef": True}) is True
+    assert sent_properties(bus)[b"AddRef"] is True
+
+
+def test_past_the_bound_ref_reads_a_loaded_unit_without_holding_it(bus):
+    s = holding(bus, sd.MAX_HELD_UNITS)
+    bus.call_method.return_value = answer(UNIT_PATH)
+    assert s.ref(UNIT) is True  # loaded: the caller reads it; not held
+    assert methods(bus) == [b"GetUnit"]
+    bus.call_method.reset_mock()
+    s.release(UNIT, "inactive")
+    assert methods(bus) == []  # nothing held, nothing to drop
+    bus.call_method.side_effect = [no_such_unit()]
+    assert s.ref("unitvisor-run-gone.service") is False  # collected: still said, for the journal
