@@ -12,6 +12,8 @@ from supervisor import config, fleet, store
 from supervisor.systemd import Systemd, SystemdError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PERSISTENT_JOURNAL = Path("/var/log/journal")
+MACHINE_ID = Path("/etc/machine-id")
 # The controllers behind the limits a run can have: MemoryMax, CPUQuota, TasksMax, IOWeight.
 NEEDED_CONTROLLERS = ("memory", "cpu", "pids", "io")
 
@@ -33,6 +35,22 @@ def cgroup_check(root: Path = CGROUP_ROOT) -> Check:
     if missing:
         return Check("cgroups", "warn", f"cgroup v2 without {', '.join(missing)}: those limits are not enforced")
     return Check("cgroups", "ok", f"cgroup v2 with {', '.join(NEEDED_CONTROLLERS)}")
+
+
+def journal_check(persistent: Path = PERSISTENT_JOURNAL, machine_id: Path = MACHINE_ID) -> Check:
+    """A run that succeeds while the daemon is down is proven only by PID 1's journal records
+    (supervisor/journal.py); across a reboot that takes a persistent journal, which journald keeps in
+    /var/log/journal/<machine id> (Storage=persistent, or auto with /var/log/journal present). The
+    directory is what journald actually uses, whatever journald.conf and its drop-ins say."""
+    try:
+        ident = machine_id.read_text().strip()
+    except OSError as exc:
+        return Check("journal", "warn", f"cannot read {machine_id} ({exc.strerror}): cannot tell whether the "
+                     "journal is persistent")
+    if ident and (persistent / ident).is_dir():
+        return Check("journal", "ok", f"persistent ({persistent / ident})")
+    return Check("journal", "warn", "volatile: a run that succeeds while the daemon is down is recorded lost "
+                 "after a reboot; mkdir -p /var/log/journal && systemctl restart systemd-journald")
 
 
 def root_runs_check(runs: config.RunSettings) -> list[Check]:
@@ -66,6 +84,7 @@ def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check
     checks += _database_checks(settings, dsn_override, daemon_pid)
     checks += systemd_checks
     checks.append(cgroup_check())
+    checks.append(journal_check())
     return checks
 
 
