@@ -246,18 +246,19 @@ def _open_bus() -> DBus:
     return bus
 
 
-# How many units one connection holds a reference on, at most. Chosen, not inherited (systemd sets
-# no such bound): PID 1 tracks each holder of each unit on the system bus with match rules of its own
+# How many units one connection holds a reference on, at most. Chosen, not inherited (systemd sets no
+# such bound): PID 1 tracks each holder of each unit on the system bus with match rules of its own
 # connection, and dbus-daemon allows a connection 512 of them (max_match_rules_per_connection, the
-# default in Debian's system.conf), all clients' held units together. Measured in the test bed
-# (systemd 252, dbus 1.14): a connection starting units with AddRef got "Message recipient
-# disconnected from message bus without replying" at its 506th held unit, and at its 256th in the
-# benchmark's boot: PID 1 had been thrown off the bus, which breaks every client of PID 1 on the
-# host, not only this daemon. 100 leaves PID 1 most of its rules for itself and others. Past it a
-# new unit is started as 0.3.0 started every unit (RemainAfterExit=yes, no AddRef: kept loaded by
-# itself, released with a stop job), and a unit adopted is read but not held (a clean end of it is
-# collected at once and proven from the journal, as after a restart). Raising it towards 256 would
-# put PID 1's bus connection at risk again.
+# default in Debian's system.conf), for all clients together. Measured in the test bed (systemd 252,
+# dbus 1.14): a connection starting units with AddRef got "Message recipient disconnected from message
+# bus without replying" at its 506th held unit, and at its 256th while it also had 256 start jobs queued
+# (consistent with queued jobs being tracked the same way; bench/inside.py queues no more than that for
+# this reason): PID 1 had been thrown off the bus, which breaks every client of PID 1 on the host, not
+# only this daemon. 100 leaves PID 1 most of its rules for the daemon's queued start jobs (claim_batch),
+# itself and other clients. Past it a new unit is started as 0.3.0 started every unit
+# (RemainAfterExit=yes, no AddRef: kept loaded by itself, released with a stop job), and a unit adopted
+# is read but not held (a clean end of it is collected at once and proven from the journal, as after a
+# restart). Raising it towards 256 would put PID 1's bus connection at risk again.
 MAX_HELD_UNITS = 100
 
 
