@@ -283,7 +283,9 @@ class Bench:
                       extract(epoch FROM pg_xact_commit_timestamp(e.xmin))::float8 AS committed,
                       extract(epoch FROM a.claimed_at)::float8 AS claimed,
                       extract(epoch FROM a.started_at)::float8 AS marked_started,
-                      extract(epoch FROM pg_xact_commit_timestamp(a.xmin))::float8 AS recorded
+                      -- The run row's last write is the outcome's (record_outcome); the attempt row's
+                      -- is its output tail, written two seconds or more later (journal.TailReader).
+                      extract(epoch FROM pg_xact_commit_timestamp(r.xmin))::float8 AS recorded
                FROM unitvisor.runs r JOIN unitvisor.attempts a ON a.run_id = r.id
                JOIN unitvisor.run_events e ON e.run_id = r.id AND e.reason = 'submitted'
                WHERE r.id = ANY(%s)""", (ids,)).fetchall()
