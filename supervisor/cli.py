@@ -621,7 +621,7 @@ def reconcile(ctx: Context, dry_run: bool) -> None:
         if state == "dead" and not dry_run:
             raise Failure(f"host {settings.host_id} was declared dead and its runs taken over: start or restart the "
                           "daemon, which registers again and stops what was taken over")
-        systemd = Systemd()
+        systemd = Systemd(max_held=0)  # this command's connection ends with it (Systemd's docstring)
         try:
             reconciler = Reconciler(settings, fence, conn, systemd)
             done = reconciler.plan() if dry_run else reconciler.reconcile_pass()

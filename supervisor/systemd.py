@@ -286,7 +286,18 @@ class _Connection:
 
 
 class Systemd(_Connection):
-    """Method calls to PID 1 on one connection. Not thread-safe; one per process."""
+    """Method calls to PID 1 on one connection. Not thread-safe; one per process.
+
+    `max_held`: how many units this connection may hold (MAX_HELD_UNITS). 0 for a connection that
+    does not outlive a command (`unitvisor reconcile` by hand): PID 1 drops its references when it
+    closes, so a unit it started would be collected the moment it ends, while the daemon may not hold
+    it yet, and only the journal (which may lag behind) would be left to say how it ended. Its units
+    are RemainAfterExit=yes instead, kept loaded until the daemon settles and releases them.
+    """
+
+    def __init__(self, max_held: int = MAX_HELD_UNITS) -> None:
+        super().__init__()
+        self._max_held = max_held
 
     def connect(self) -> None:
         self.close()
@@ -312,7 +323,7 @@ class Systemd(_Connection):
         properties, PID 1 holds a reference on the new unit for this connection (see `ref`), unless
         the connection holds MAX_HELD_UNITS already: then the unit is RemainAfterExit=yes instead.
         """
-        if properties.get(b"AddRef") and len(self._refs) >= MAX_HELD_UNITS:
+        if properties.get(b"AddRef") and len(self._refs) >= self._max_held:
             properties = {**{k: v for k, v in properties.items() if k != b"AddRef"}, b"RemainAfterExit": True}
         args = apply_signature(b"ss", [name.encode(), b"fail"])
         args += unit_signatures.signature_array(properties)
@@ -434,7 +445,7 @@ class Systemd(_Connection):
             if isinstance(exc.__cause__, DBusNoSuchUnitError):
                 return False
             raise
-        if len(self._refs) >= MAX_HELD_UNITS:
+        if len(self._refs) >= self._max_held:
             return True
         try:
             self._call(path, UNIT_IFACE, b"Ref", [], f"Ref {name}")

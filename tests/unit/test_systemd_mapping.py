@@ -782,3 +782,17 @@ def test_past_the_bound_ref_reads_a_loaded_unit_without_holding_it(bus):
     assert methods(bus) == []  # nothing held, nothing to drop
     bus.call_method.side_effect = [no_such_unit()]
     assert s.ref("unitvisor-run-gone.service") is False  # collected: still said, for the journal
+
+
+def test_a_connection_that_holds_nothing_starts_units_that_keep_themselves(bus, mocker):
+    """`unitvisor reconcile` by hand: its references would go when the command exits, collecting a
+    unit that ended before the daemon held it."""
+    marshalled = mocker.spy(sd.unit_signatures, "signature_array")
+    bus.call_method.return_value = answer(UNIT_PATH)
+    s = Systemd(max_held=0)
+    assert s.start_transient(UNIT, {**PROPS, b"AddRef": True}) is True
+    sent = marshalled.call_args.args[0]
+    assert b"AddRef" not in sent and sent[b"RemainAfterExit"] is True
+    bus.call_method.reset_mock()
+    assert s.ref(UNIT) is True
+    assert methods(bus) == [b"GetUnit"]  # read, never held
