@@ -252,6 +252,11 @@ class Reconciler:
         holds the unit. Starting it again would run the command twice; the journal says how it
         ended, or it is lost. Unknown to the journal, or the journal unreadable: START."""
         if decision.action is Action.START and self.journal.unit_seen(attempt.unit_name):
+            # Asked again, live: the pass's listing may predate a unit another process (the daemon,
+            # beside `unitvisor reconcile` by hand) started since, which the journal then already
+            # knows while it runs. A unit loaded now is started "again", which is adoption.
+            if self.systemd.state(attempt.unit_name) is not None:
+                return decision
             return gone(run, attempt.unit_name, "its unit was started before and is gone")
         return decision
 

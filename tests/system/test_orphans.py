@@ -51,7 +51,8 @@ def test_reconcile_by_hand_beside_the_claiming_daemon_stops_no_run(host: Host) -
         by_hand.join(timeout=60)
     assert passes and set(passes) == {0}, passes
     for data in results:
-        assert [(a["outcome"], a["exit_status"]) for a in data["attempts"]] == [("success", "exit:0")], data
+        assert [(a["outcome"], a["exit_status"]) for a in data["attempts"]] == [("success", "exit:0")], \
+            [(a["outcome"], a["reason"]) for a in data["attempts"]]
     assert "stop-orphan" not in host.daemon_log()
 
 

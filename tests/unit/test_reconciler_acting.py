@@ -661,3 +661,19 @@ def test_a_settled_unit_is_released_by_the_state_it_ended_in(rec, st, systemd, a
 def test_a_released_orphan_is_released_by_its_listed_state(rec, systemd):
     rec.apply_orphan(Decision(Action.RELEASE, ORPHAN, "why", unit_state="inactive"))
     systemd.release.assert_called_once_with(ORPHAN, "inactive")
+
+
+def test_a_unit_the_journal_knows_and_that_is_loaded_now_is_adopted_not_lost(rec, st, systemd):
+    """The pass's listing predates a unit the daemon started since (`unitvisor reconcile` by hand beside
+    it): the journal knows it because it runs. Asked again, live, it is loaded: start, i.e. adopt."""
+    run, attempt = pair(1, started=False)
+    rec.journal.unit_seen.return_value = True
+    systemd.list_units.return_value = {}
+    systemd.state.return_value = UnitState(attempt.unit_name, "active", "running", "success", 0, 0, INV, False)
+    systemd.start_transient.return_value = False  # UnitExists: adoption
+    systemd.ref.return_value = True
+    st.open_attempts.return_value = [(run, attempt)]
+    rec.reconcile_pass()
+    systemd.start_transient.assert_called_once()
+    assert recorded(st) == []
+    rec.journal.outcome.assert_not_called()
