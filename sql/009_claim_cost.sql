@@ -108,18 +108,23 @@ BEGIN
     END IF;
     SELECT coalesce(sum(h.max_runs), 0) INTO capacity FROM unitvisor.hosts h
     WHERE unitvisor.host_is_live(h) AND h.can_start;
-    SELECT count(*) INTO busy FROM unitvisor.attempts a JOIN unitvisor.hosts h ON h.id = a.host_id
-    WHERE a.outcome IS NULL AND unitvisor.host_is_live(h) AND h.can_start;
     IF capacity > me.max_runs THEN
         -- Counted up to `enough` only: from there on the share is at least `free`, and holds nothing
-        -- back (the share is monotone in `waiting`). And counted by columns, not by host_refusal and
-        -- also_accepted (see the head of this file).
-        enough := least(capacity, ceil((free + in_flight)::numeric * capacity / me.max_runs)::bigint - busy);
-        SELECT count(*) INTO waiting FROM (
-            SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
-            WHERE j.state = 'available' AND j.scheduled_at <= now() AND r.state = 'queued'
-              AND (r.host_pin IS NULL OR r.host_pin = me.id)
-            LIMIT greatest(enough, 0)) w;
+        -- back (the share is monotone in `waiting`; `enough` leaves out the `- busy` that would make it
+        -- exact, so that both counts can be one statement). And counted by columns, not by
+        -- host_refusal and also_accepted (see the head of this file).
+        enough := least(capacity, ceil((free + in_flight)::numeric * capacity / me.max_runs)::bigint);
+        -- busy and waiting in one statement, so from one snapshot: as two statements (006), a claim
+        -- that committed between them was in neither count, and this host's share shrank by a third
+        -- of it (three hosts claiming a burst at once took 14, 20 and 20 of 60, leaving 6 behind).
+        SELECT (SELECT count(*) FROM unitvisor.attempts a JOIN unitvisor.hosts h ON h.id = a.host_id
+                WHERE a.outcome IS NULL AND unitvisor.host_is_live(h) AND h.can_start),
+               (SELECT count(*) FROM (
+                    SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+                    WHERE j.state = 'available' AND j.scheduled_at <= now() AND r.state = 'queued'
+                      AND (r.host_pin IS NULL OR r.host_pin = me.id)
+                    LIMIT greatest(enough, 0)) w)
+        INTO busy, waiting;
         share := ceil((busy + waiting)::numeric * me.max_runs / capacity)::bigint - in_flight;
     ELSE
         share := free;  -- no other live host: nothing to share
