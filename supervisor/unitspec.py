@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from supervisor import envpolicy, globs, runenv
-from supervisor.config import CAPABILITIES, UNIT_PREFIX, RunSettings, Settings
+from supervisor.config import CAPABILITIES, ROOT, UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
 # One format for Python and for the claim query (store.py passes it to SQL's format()), so that the
@@ -92,6 +92,20 @@ def _user(run: Run, runs: RunSettings) -> dict[bytes, Any]:
     if not wanted:
         return {b"DynamicUser": True}
     return {b"User": wanted.encode()}
+
+
+def _may_become_root(run: Run, runs: RunSettings) -> bool:
+    """Whether the run's processes may have user id 0, and so read the environment files of other
+    runs (root owns them: no capability is needed). A run as another user, under NoNewPrivileges
+    (set-user-id bits and file capabilities ignored), can never get there, and the runtime directory's
+    mode (0700, root's) keeps it out; a run that can is shut out by InaccessiblePaths= as well.
+
+    Chosen, not inherited: the path used to be in every unit. It is the one property that gives a
+    unit a mount namespace by itself, and a host that turned the sandbox's namespaces off (a fixed
+    [runs] user, private_tmp, protect_system, protect_home off) paid it on every start: systemd
+    started such units at half the rate (docs/benchmarks.md, "Sandbox off"). If this said False for a
+    run that can become root, that run could read every other run's secrets."""
+    return (run.run_user or runs.user) == ROOT or not runs.no_new_privileges
 
 
 def _limits(run: Run) -> dict[bytes, Any]:
@@ -194,11 +208,6 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         b"PrivateTmp": runs.private_tmp,
         b"ProtectSystem": runs.protect_system.encode(),
         b"ProtectHome": runs.protect_home.encode(),
-        # Not a key, and not part of the sandbox one may turn off: the daemon's runtime directory holds
-        # every run's environment file, which a run as root could read (it owns them, capabilities or
-        # not). PID 1 reads a unit's own file before it sets up the unit's mount namespace, so the run
-        # still gets its environment. "-": no error on a host where the directory does not exist.
-        b"InaccessiblePaths": [b"-" + str(runenv.RUNTIME_DIRECTORY).encode()],
         # What the outcome records (systemd.accounting_from_properties): systemd measures only what a
         # unit asks for, and its defaults differ by version and cgroup layout (IO is off by default).
         # Each costs PID 1 a counter read when the unit ends; where a controller is unavailable (cgroup
@@ -215,6 +224,12 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
     if run.working_directory:
         props[b"WorkingDirectory"] = run.working_directory.encode()
     props.update(_user(run, runs))
+    if _may_become_root(run, runs):
+        # Not a key, and not part of the sandbox one may turn off: the daemon's runtime directory holds
+        # every run's environment file, which a run as root could read (it owns them, capabilities or
+        # not). PID 1 reads a unit's own file before it sets up the unit's mount namespace, so the run
+        # still gets its environment. "-": no error on a host where the directory does not exist.
+        props[b"InaccessiblePaths"] = [b"-" + str(runenv.RUNTIME_DIRECTORY).encode()]
     props.update(_limits(run))
     props.update(_sandbox(runs, run))
     return props

@@ -195,3 +195,35 @@ def test_a_root_run_reads_its_own_environment_and_no_other_runs(host: Host) -> N
     assert (data["state"], data["attempts"][0]["exit_status"]) == ("succeeded", "exit:0"), data
     host.open_gate("other-run")
     assert host.wait_run(other)["state"] == "succeeded"
+
+
+def test_a_run_that_cannot_become_root_is_kept_out_by_the_directorys_mode(host: Host) -> None:
+    """A host with the sandbox's namespaces off and a fixed user: the unit gets no mount namespace
+    (no InaccessiblePaths=, which would be its only cause), and the run, a user under NoNewPrivileges,
+    still reads its own environment and no other run's: /run/unitvisor is root's, mode 0700."""
+    host.configure(runs_extra='user = "nobody"\nprivate_tmp = false\nprotect_system = "no"\nprotect_home = "no"\n'
+                              'protect_kernel = false\nprotect_control_groups = false\nprivate_devices = false\n'
+                              'protect_proc = "default"\n')
+    host.start()
+    secret = secrets.token_hex(16)
+    other = submit(host, checking_gated(host, "other-run", {"OTHER_SECRET": secret}), {"OTHER_SECRET": secret})
+    wait_for(lambda: host.show(other)["state"] == "running", what="the other run to run")
+    assert env_files(host), "the other run's environment file is there to be read"
+    other_unit = f"unitvisor-run-{other}-1.service"
+    assert host.unit_props(other_unit, "ActiveState", "InaccessiblePaths") == {
+        "ActiveState": "active", "InaccessiblePaths": ""}
+    mine = secrets.token_hex(16)
+    # exit 4/5: the directory was readable; 7: the run is in a mount namespace of its own (its
+    # /proc/self/ns/mnt differs from PID 1's, which the run may not read: compared by inode here).
+    probe = ["/bin/sh", "-c",
+             f'[ "$MINE" = {mine} ] || exit 3; cat /run/unitvisor/environment/* && exit 4; '
+             'ls /run/unitvisor && exit 5; [ "$(id -un)" = nobody ] || exit 6; '
+             'stat -L -c %i /proc/self/ns/mnt']
+    run_id = submit(host, probe, {"MINE": mine})
+    data = host.wait_run(run_id)
+    assert (data["state"], data["attempts"][0]["exit_status"]) == ("succeeded", "exit:0"), data
+    pid1_ns = host.tb.run("stat", "-L", "-c", "%i", "/proc/1/ns/mnt").stdout.strip()
+    logs = host.cli("logs", run_id, check=False).stdout
+    assert pid1_ns in logs.split(), f"the run's mount namespace is not PID 1's ({pid1_ns}): {logs!r}"
+    host.open_gate("other-run")
+    assert host.wait_run(other)["state"] == "succeeded"

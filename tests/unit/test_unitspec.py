@@ -179,7 +179,7 @@ def test_build_exact_key_set_without_options():
     assert set(props) == {
         b"Description", b"Slice", b"Type", b"RemainAfterExit", b"AddRef", b"ExecStartEx", b"LogExtraFields",
         b"KillMode", b"TimeoutStopUSec", b"SendSIGKILL", b"NoNewPrivileges", b"PrivateTmp", b"ProtectSystem",
-        b"ProtectHome", b"DynamicUser", b"InaccessiblePaths", b"CPUAccounting", b"MemoryAccounting", b"IOAccounting",
+        b"ProtectHome", b"DynamicUser", b"CPUAccounting", b"MemoryAccounting", b"IOAccounting",
     } | set(SANDBOX_DEFAULTS)
 
 
@@ -564,6 +564,28 @@ def test_allowlist_glob_matches_one_path_component_like_a_shell():
     _check_executable(["/opt/tool-2/bin/run"], ("/opt/tool-*/bin/run",))
 
 
-def test_every_run_is_kept_out_of_the_daemons_runtime_directory():
-    """Every run's environment file is there; a run as root would own them."""
-    assert props_for()[b"InaccessiblePaths"] == [b"-/run/unitvisor"]
+KEPT_OUT = [b"-/run/unitvisor"]
+
+
+@pytest.mark.parametrize(("runs", "run_user"), [
+    ({"allowed_users": ("root",)}, "root"),
+    ({"user": "root", "allowed_users": ("root",)}, None),
+    ({"no_new_privileges": False}, None),
+    ({"user": "deploy", "no_new_privileges": False}, None),
+])
+def test_a_run_that_may_become_root_is_kept_out_of_the_daemons_runtime_directory(runs, run_user):
+    """Every run's environment file is there, and root owns them: a run as root, or one whose
+    set-user-id programs work (NoNewPrivileges off), could read them all."""
+    assert props_for(cfg=settings(**runs), run_user=run_user)[b"InaccessiblePaths"] == KEPT_OUT
+
+
+@pytest.mark.parametrize(("runs", "run_user"), [
+    ({}, None),
+    ({"user": "deploy"}, None),
+    ({"allowed_users": ("deploy", "root")}, "deploy"),
+    ({"user": "deploy", "private_tmp": False, "protect_system": "no", "protect_home": "no"}, None),
+])
+def test_a_run_that_cannot_become_root_gets_no_mount_namespace_for_it(runs, run_user):
+    """The directory's mode (0700, root's) keeps it out; the path alone would give the unit a mount
+    namespace, which halves systemd's start rate where the sandbox's namespaces are off."""
+    assert b"InaccessiblePaths" not in props_for(cfg=settings(**runs), run_user=run_user)
