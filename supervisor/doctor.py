@@ -4,7 +4,9 @@ what to do about it."""
 from __future__ import annotations
 
 import os
+import pwd
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +67,24 @@ def root_runs_check(runs: config.RunSettings) -> list[Check]:
                   f"{who} runs as root on this host; list a dedicated user instead unless a run really needs root")]
 
 
+def root_alias_check(runs: config.RunSettings,
+                     getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam) -> list[Check]:
+    """A user of id 0 under another name than root is root to the kernel, but not to the daemon,
+    which keys root runs on the name: they would run without the root warning, and without the
+    InaccessiblePaths= that keeps a root run out of other runs' environment files (unitspec)."""
+    aliases = []
+    for name in dict.fromkeys((runs.user, *runs.allowed_users)):
+        if not name or name == config.ROOT:
+            continue
+        try:
+            if getpwnam(name).pw_uid == 0:
+                aliases.append(name)
+        except KeyError:
+            continue  # no such user here: a run as that user fails to start, and says so
+    return [Check("root runs", "fail", f"[runs] user {name} has user id 0: name it root (and list root in "
+                  "allowed_users) so that its runs are treated as root runs") for name in aliases]
+
+
 def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check]:
     checks: list[Check] = []
     try:
@@ -76,7 +96,7 @@ def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check
         checks.append(Check("allowlist", "ok", f"{len(settings.runs.allowed_executables)} allowed executables"))
     else:
         checks.append(Check("allowlist", "warn", "[runs] allowed_executables is empty: this host claims no run"))
-    checks += root_runs_check(settings.runs)
+    checks += root_runs_check(settings.runs) + root_alias_check(settings.runs)
     if os.geteuid() != 0:
         checks.append(Check("root", "warn", "not running as root: a daemon started like this claims no run "
                             "(systemd starts units only for root)"))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pwd
 import uuid
 
 import pytest
@@ -90,6 +91,23 @@ def test_doctor_warns_when_root_is_named(runs: RunSettings, message: str) -> Non
 @pytest.mark.parametrize("runs", [RunSettings(), RunSettings(user="svc", allowed_users=("alice", "rootless"))])
 def test_doctor_says_nothing_when_root_is_not_named(runs: RunSettings) -> None:
     assert doctor.root_runs_check(runs) == []
+
+
+def _passwd(uid: int) -> pwd.struct_passwd:
+    return pwd.struct_passwd(("x", "x", uid, uid, "", "/", "/bin/sh"))
+
+
+def test_doctor_fails_a_user_of_id_0_under_another_name() -> None:
+    uids = {"toor": 0, "svc": 1000, "root": 0}
+
+    def getpwnam(name: str) -> pwd.struct_passwd:
+        return _passwd(uids[name])
+
+    runs = RunSettings(user="svc", allowed_users=("toor", "root", "ghost"))
+    [check] = doctor.root_alias_check(runs, getpwnam)
+    assert (check.status, check.name) == ("fail", "root runs")
+    assert check.message.startswith("[runs] user toor has user id 0: name it root")
+    assert doctor.root_alias_check(RunSettings(user="svc", allowed_users=("root",)), getpwnam) == []
 
 
 def test_doctor_run_checks_include_the_root_warning(tmp_path, mocker) -> None:
