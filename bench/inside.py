@@ -39,9 +39,17 @@ BENCH_CONFIG = """
 [runs]
 allowed_executables = ["/bin/true", "/bin/sleep", "/usr/bin/seq"]
 """
-# [runs] keys that turn the run sandbox off: a run's unit as it was before issue 11 (every property
-# left at systemd's default), so that one benchmark run compares the sandbox with its absence.
+# [runs] keys that turn the run sandbox off, so that one benchmark run compares the sandbox with its
+# absence, and unitvisor with its sandbox off with peers that start bare units: every sandbox property
+# at systemd's default, and no mount namespace (private_tmp, protect_system and protect_home off, and
+# a fixed user instead of a DynamicUser, which implies all three). NoNewPrivileges stays: it costs
+# systemd nothing measurable, and it is what lets such a unit go without InaccessiblePaths= (unitspec).
+# "nobody" stands for the dedicated user a host would name.
 UNSANDBOXED_RUNS = """
+user = "nobody"
+private_tmp = false
+protect_system = "no"
+protect_home = "no"
 capability_bounding_set = ["all"]
 protect_proc = "default"
 protect_kernel = false

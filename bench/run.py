@@ -424,7 +424,8 @@ class Bench:
 
     def sandbox(self) -> dict[str, Any]:
         """The exposure and the throughput of the daemon with the sandbox (the defaults) and without it
-        (UNSANDBOXED_RUNS: a run's unit as before), each pass a daemon restarted with its config."""
+        (UNSANDBOXED_RUNS: no sandbox, no mount namespace, a fixed user), each pass a daemon restarted with
+        its config."""
         n = self.sizes.throughput
         out: dict[str, Any] = {"n": n, "unsandboxed_config": UNSANDBOXED_RUNS.strip().splitlines()}
         for label in ("sandboxed", "unsandboxed"):

@@ -205,3 +205,14 @@ def test_the_benchmarks_unsandboxed_config_gives_the_units_of_before_the_sandbox
         b"LockPersonality": False, b"PrivateDevices": False, b"PrivateUsers": False,
         b"MemoryDenyWriteExecute": False, b"PrivateNetwork": False, b"UMask": 0o022,
     }
+
+
+def test_the_benchmarks_unsandboxed_units_have_no_mount_namespace_and_a_fixed_user():
+    """Its units stand beside the peers' bare ones: nothing that makes PID 1 set up a mount namespace
+    or allocate a dynamic user, the two costs that dominate a start (docs/benchmarks.md)."""
+    from bench.inside import unit_props
+
+    props = unit_props("unsandboxed", ["/bin/true"])
+    assert (props[b"User"], props[b"NoNewPrivileges"]) == (b"nobody", True)
+    assert (props[b"PrivateTmp"], props[b"ProtectSystem"], props[b"ProtectHome"]) == (False, b"no", b"no")
+    assert not {b"DynamicUser", b"InaccessiblePaths", b"BindPaths", b"ReadOnlyPaths"} & set(props)
