@@ -87,6 +87,12 @@ class Guard:
         self._renewed_at = sent_at
         self.cut_off = False
 
+    def renewed_within(self, seconds: float, now: float) -> bool:
+        """Whether the heartbeat was last renewed (sent, then committed) less than `seconds` before
+        monotonic `now`."""
+        renewed = self._renewed_at
+        return renewed is not None and now - renewed < seconds
+
     def busy(self, conn: GuardedConnection) -> None:
         self._busy_since = time.monotonic()
         self._busy = conn

@@ -347,8 +347,13 @@ class Reconciler:
                   unit=attempt.unit_name, detail=f"{type(exc).__name__}: {exc}")
             logging.getLogger("unitvisor").debug("traceback", exc_info=True)
 
-    def start(self, run: Run, attempt: Attempt) -> None:
-        """Start an attempt's unit; a name that already exists is adopted, never started twice."""
+    def start(self, run: Run, attempt: Attempt, created: list[Attempt] | None = None) -> None:
+        """Start an attempt's unit; a name that already exists is adopted, never started twice.
+
+        With `created`, a unit this call creates is added to it instead of being marked started at
+        once: the caller marks a batch with one statement (mark_created). An attempt whose mark is
+        lost (the process killed, the database gone first) is left `starting` with its unit loaded,
+        which the next pass adopts, as after a kill right after the start."""
         try:
             props = unitspec.build(run, attempt, self.settings)
             environment = unitspec.environment(run, self.settings.runs)
@@ -362,19 +367,22 @@ class Reconciler:
             props[b"EnvironmentFiles"] = [(str(path).encode(), False)]
             faults.point("after-environment-file")
         try:
-            created = self.systemd.start_transient(attempt.unit_name, props)
+            is_new = self.systemd.start_transient(attempt.unit_name, props)
         except UnitRefused as exc:
             self.settle(run, attempt, Outcome("start-failed", None, f"systemd refused the unit: {exc}"),
                         unit_exists=False)
             return
-        if created and self.metrics is not None:
+        if is_new and self.metrics is not None:
             self.metrics.started(attempt.unit_name)
         faults.point("after-start")
-        event("started" if created else "adopted", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
-        if created:
+        event("started" if is_new else "adopted", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
+        if is_new:
             # A unit we just created is running (or about to fail, which its signals will say): no
             # need to read it back. Its invocation id is recorded with its outcome, or by the next pass.
-            store.mark_started(self.conn, self.fence, attempt, None, f"unit {attempt.unit_name} started")
+            if created is None:
+                store.mark_started(self.conn, self.fence, attempt, None, f"unit {attempt.unit_name} started")
+            else:
+                created.append(attempt)
             return
         # An existing unit may be in any state, even ended: decide on what systemd says. Held first, so
         # that it stays loaded when it ends. Gone already (it ended and was collected since PID 1 said
@@ -387,6 +395,10 @@ class Reconciler:
             decision = Decision(Action.ADOPT, attempt.unit_name, f"unit {attempt.unit_name} existed: adopted",
                                 invocation_id=decision.invocation_id, unit=decision.unit)
         self.apply(run, attempt, decision)
+
+    def mark_created(self, created: list[Attempt]) -> None:
+        """Mark started, in one statement, the attempts whose units `start` created for a batch."""
+        store.mark_started_many(self.conn, self.fence, created)
 
     def apply(self, run: Run, attempt: Attempt, decision: Decision) -> None:
         action = decision.action

@@ -671,6 +671,19 @@ def mark_started(conn: Connection, fence: Fence, attempt: Attempt, invocation_id
                       reason or f"unit {attempt.unit_name} started"))
 
 
+def mark_started_many(conn: Connection, fence: Fence, attempts: Sequence[Attempt]) -> None:
+    """`mark_started` of units the daemon has just created, one statement for a claimed batch: each
+    run's start would otherwise wait for a round trip to the database of its own (issue 14). The
+    function is the same, called once per row, in one transaction: all are marked or none."""
+    if not attempts:
+        return
+    with _fencing():
+        conn.execute("SELECT unitvisor.mark_started(t.run_id, t.attempt, %s, %s, NULL, NULL, t.reason) "
+                     "FROM unnest(%s::uuid[], %s::integer[], %s::text[]) AS t(run_id, attempt, reason)",
+                     (fence.host_id, fence.epoch, [a.run_id for a in attempts], [a.attempt for a in attempts],
+                      [f"unit {a.unit_name} started" for a in attempts]))
+
+
 def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Outcome, next_state: str,
                    retry_delay: timedelta | None = None, invocation_id: str | None = None, *,
                    started_at: datetime | None = None, ended_at: datetime | None = None,

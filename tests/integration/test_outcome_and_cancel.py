@@ -136,6 +136,34 @@ def test_mark_started_after_the_outcome_changes_nothing(conn: psycopg.Connection
     assert store.get_run(conn, run_id).state == "failed"
 
 
+def test_mark_started_many_marks_a_batch_in_one_statement_as_mark_started_does(conn: psycopg.Connection) -> None:
+    runs = [submit(conn) for _ in range(3)]
+    attempts = sorted(claim(conn, batch=3), key=lambda pair: runs.index(pair[1].run_id))
+    fence = fence_of(conn, "h1")
+    store.mark_started_many(conn, fence, [])  # nothing to mark: no statement, no error
+    store.mark_started_many(conn, fence, [a for _, a in attempts[:2]])
+    assert [store.get_run(conn, r).state for r in runs] == ["running", "running", "starting"]
+    for run_id, (_, attempt) in zip(runs[:2], attempts[:2], strict=True):
+        [row] = store.get_attempts(conn, run_id)
+        assert row.started_at is not None and row.invocation_id is None
+        assert events(conn, run_id) == ["queued", "starting", "running"]
+        assert store.get_events(conn, run_id)[-1]["reason"] == f"unit {attempt.unit_name} started"
+    # Again, with one more: the marked ones change nothing, the new one moves.
+    before = snapshot(conn, runs[0])
+    store.mark_started_many(conn, fence, [a for _, a in attempts])
+    assert snapshot(conn, runs[0]) == before
+    assert store.get_run(conn, runs[2]).state == "running"
+
+
+def test_mark_started_many_by_a_fenced_host_marks_none(conn: psycopg.Connection) -> None:
+    runs = [submit(conn) for _ in range(2)]
+    attempts = [a for _, a in claim(conn, batch=2)]
+    stale = store.Fence("h1", fence_of(conn, "h1").epoch - 1)
+    with pytest.raises(store.Fenced):
+        store.mark_started_many(conn, stale, attempts)
+    assert [store.get_run(conn, r).state for r in runs] == ["starting", "starting"]
+
+
 # -- record_outcome -----------------------------------------------------------------------------
 
 

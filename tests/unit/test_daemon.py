@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import math
 import os
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from unittest import mock
@@ -379,7 +380,63 @@ def test_a_full_batch_claims_again(make, st):
     assert d.claimed == 3
 
 
+def _spawning(make, mocker, systemd):
+    """A daemon whose claim returns three runs, with a real Reconciler and the two marks spied on."""
+    d = make()
+    d.reconciler = Reconciler(d.settings, d.fence, d.conn, systemd)
+    marks = mocker.patch.object(store, "mark_started")
+    many = mocker.patch.object(store, "mark_started_many")
+    return d, marks, many
+
+
+def test_a_batch_is_started_back_to_back_and_marked_in_one_statement(make, st, mocker):
+    systemd = mock.Mock(start_transient=mock.Mock(return_value=True))
+    d, marks, many = _spawning(make, mocker, systemd)
+    d.guard.renewed(time.monotonic())
+    pairs = [claimed_pair(1), claimed_pair(2), claimed_pair(3)]
+    st.claim.return_value = pairs
+    d._claim_and_spawn()
+    assert systemd.start_transient.call_count == 3
+    marks.assert_not_called()
+    assert many.call_args_list == [mock.call(d.conn, d.fence, [a for _, a in pairs])]
+
+
+def test_a_stale_heartbeat_marks_each_unit_at_once(make, st, mocker):
+    """Past half of host_dead_after since the heartbeat, a peer may fence this host any moment: each
+    start is marked before the next, so that a fence stops the batch after one unit (below)."""
+    systemd = mock.Mock(start_transient=mock.Mock(return_value=True))
+    d, marks, many = _spawning(make, mocker, systemd)
+    d.guard.renewed(time.monotonic() - d.settings.fleet.host_dead_after / 2 - 0.1)
+    st.claim.return_value = [claimed_pair(1), claimed_pair(2)]
+    d._claim_and_spawn()
+    assert [c.args[2].run_id for c in marks.call_args_list] == [claimed_pair(1)[0].id, claimed_pair(2)[0].id]
+    assert all(c.args[2] == [] for c in many.call_args_list)
+
+
+def test_a_heartbeat_going_stale_mid_batch_marks_what_was_started_first(make, st, mocker):
+    systemd = mock.Mock(start_transient=mock.Mock(return_value=True))
+    d, marks, many = _spawning(make, mocker, systemd)
+    mocker.patch.object(d, "_unfenceable", side_effect=[True, True, False])
+    pairs = [claimed_pair(1), claimed_pair(2), claimed_pair(3)]
+    st.claim.return_value = pairs
+    d._claim_and_spawn()
+    assert many.call_args_list[0] == mock.call(d.conn, d.fence, [pairs[0][1], pairs[1][1]])
+    assert [c.args[2] for c in marks.call_args_list] == [pairs[2][1]]
+
+
+def test_units_started_before_the_bus_went_are_marked_started(make, st, mocker):
+    systemd = mock.Mock(start_transient=mock.Mock(side_effect=[True, SystemdUnavailable("bus gone")]))
+    d, marks, many = _spawning(make, mocker, systemd)
+    d.guard.renewed(time.monotonic())
+    pairs = [claimed_pair(1), claimed_pair(2), claimed_pair(3)]
+    st.claim.return_value = pairs
+    with pytest.raises(SystemdUnavailable):
+        d._claim_and_spawn()
+    assert many.call_args_list == [mock.call(d.conn, d.fence, [pairs[0][1]])]
+
+
 def test_a_fenced_start_starts_nothing_more_of_the_batch(make, st, mocker):
+    """With a stale heartbeat (a new daemon's guard has none yet), as after a long stall."""
     d = make()
     systemd = mock.Mock(start_transient=mock.Mock(return_value=True))
     d.reconciler = Reconciler(d.settings, d.fence, d.conn, systemd)
