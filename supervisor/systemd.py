@@ -298,9 +298,14 @@ class Systemd(_Connection):
     def __init__(self, max_held: int = MAX_HELD_UNITS) -> None:
         super().__init__()
         self._max_held = max_held
+        # Properties this systemd answered UnknownProperty for (MemoryPeak before 256): not asked for
+        # again on this connection, a round trip saved on every outcome. Forgotten on a new connection,
+        # which an upgraded PID 1 (daemon-reexec) may have added them by.
+        self._unknown: set[bytes] = set()
 
     def connect(self) -> None:
         self.close()
+        self._unknown.clear()
         self._bus = _open_bus()
 
     def _call(self, path: bytes, iface: bytes, method: bytes, args: list, what: str) -> Any:
@@ -352,6 +357,8 @@ class Systemd(_Connection):
             raise
         props: dict[bytes, Any] = {}
         for iface, prop in _STATE_PROPERTIES:
+            if prop in self._unknown:
+                continue
             try:
                 props[prop] = self._call(path, PROPS_IFACE, b"Get", apply_signature(b"ss", [iface, prop]),
                                          f"reading {name}")
@@ -359,6 +366,7 @@ class Systemd(_Connection):
                 if not _is_unknown_property(exc.__cause__):
                     raise
                 # absent, as GetAll leaves it out: None (accounting) or the default below
+                self._unknown.add(prop)
         job = props.get(b"Job") or (0, b"/")
         invocation = props.get(b"InvocationID") or []
         return UnitState(

@@ -325,6 +325,23 @@ def test_a_property_this_systemd_lacks_is_none_not_an_error(bus):
     assert s.connected
 
 
+def test_a_property_this_systemd_lacks_is_not_asked_for_again_until_a_new_connection(bus):
+    values = props({b"CPUUsageNSec": 5, b"IOReadBytes": 6, b"IOWriteBytes": 7})
+    bus.call_method.side_effect = pid1(values)
+    s = Systemd()
+
+    def peak_gets() -> int:
+        return sum(1 for c in bus.call_method.call_args_list
+                   if c.args[3] == b"Get" and c.args[4][1][1] == b"MemoryPeak")
+
+    s.state(UNIT)
+    s.state(UNIT)
+    assert peak_gets() == 1
+    s.connect()  # PID 1 may have been upgraded meanwhile (daemon-reexec)
+    s.state(UNIT)
+    assert peak_gets() == 2
+
+
 def test_unknown_property_is_an_answer_not_a_broken_connection():
     assert type(unknown_property()).__name__ == "DBusUnknownPropertyError"  # pystemd's own subclass
     assert type(_map_error(unknown_property(), "reading")) is SystemdError
