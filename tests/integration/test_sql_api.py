@@ -154,6 +154,17 @@ def test_the_notification_is_sent_at_commit_and_not_on_rollback(conn: psycopg.Co
     assert finished(finished_listener, timeout=0.3) == []
 
 
+def test_a_resume_inside_a_rolled_back_transaction_never_happened(conn: psycopg.Connection) -> None:
+    run_id = submit(conn)
+    store.cancel_run(conn, run_id)
+    with conn.transaction():
+        assert store.resume_run(conn, run_id) == store.Transition("queued", True)
+        assert store.run_status(conn, run_id).state == "queued"  # the caller's own transaction sees it
+        raise psycopg.Rollback()
+    assert store.run_status(conn, run_id).state == "cancelled"
+    assert store.resume_run(conn, run_id) == store.Transition("queued", True)  # and it can still be resumed
+
+
 def test_one_notification_per_run_of_a_batch(conn: psycopg.Connection, finished_listener: psycopg.Connection) -> None:
     ids = {submit(conn) for _ in range(5)}
     with conn.transaction():
