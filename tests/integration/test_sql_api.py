@@ -200,6 +200,17 @@ def test_runs_with_labels_is_newest_first_and_bounded(conn: psycopg.Connection) 
     assert len(found) == 2 and ids[0] not in found
 
 
+def test_max_rows_null_is_no_bound_and_a_negative_one_is_postgresqls_limit_error(conn: psycopg.Connection) -> None:
+    """As docs/sql-api.md says: the one refusal of the API whose message does not name its argument."""
+    for _ in range(3):
+        submit(conn, labels={"batch": "8"})
+    unbounded = conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('{\"batch\": \"8\"}', NULL)")
+    assert unbounded.fetchone() == (3,)
+    with pytest.raises(psycopg.Error) as refused:
+        conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('{}', -1)")
+    assert (refused.value.sqlstate, refused.value.diag.message_primary) == ("2201W", "LIMIT must not be negative")
+
+
 def test_a_filter_that_is_not_an_object_matches_nothing(conn: psycopg.Connection) -> None:
     submit(conn, labels={"a": "b"})
     assert conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('[\"a\"]'::jsonb)").fetchone() == (0,)
