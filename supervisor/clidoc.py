@@ -45,7 +45,8 @@ concurrency key it waits for, or why no live host accepts it (`null`: none of th
 `start-failed`, `lost`, `cancelled`, `refused`; `exit_status` is `exit:N` or `signal:NAME`.
 
 `unitvisor runs --json`: a list, newest first, of `id`, `state`, `host`, `attempt`, `created_at`,
-`started_at`, `ended_at`, `outcome`, `exit_status`, `argv` (the latest attempt's values), `labels`,
+`started_at`, `ended_at`, `outcome`, `exit_status` (the latest attempt's values, as
+`unitvisor.run_status` returns them: an expired run's `outcome` is `expired`), `argv`, `labels`,
 `concurrency_key`, `not_before`, `start_deadline`.
 
 `unitvisor hosts --json`: a list of `id`, `name`, `state` (`active`, `draining`, `stopped`, `dead`),

@@ -109,6 +109,10 @@ class Metrics:
             self.outcomes.labels(outcome)
         self.hosts_declared_dead = Counter("unitvisor_hosts_declared_dead", "Silent hosts this daemon declared "
                                            "dead (their open attempts became lost)", registry=r)
+        # Outcomes count attempts; an expired run has none that started, so its end is counted here.
+        self.runs_expired = Counter("unitvisor_runs_expired", "Queued runs past their start deadline that this "
+                                    "daemon's fleet upkeep ended as expired (not those a claim expired on its "
+                                    "way: see docs/metrics.md)", registry=r)
         self.pruned_rows = Counter("unitvisor_pruned_rows", "History rows this daemon deleted for [retention], by "
                                    "table (runs, attempts, events, jobs)", ["table"], registry=r)
         for table in PRUNED_TABLES:
@@ -159,6 +163,10 @@ class Metrics:
 
     def declared_dead(self, hosts: int) -> None:
         self.hosts_declared_dead.inc(hosts)
+
+    def expired(self, runs: int) -> None:
+        """This daemon's call of unitvisor.expire_runs committed, ending `runs` runs as expired."""
+        self.runs_expired.inc(runs)
 
     def pruned(self, pruned: Pruned) -> None:
         """One retention batch of this daemon's committed (nothing, when another daemon was pruning)."""

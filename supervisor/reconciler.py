@@ -531,9 +531,11 @@ class Reconciler:
     def expire_overdue(self) -> int:
         """End as `expired` the queued runs past their start deadline that never started
         (unitvisor.expire_runs): here, so that a run no host could ever claim still expires."""
-        expired = store.expire_runs(self.conn, self.fence)
+        expired = store.expire_runs(self.conn, self.fence)  # autocommit: committed on return
         if expired:
             event("runs-expired", host=self.host_id, runs=expired)
+        if self.metrics is not None:
+            self.metrics.expired(expired)
         return expired
 
     def explain_waiting(self) -> int:

@@ -350,22 +350,26 @@ def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dic
 def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = None,
               since: timedelta | None = None, limit: int = 50,
               labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Runs, newest first, each with its latest attempt's host, number and outcome; with `labels`, only
-    runs that carry every one of them (the @> of unitvisor.runs_with_labels, on the same GIN index)."""
+    """Runs, newest first; with `labels`, only runs that carry every one of them (the @> of
+    unitvisor.runs_with_labels, on the same GIN index). The status columns (state, the latest attempt's
+    host, number, outcome and exit status) are unitvisor.run_status's, read for the rows listed only,
+    so that `runs` says what a control plane reads: an expired run's outcome is `expired`, say."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT r.id, r.state, r.argv, r.created_at, r.finished_at, r.labels, r.concurrency_key, r.not_before,
-                      r.start_deadline,
-                      a.host_id, a.attempt, a.started_at, a.ended_at, a.outcome, a.exit_status
-               FROM unitvisor.runs r
-               LEFT JOIN LATERAL (SELECT x.host_id, x.attempt, x.started_at, x.ended_at, x.outcome, x.exit_status
-                                  FROM unitvisor.attempts x WHERE x.run_id = r.id
-                                  ORDER BY x.attempt DESC LIMIT 1) a ON true
-               WHERE (cardinality(%(states)s::text[]) = 0 OR r.state = ANY(%(states)s::text[]))
-                 AND (%(host)s::text IS NULL OR a.host_id = %(host)s::text)
-                 AND (%(since)s::interval IS NULL OR r.created_at >= now() - %(since)s::interval)
-                 AND r.labels @> %(labels)s::jsonb
-               ORDER BY r.created_at DESC, r.id LIMIT %(limit)s""",
+            """SELECT q.id, s.state, q.argv, q.created_at, q.finished_at, q.labels, q.concurrency_key, q.not_before,
+                      q.start_deadline, s.host_id, s.attempt, q.started_at, q.ended_at, s.outcome, s.exit_status
+               FROM (SELECT r.id, r.argv, r.created_at, r.finished_at, r.labels, r.concurrency_key, r.not_before,
+                            r.start_deadline, a.started_at, a.ended_at
+                     FROM unitvisor.runs r
+                     LEFT JOIN LATERAL (SELECT x.host_id, x.started_at, x.ended_at FROM unitvisor.attempts x
+                                        WHERE x.run_id = r.id ORDER BY x.attempt DESC LIMIT 1) a ON true
+                     WHERE (cardinality(%(states)s::text[]) = 0 OR r.state = ANY(%(states)s::text[]))
+                       AND (%(host)s::text IS NULL OR a.host_id = %(host)s::text)
+                       AND (%(since)s::interval IS NULL OR r.created_at >= now() - %(since)s::interval)
+                       AND r.labels @> %(labels)s::jsonb
+                     ORDER BY r.created_at DESC, r.id LIMIT %(limit)s) q
+               CROSS JOIN LATERAL unitvisor.run_status(q.id) s
+               ORDER BY q.created_at DESC, q.id""",
             {"states": list(states), "host": host, "since": since, "limit": limit, "labels": Jsonb(labels or {})},
         ).fetchall()
 

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from supervisor import store, unitspec
+from supervisor.outcomes import Outcome
 from tests.integration.conftest import assert_nothing_written, register, table_counts, table_exists
 
 HOSTILE = "'; DROP TABLE unitvisor.runs; --"
@@ -341,6 +342,27 @@ def test_submit_with_labels_and_find_them_again(cli, dsn: str, conn: psycopg.Con
         "team": "infra", "job": "backup"}
 
 
+def test_runs_by_label_says_what_the_sql_status_read_says(cli, dsn: str, conn: psycopg.Connection) -> None:
+    """`runs --label` and unitvisor.runs_with_labels: the same runs, in the same order, with the same
+    status, for each way a run can stand (queued, claimed, failed, cancelled, expired)."""
+    fence = register(conn, "h1")
+    ids = [submit(cli, dsn, "--label", "team=infra", "--start-deadline", "+1h", "--", "/bin/true") for _ in range(5)]
+    submit(cli, dsn, "--label", "team=web", "--", "/bin/true")
+    (claimed_run, attempt), *_ = store.claim(conn, fence, 1, unitspec.UNIT_NAME_FORMAT)
+    store.record_outcome(conn, fence, attempt, Outcome("exit-code", "exit:3", "exited 3"), "failed")
+    store.claim(conn, fence, 1, unitspec.UNIT_NAME_FORMAT)  # claimed, not started
+    store.cancel_run(conn, ids[2])
+    conn.execute("UPDATE unitvisor.runs SET start_deadline = now() - interval '1 second' WHERE id = %s", (ids[3],))
+    store.expire_runs(conn, fence)
+
+    rows = json.loads(cli("runs", "--label", "team=infra", "--json", dsn=dsn).stdout)
+    statuses = store.runs_with_labels(conn, {"team": "infra"})
+    assert len(statuses) == 5
+    assert [(r["id"], r["state"], r["host"], r["attempt"], r["outcome"], r["exit_status"]) for r in rows] == [
+        (str(s.id), s.state, s.host_id, s.attempt, s.outcome, s.exit_status) for s in statuses]
+    assert {s.state for s in statuses} == {"queued", "starting", "failed", "cancelled", "expired"}
+
+
 def test_a_repeated_submit_with_an_idempotency_key_prints_the_first_run(cli, dsn: str,
                                                                         conn: psycopg.Connection) -> None:
     first = submit(cli, dsn, "--idempotency-key", "deploy-17", "--", "/bin/true")
@@ -425,7 +447,10 @@ def test_an_expired_run_is_listed_shown_and_waited_for(cli, dsn: str, conn: psyc
     waited = cli("wait", str(run_id), dsn=dsn)
     assert (waited.returncode, waited.stdout) == (1, f"run {run_id} expired\n")
     listed = cli("runs", "--state", "expired", "--json", dsn=dsn)
-    assert [r["id"] for r in json.loads(listed.stdout)] == [str(run_id)]
+    assert [(r["id"], r["state"], r["outcome"]) for r in json.loads(listed.stdout)] == [
+        (str(run_id), "expired", "expired")]  # as unitvisor.run_status says it, not the (absent) attempt's
+    [header, line] = cli("runs", dsn=dsn).stdout.splitlines()
+    assert dict(zip(header.split(), line.split(), strict=True))["OUTCOME"] == "expired"
     shown = cli("show", str(run_id), dsn=dsn).stdout
     assert "  state:     expired" in shown and "expired: not started by its start deadline" in shown
     assert "  waiting:" not in shown

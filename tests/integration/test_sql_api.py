@@ -154,6 +154,17 @@ def test_the_notification_is_sent_at_commit_and_not_on_rollback(conn: psycopg.Co
     assert finished(finished_listener, timeout=0.3) == []
 
 
+def test_a_resume_inside_a_rolled_back_transaction_never_happened(conn: psycopg.Connection) -> None:
+    run_id = submit(conn)
+    store.cancel_run(conn, run_id)
+    with conn.transaction():
+        assert store.resume_run(conn, run_id) == store.Transition("queued", True)
+        assert store.run_status(conn, run_id).state == "queued"  # the caller's own transaction sees it
+        raise psycopg.Rollback()
+    assert store.run_status(conn, run_id).state == "cancelled"
+    assert store.resume_run(conn, run_id) == store.Transition("queued", True)  # and it can still be resumed
+
+
 def test_one_notification_per_run_of_a_batch(conn: psycopg.Connection, finished_listener: psycopg.Connection) -> None:
     ids = {submit(conn) for _ in range(5)}
     with conn.transaction():
@@ -187,6 +198,17 @@ def test_runs_with_labels_is_newest_first_and_bounded(conn: psycopg.Connection) 
                   (10, ids[0]))
     found = [s.id for s in store.runs_with_labels(conn, {"batch": "7"}, max_rows=2)]
     assert len(found) == 2 and ids[0] not in found
+
+
+def test_max_rows_null_is_no_bound_and_a_negative_one_is_postgresqls_limit_error(conn: psycopg.Connection) -> None:
+    """As docs/sql-api.md says: the one refusal of the API whose message does not name its argument."""
+    for _ in range(3):
+        submit(conn, labels={"batch": "8"})
+    unbounded = conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('{\"batch\": \"8\"}', NULL)")
+    assert unbounded.fetchone() == (3,)
+    with pytest.raises(psycopg.Error) as refused:
+        conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('{}', -1)")
+    assert (refused.value.sqlstate, refused.value.diag.message_primary) == ("2201W", "LIMIT must not be negative")
 
 
 def test_a_filter_that_is_not_an_object_matches_nothing(conn: psycopg.Connection) -> None:

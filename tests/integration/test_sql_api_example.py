@@ -47,3 +47,34 @@ def test_the_documented_psql_example_runs_and_prints_what_the_docs_show(
     # And what it did is what the database holds: two runs, cancelled.
     assert conn.execute("SELECT state, labels, concurrency_key FROM unitvisor.runs ORDER BY created_at").fetchall() == [
         ("cancelled", {"team": "docs", "pipeline": "nightly"}, None), ("cancelled", {}, "db-migrate")]
+
+
+DOC = REPO / "docs" / "sql-api.md"
+SQL_DIR = REPO / "sql"
+
+
+def test_the_doc_names_every_function_a_role_may_call_and_every_api_argument(conn: psycopg.Connection) -> None:
+    """docs/sql-api.md against the migrated database: every function of the schema that a submitter or a
+    host may execute, and the admin's prune, is named; every argument of those a submitter may call too."""
+    doc = DOC.read_text()
+    rows = conn.execute(
+        """SELECT p.proname, coalesce(p.proargnames, '{}'), coalesce(p.proargmodes::text[], '{}'),
+                  has_function_privilege('unitvisor_submitter', p.oid, 'EXECUTE')
+           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+           WHERE n.nspname = 'unitvisor' AND (p.proname = 'prune'
+                 OR has_function_privilege('unitvisor_submitter', p.oid, 'EXECUTE')
+                 OR has_function_privilege('unitvisor_host', p.oid, 'EXECUTE'))""").fetchall()
+    names = {row[0] for row in rows}
+    assert {"submit_run", "cancel_run", "resume_run", "run_status", "runs_with_labels", "expire_runs"} <= names
+    assert [name for name in sorted(names) if f"`{name}" not in doc and f"unitvisor.{name}(" not in doc] == []
+    for name, args, modes, api in rows:
+        if api:  # input arguments only: a RETURNS TABLE column is an argument of mode 't'
+            inputs = [a for a, m in zip(args, modes or ["i"] * len(args), strict=False) if m in ("i", "b", "v")]
+            assert [a for a in inputs if not re.search(rf"\b{a}\b", doc)] == [], name
+
+
+def test_the_doc_names_every_notify_channel() -> None:
+    channels = {m for path in SQL_DIR.glob("*.sql")
+                for m in re.findall(r"pg_notify\('([a-z_]+)'", path.read_text())}
+    assert channels == {"unitvisor_run_finished", "unitvisor_spawn", "unitvisor_cancel"}
+    assert [c for c in channels if f"| `{c}` |" not in DOC.read_text()] == []

@@ -139,6 +139,14 @@ def test_declared_dead_and_reconcile_duration():
     assert value(m, "unitvisor_reconcile_duration_seconds_bucket", le="0.5") == 1
 
 
+def test_runs_expired_counts_from_zero():
+    m = Metrics()
+    assert value(m, "unitvisor_runs_expired_total") == 0  # there from the start: increase() sees the first
+    m.expired(0)
+    m.expired(3)
+    assert value(m, "unitvisor_runs_expired_total") == 3
+
+
 def test_pruned_rows_are_counted_by_table_from_zero():
     m = Metrics()
     assert value(m, "unitvisor_pruned_rows_total", table="events") == 0
@@ -165,6 +173,7 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_claim_latency_seconds", "unitvisor_spawn_latency_seconds", "unitvisor_claim_duration_seconds",
         "unitvisor_reconcile_duration_seconds", "unitvisor_build_info", "unitvisor_runs_in_flight",
         "unitvisor_database_up", "unitvisor_systemd_up", "unitvisor_host_state", "unitvisor_pruned_rows",
+        "unitvisor_runs_expired",
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}
@@ -459,6 +468,16 @@ def test_reconciler_counts_a_dead_hosts_runs_as_lost_after_the_takeover_commits(
     rec.take_over_dead_hosts(100.0)
     assert value(rec.metrics, "unitvisor_hosts_declared_dead_total") == 1
     assert value(rec.metrics, "unitvisor_outcomes_total", outcome="lost") == 2
+
+
+def test_reconciler_counts_the_runs_its_expire_call_ended(rec, mocker):
+    mocker.patch.object(store, "expire_runs", return_value=2)
+    assert rec.expire_overdue() == 2
+    assert value(rec.metrics, "unitvisor_runs_expired_total") == 2
+    store.expire_runs.side_effect = store.Fenced("epoch over")  # refused: nothing expired, nothing counted
+    with pytest.raises(store.Fenced):
+        rec.expire_overdue()
+    assert value(rec.metrics, "unitvisor_runs_expired_total") == 2
 
 
 def test_reconciler_counts_nothing_of_a_takeover_that_failed(rec):
