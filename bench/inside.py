@@ -45,11 +45,7 @@ allowed_executables = ["/bin/true", "/bin/sleep", "/usr/bin/seq"]
 # a fixed user instead of a DynamicUser, which implies all three). NoNewPrivileges stays: it costs
 # systemd nothing measurable, and it is what lets such a unit go without InaccessiblePaths= (unitspec).
 # "nobody" stands for the dedicated user a host would name.
-UNSANDBOXED_RUNS = """
-user = "nobody"
-private_tmp = false
-protect_system = "no"
-protect_home = "no"
+SANDBOX_KEYS_OFF = """
 capability_bounding_set = ["all"]
 protect_proc = "default"
 protect_kernel = false
@@ -66,6 +62,12 @@ restrict_address_families = []
 private_devices = false
 umask = "0022"
 """
+UNSANDBOXED_RUNS = """
+user = "nobody"
+private_tmp = false
+protect_system = "no"
+protect_home = "no"
+""" + SANDBOX_KEYS_OFF
 
 
 def _bare_props(argv: list[str]) -> dict[bytes, Any]:
@@ -76,10 +78,13 @@ def _bare_props(argv: list[str]) -> dict[bytes, Any]:
     }
 
 
-def _product_props(argv: list[str], sandbox: bool = True) -> dict[bytes, Any]:
+def _product_props(argv: list[str], sandbox: bool = True, runs_extra: str | None = None) -> dict[bytes, Any]:
     """Exactly the properties the daemon gives a run's unit (unitspec.build), for a run of argv; with
-    `sandbox` off, as a host configured with UNSANDBOXED_RUNS gives it."""
-    settings = config.parse(BENCH_CONFIG + ("" if sandbox else UNSANDBOXED_RUNS))
+    `sandbox` off, as a host configured with UNSANDBOXED_RUNS gives it; with `runs_extra`, as a host
+    with those [runs] keys does."""
+    if runs_extra is None:
+        runs_extra = "" if sandbox else UNSANDBOXED_RUNS
+    settings = config.parse(BENCH_CONFIG + runs_extra)
     run_id = uuid.uuid4()
     run = Run(id=run_id, argv=argv)
     attempt = Attempt(run_id=run_id, attempt=1, host_id="bench", unit_name=unitspec.unit_name(run_id, 1))
@@ -128,31 +133,25 @@ def queued_jobs(systemd: Systemd) -> int:
     return len(systemd._call(MANAGER_PATH, MANAGER_IFACE, b"ListJobs", [], "listing jobs"))
 
 
-def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
+def start_all(props: dict[bytes, Any], n: int, prefix: str) -> dict[str, Any]:
     """N starts back to back on one connection, each call timed; then how long systemd took to run
     them all (the loop only enqueues start jobs: StartTransientUnit returns before the unit runs; it
     waits only when MAX_QUEUED_JOBS are queued, and says for how long)."""
-    props = unit_props(args.props, ["/bin/true"])
-    if args.with_props:
-        # Which of the daemon's unit properties cost systemd what: bare, plus only these.
-        product = _product_props(["/bin/true"])
-        for key in args.with_props.split(","):
-            props[key.encode()] = product[key.encode()]
     systemd = Systemd()
     systemd.connect()
     calls = []
     throttled_s = 0.0
     t0 = time.perf_counter()
-    for i in range(args.n):
+    for i in range(n):
         if i % 32 == 0 and queued_jobs(systemd) > MAX_QUEUED_JOBS:
             w0 = time.perf_counter()
             wait(lambda: queued_jobs(systemd) <= MAX_QUEUED_JOBS // 2, 300)
             throttled_s += time.perf_counter() - w0
         c0 = time.perf_counter()
-        systemd.start_transient(f"{args.prefix}-{i}.service", props)
+        systemd.start_transient(f"{prefix}-{i}.service", props)
         calls.append((time.perf_counter() - c0) * 1000)
     loop_s = time.perf_counter() - t0
-    pattern = f"{args.prefix}-*.service"
+    pattern = f"{prefix}-*.service"
     if not props.get(b"RemainAfterExit") and not props.get(b"AddRef"):
         # Neither RemainAfterExit nor AddRef: a unit that ran is unloaded at once, so "none left"
         # means "all ran".
@@ -166,8 +165,52 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
     for name, _, _ in _units_like(systemd, pattern):  # clean up, untimed
         systemd.release(name)
     systemd.close()
-    return {"n": args.n, "props": args.props, "call_ms": calls, "loop_s": loop_s, "drain_s": drain_s,
-            "drained": drained, "throttled_s": throttled_s}
+    return {"n": n, "call_ms": calls, "loop_s": loop_s, "drain_s": drain_s, "drained": drained,
+            "throttled_s": throttled_s}
+
+
+def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
+    """`start_all` of one kind of unit (PROPS), or of bare units with some of the daemon's properties."""
+    props = unit_props(args.props, ["/bin/true"])
+    if args.with_props:
+        # Which of the daemon's unit properties cost systemd what: bare, plus only these.
+        product = _product_props(["/bin/true"])
+        for key in args.with_props.split(","):
+            props[key.encode()] = product[key.encode()]
+    return {"props": args.props, **start_all(props, args.n, args.prefix)}
+
+
+# What makes a run's unit dearer for systemd to start than a bare one, with the sandbox off
+# (bench/unit_cost.py): each variant is the daemon's unit for a [runs] config, less some properties.
+UNIT_COST_VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "dynamic user, private /tmp, read-only system and home (sandbox off before)": (SANDBOX_KEYS_OFF, ()),
+    "fixed user, no mount namespace (sandbox off)": (UNSANDBOXED_RUNS, ()),
+    "... with no_new_privileges off: NoNewPrivileges=no and InaccessiblePaths": (
+        UNSANDBOXED_RUNS + "no_new_privileges = false\n", ()),
+    "... less CPU, memory and IO accounting": (
+        UNSANDBOXED_RUNS, ("CPUAccounting", "MemoryAccounting", "IOAccounting")),
+    "... less Type=exec": (UNSANDBOXED_RUNS, ("Type",)),
+    "... less User= (root)": (UNSANDBOXED_RUNS, ("User",)),
+    "packaged defaults (sandboxed)": ("", ()),
+}
+
+
+def cmd_unit_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """Starts per second (all ran) of bare units and of each UNIT_COST_VARIANTS, `rounds` times in turn."""
+    out: dict[str, list[float]] = {"bare (what systemd-run sends)": []}
+    out.update({label: [] for label in UNIT_COST_VARIANTS})
+    for round_ in range(args.rounds):
+        for i, label in enumerate(out):
+            if i == 0:
+                props = _bare_props(["/bin/true"])
+            else:
+                runs, less = UNIT_COST_VARIANTS[label]
+                props = _product_props(["/bin/true"], runs_extra=runs)
+                for key in less:
+                    props.pop(key.encode())
+            ran = start_all(props, args.n, f"bench-cost-{round_}-{i}")
+            out[label].append(args.n / ran["drain_s"])
+    return {"n": args.n, "rounds": args.rounds, "starts_per_s": out}
 
 
 def cmd_active(args: argparse.Namespace) -> dict[str, Any]:
@@ -343,6 +386,9 @@ def main() -> None:
     p.add_argument("--prefix", default="bench-raw")
     p.add_argument("--props", choices=PROPS, default="bare")
     p.add_argument("--with-props", help="comma-separated properties of the daemon's units to add to bare ones")
+    p = sub.add_parser("unit-cost")
+    p.add_argument("--n", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=2)
     p = sub.add_parser("active")
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--prefix", default="bench-active")
@@ -359,8 +405,8 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=1000)
     p.add_argument("--reads", type=int, default=200)
     args = parser.parse_args()
-    handler = {"limit": cmd_limit, "active": cmd_active, "units": cmd_units, "reconcile": cmd_reconcile,
-               "tails": cmd_tails}[args.cmd]
+    handler = {"limit": cmd_limit, "unit-cost": cmd_unit_cost, "active": cmd_active, "units": cmd_units,
+               "reconcile": cmd_reconcile, "tails": cmd_tails}[args.cmd]
     json.dump(handler(args), sys.stdout)
 
 
