@@ -157,3 +157,20 @@ def test_bench_tails_tiny_prints_every_figure() -> None:
     assert (data["reads"], data["units"], data["lines_each"]) == (20, 20, 100)
     for key in ("p50_ms", "p99_ms", "daemon_cpu_ms_per_read", "journalctl_cpu_ms_per_read"):
         assert isinstance(data[key], float) and not math.isnan(data[key]), key
+
+
+def test_bench_unit_cost_prints_a_rate_for_every_kind_of_unit() -> None:
+    """`python -m bench.unit_cost` boots its own test bed and starts each kind of unit (bench/inside.py
+    UNIT_COST_VARIANTS, with the daemon's exact properties) until all ran."""
+    from bench.inside import UNIT_COST_VARIANTS
+
+    reason = testbed_mod.available()
+    if reason:
+        pytest.fail(f"a test bed is required: {reason}", pytrace=False)
+    result = subprocess.run([sys.executable, "-m", "bench.unit_cost", "--n", "5", "--rounds", "1"], cwd=REPO,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert set(data["starts_per_s"]) == {"bare (what systemd-run sends)", *UNIT_COST_VARIANTS}
+    for label, rates in data["starts_per_s"].items():
+        assert len(rates) == 1 and rates[0] > 0, label
