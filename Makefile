@@ -74,8 +74,9 @@ lint: venv
 # (9 before the run sandbox, on the machine alone; the peers of (8) add a few), then about 2 for the
 # fleet's, 6 to 10 for history's and about 6 for the simulated fleet's; `.venv/bin/python -m bench.run
 # --tiny` runs every figure in seconds.
-# `make bench` reproduces every figure of docs/benchmarks.md: the single-host figures, then the fleet's,
-# then history's, then the simulated fleet's (one after the other: all load this machine's cores).
+# `make bench` reproduces every figure of docs/benchmarks.md: the single-host figures, what each part
+# of a run's unit costs systemd (bench.unit_cost, 2 minutes), then the fleet's, then history's, then the
+# simulated fleet's (one after the other: all load this machine's cores).
 # `make bench-fleet` re-measures only the fleet's (about 2 minutes), e.g. after a change to claims or
 # dead-host timing; `make bench-history` only a million finished runs and their pruning (6 to 10 minutes,
 # PostgreSQL only); `make bench-scale` only 100 and 300 simulated hosts; `--tiny` in seconds.
@@ -86,6 +87,7 @@ lint: venv
 .PHONY: bench bench-fleet bench-history bench-scale bench-peers-venv
 bench: venv bench-peers-venv
 	$(VENV)/bin/python -m bench.run
+	$(VENV)/bin/python -m bench.unit_cost
 	$(VENV)/bin/python -m bench.fleet
 	$(VENV)/bin/python -m bench.history
 	$(VENV)/bin/python -m bench.scale
