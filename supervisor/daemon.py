@@ -405,8 +405,11 @@ class Daemon:
         self.timers.retention = time.monotonic() + (RETENTION_PAUSE if backlog else retention.interval)
 
     def _reconcile_attempts(self, pairs: list[tuple[Run, Attempt]]) -> None:
-        for run, attempt in pairs:
-            self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.reconcile_one(r, a))
+        if not pairs:
+            return
+        with self.reconciler.batched_outcomes():
+            for run, attempt in pairs:
+                self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.reconcile_one(r, a))
 
     def _on_notify(self, note: psycopg.Notify) -> None:
         """psycopg's handler for a notification it read while a query ran on the connection (it takes

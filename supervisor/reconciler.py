@@ -42,13 +42,16 @@ its open attempts as `lost` (take_over_dead_hosts); fencing makes sure the dead 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
+
+import psycopg
 
 from supervisor import faults, fleet, runenv, store, unitspec
 from supervisor.config import Settings, cut_off_after
@@ -180,6 +183,17 @@ def decide_orphan(unit_name: str, owner: store.UnitOwner | None, host_id: str, s
 
 
 @dataclass(frozen=True)
+class _Ending:
+    """An outcome to record, and what to do once it is (settle's arguments)."""
+
+    run: Run
+    settling: store.Settling
+    unit_exists: bool
+    keep_output: bool
+    unit_state: str | None
+
+
+@dataclass(frozen=True)
 class Planned:
     """One decision of a pass, with the run it concerns (None for an orphan unit)."""
 
@@ -218,6 +232,7 @@ class Reconciler:
         self.random = random.Random()
         self.settled = 0
         self.in_flight = 0
+        self._batch: list[_Ending] | None = None  # inside batched_outcomes
 
     # -- planning ---------------------------------------------------------------------------------
 
@@ -475,34 +490,93 @@ class Reconciler:
         `accounting` is what systemd measured of the unit (read with its state, before the release
         discards it); `keep_output`: the attempt ran here, so the end of its output is read from this
         host's journal once the outcome is recorded, and kept with it (output_tails); `unit_state`: the
-        ActiveState the unit ended in, which says how to release it (Systemd.release)."""
-        if self._record(run, attempt, outcome, invocation_id, started_at, ended_at, accounting):
-            if keep_output:
-                self.output_tails.add(run.id, attempt.attempt)
+        ActiveState the unit ended in, which says how to release it (Systemd.release). Inside
+        `batched_outcomes`, all of that waits for the batch's one statement."""
+        ending = _Ending(run, self._settling(run, attempt, outcome, invocation_id, started_at, ended_at, accounting),
+                         unit_exists, keep_output, unit_state)
+        if self._batch is not None:
+            self._batch.append(ending)
+            return
+        self._after(ending, self._record(run, ending.settling))
+
+    @contextlib.contextmanager
+    def batched_outcomes(self) -> Iterator[None]:
+        """Outcomes settled inside are recorded together, in one statement, when it ends (also when it
+        ends with an error: what was read of the units is true), each unit released after that
+        commit as settle() does. The daemon settles the units that ended together between two passes
+        this way: one round trip to the database for all of them (issue 14)."""
+        self._batch = []
+        try:
+            yield
+        finally:
+            endings, self._batch = self._batch, None
+            self._record_batch(endings)
+
+    def _record_batch(self, endings: list[_Ending]) -> None:
+        if len(endings) <= 1:
+            for ending in endings:
+                self.isolated(ending.run, ending.settling.attempt,
+                              lambda e=ending: self._after(e, self._record(e.run, e.settling)))
+            return
+        faults.point("before-outcome")
+        try:
+            taken = store.record_outcomes(self.conn, self.fence, [e.settling for e in endings])
+        except (store.Fenced, *store.CONNECTION_LOST):
+            raise
+        except psycopg.Error as exc:
+            # One row the database refuses fails the statement, and with it every outcome of the batch:
+            # each again on its own, so that one attempt's trouble stays that attempt's.
+            event("outcome-batch-refused", level=logging.WARNING, host=self.host_id, runs=len(endings),
+                  detail=f"{type(exc).__name__}: {exc}; recording each on its own")
+            for ending in endings:
+                self.isolated(ending.run, ending.settling.attempt,
+                              lambda e=ending: self._after(e, self._record(e.run, e.settling)))
+            return
+        for ending, took in zip(endings, taken, strict=True):
+            if took:
+                self._settled_event(ending.run, ending.settling)
+            self.isolated(ending.run, ending.settling.attempt, lambda e=ending, t=took: self._after(e, t))
+
+    def _settling(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None,
+                  started_at: datetime | None = None, ended_at: datetime | None = None,
+                  accounting: Accounting | None = None) -> store.Settling:
+        """The outcome with the run's next step: another attempt after a delay, or its end."""
+        delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
+        next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
+        return store.Settling(attempt, outcome, next_state, delay, invocation_id, started_at, ended_at, accounting)
+
+    def _record(self, run: Run, settling: store.Settling) -> bool:
+        faults.point("before-outcome")
+        recorded = store.record_outcome(self.conn, self.fence, settling.attempt, settling.outcome, settling.next_state,
+                                        settling.retry_delay, settling.invocation_id, started_at=settling.started_at,
+                                        ended_at=settling.ended_at, accounting=settling.accounting)
+        if recorded:
+            self._settled_event(run, settling)
+        return recorded
+
+    @staticmethod
+    def _settled_event(run: Run, settling: store.Settling) -> None:
+        attempt, outcome = settling.attempt, settling.outcome
+        event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name, host=attempt.host_id,
+              outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=settling.next_state,
+              detail=outcome.reason)
+
+    def _after(self, ending: _Ending, recorded: bool) -> None:
+        """What follows an outcome's write: counted once, if this write took it; the unit released."""
+        attempt = ending.settling.attempt
+        if recorded:
+            if ending.keep_output:
+                self.output_tails.add(ending.run.id, attempt.attempt)
             self.settled += 1
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
             if self.metrics is not None:
-                self.metrics.settled(outcome.outcome)
+                self.metrics.settled(ending.settling.outcome.outcome)
         self.cut_off_units.discard(attempt.unit_name)
         # Its process has been spawned (PID 1 read the file then) or never will be.
         self.env_files.remove(attempt.unit_name)
         # Released only once the outcome is committed: until then the unit is the only record of it.
-        if unit_exists:
-            self.systemd.release(attempt.unit_name, unit_state)
-
-    def _record(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None,
-                started_at: datetime | None = None, ended_at: datetime | None = None,
-                accounting: Accounting | None = None) -> bool:
-        delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
-        next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
-        faults.point("before-outcome")
-        recorded = store.record_outcome(self.conn, self.fence, attempt, outcome, next_state, delay, invocation_id,
-                                        started_at=started_at, ended_at=ended_at, accounting=accounting)
-        if recorded:
-            event("settled", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name, host=attempt.host_id,
-                  outcome=outcome.outcome, exit_status=outcome.exit_status or "-", state=next_state,
-                  detail=outcome.reason)
-        return recorded
+        if ending.unit_exists:
+            self.systemd.release(attempt.unit_name, ending.unit_state)
 
     # -- the fleet --------------------------------------------------------------------------------
 
@@ -518,7 +592,7 @@ class Reconciler:
                 for run, attempt in pairs:
                     self.tick()
                     outcome = fleet.takeover_outcome(run, host, self.host_id)
-                    if self._record(run, attempt, outcome):
+                    if self._record(run, self._settling(run, attempt, outcome)):
                         taken.append(outcome.outcome)
                 event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=len(pairs),
                       detail=f"silent for {host.silent:.0f}s (host_dead_after {host.dead_after:g}s)")

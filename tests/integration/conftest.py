@@ -202,7 +202,7 @@ _HOST_CALLS = {  # store function -> how to find the host id it acts as
     "probe": lambda args: args[1].host_id, "mark_host_stopped": lambda args: args[1].host_id,
     "declare_dead_hosts": lambda args: args[1].host_id, "claim": lambda args: args[1].host_id,
     "mark_started": lambda args: args[1].host_id, "mark_started_many": lambda args: args[1].host_id,
-    "record_outcome": lambda args: args[1].host_id,
+    "record_outcome": lambda args: args[1].host_id, "record_outcomes": lambda args: args[1].host_id,
     "record_event": lambda args: args[1].host_id, "expire_runs": lambda args: args[1].host_id,
     "open_attempts": lambda args: args[1], "host_fence": lambda args: args[1],
     "explain_waiting": lambda args: ANY_HOST, "unit_owners": lambda args: ANY_HOST,

@@ -6,13 +6,13 @@ import select
 import threading
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
 from supervisor import globs, store, unitspec
-from supervisor.model import Attempt
+from supervisor.model import Accounting, Attempt
 from supervisor.outcomes import Outcome
 from tests.integration.conftest import fence_of, host_profile, register, silence, wait_notifies
 
@@ -224,6 +224,49 @@ def test_record_outcome_with_a_retry_delay_requeues_the_run(conn: psycopg.Connec
     # The new job wakes the daemons, but is not claimable before its time.
     assert [n.channel for n in wait_notifies(listener)] == [store.SPAWN_CHANNEL]
     assert claim(conn, "h1", 10, max_runs=10) == []
+
+
+def test_record_outcomes_writes_a_batch_in_one_statement_as_record_outcome_does(conn: psycopg.Connection) -> None:
+    """Each row as record_outcome writes it: a success with systemd's times and measurements, a failure
+    retried after a delay, and one that had its outcome already (False, unchanged), in the given order."""
+    done_id, done = started(conn)
+    assert record_outcome(conn, done, FAILED, "failed")
+    ok_id, ok = started(conn)
+    retry_id, retry = started(conn, max_attempts=2)
+    before = snapshot(conn, done_id)
+    began, ended = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), datetime(2026, 1, 2, 3, 4, 9, tzinfo=UTC)
+    measured = Accounting(cpu_usage_nsec=1_500_000, io_read_bytes=4096)
+    taken = store.record_outcomes(conn, fence_of(conn, "h1"), [
+        store.Settling(retry, FAILED, "queued", timedelta(minutes=5)),
+        store.Settling(done, SUCCEEDED, "succeeded"),
+        store.Settling(ok, SUCCEEDED, "succeeded", None, "inv-ok", began, ended, measured),
+    ])
+    assert taken == [True, False, True]
+    assert snapshot(conn, done_id) == before
+    assert store.get_run(conn, retry_id).state == "queued"
+    assert conn.execute("SELECT count(*) FROM unitvisor.spawn_jobs WHERE run_id = %s AND state = 'available'",
+                        (retry_id,)).fetchone()[0] == 1
+    [row] = store.get_attempts(conn, ok_id)
+    assert (row.outcome, row.ended_at, row.invocation_id) == ("success", ended, f"inv-{ok_id.hex[:8]}")
+    assert store.get_run(conn, ok_id).state == "succeeded"
+    assert store.get_outcome_records(conn, ok_id)[1].accounting == measured
+    assert store.record_outcomes(conn, fence_of(conn, "h1"), []) == []
+
+
+def test_record_outcomes_is_all_or_nothing(conn: psycopg.Connection) -> None:
+    """A fenced writer, or one row the function refuses (a negative measurement), writes none of them."""
+    first_id, first = started(conn)
+    second_id, second = started(conn)
+    fence = fence_of(conn, "h1")
+    bad = Accounting(cpu_usage_nsec=-1)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        store.record_outcomes(conn, fence, [store.Settling(first, SUCCEEDED, "succeeded"),
+                                            store.Settling(second, SUCCEEDED, "succeeded", accounting=bad)])
+    stale = store.Fence("h1", fence.epoch - 1)
+    with pytest.raises(store.Fenced):
+        store.record_outcomes(conn, stale, [store.Settling(first, SUCCEEDED, "succeeded")])
+    assert [store.get_run(conn, r).state for r in (first_id, second_id)] == ["running", "running"]
+    assert store.open_attempts(conn, "h1") != []
 
 
 def test_a_late_outcome_of_an_older_attempt_does_not_move_the_run(conn: psycopg.Connection) -> None:

@@ -80,7 +80,7 @@ def st(mocker, log):
     patched = {}
     defaults = {"open_attempts": [], "unit_owners": {}, "unclaimed_attempts": set(), "record_outcome": True,
                 "mark_started": None, "record_event": None, "declare_dead_hosts": [], "explain_waiting": 0,
-                "expire_runs": 0}
+                "expire_runs": 0, "record_outcomes": [True, True]}
     def logged(name, fake):
         def call(conn, *args, **kwargs):
             log.append((name, args, kwargs))
@@ -677,3 +677,78 @@ def test_a_unit_the_journal_knows_and_that_is_loaded_now_is_adopted_not_lost(rec
     systemd.start_transient.assert_called_once()
     assert recorded(st) == []
     rec.journal.outcome.assert_not_called()
+
+
+# -- outcomes of units that ended together: one statement ------------------------------------------
+
+def _ended_pair(rec, systemd, n, status=0):
+    run, attempt = pair(n)
+    systemd.state.return_value = ended(attempt.unit_name, CLD_EXITED, status, "success" if status == 0 else "exit-code")
+    rec.reconcile_one(run, attempt)
+    return run, attempt
+
+
+def test_outcomes_settled_in_a_batch_are_written_in_one_statement_then_released(rec, st, systemd, log, events):
+    systemd.release.side_effect = lambda name, state=None: log.append(("release", (name,), {}))
+    with rec.batched_outcomes():
+        _, first = _ended_pair(rec, systemd, 1)
+        _, second = _ended_pair(rec, systemd, 2, status=3)
+        assert "record_outcomes" not in labels(log) and not st.record_outcome.called
+        systemd.release.assert_not_called()  # the unit is the only record of the outcome until it is written
+    assert labels(log) == ["record_outcomes", "release", "release"]
+    [(_, (fence, settlings), _)] = [e for e in log if e[0] == "record_outcomes"]
+    assert fence == FENCE
+    assert [(s.attempt, s.outcome.outcome, s.next_state) for s in settlings] == [
+        (first, "success", "succeeded"), (second, "exit-code", "failed")]
+    assert [c.args[0] for c in systemd.release.call_args_list] == [first.unit_name, second.unit_name]
+    assert names(events).count("settled") == 2 and rec.settled == 2
+    st.record_outcome.assert_not_called()
+
+
+def test_a_batch_counts_only_the_outcomes_it_took(rec, st, systemd, events):
+    st.record_outcomes.return_value = [False, True]  # the first had an outcome already (another writer)
+    with rec.batched_outcomes():
+        _ended_pair(rec, systemd, 1)
+        _ended_pair(rec, systemd, 2)
+    assert names(events).count("settled") == 1 and rec.settled == 1
+    assert systemd.release.call_count == 2  # both units are done with either way
+
+
+def test_a_batch_of_one_is_the_single_statement(rec, st, systemd):
+    with rec.batched_outcomes():
+        _, attempt = _ended_pair(rec, systemd, 1)
+    assert [c.args[2] for c in st.record_outcome.call_args_list] == [attempt]
+    st.record_outcomes.assert_not_called()
+
+
+def test_a_row_the_database_refuses_costs_the_batch_nothing_but_a_retry_one_by_one(rec, st, systemd, events):
+    st.record_outcomes.side_effect = psycopg.errors.CheckViolation("attempts_accounting_valid")
+    st.record_outcome.side_effect = [psycopg.errors.CheckViolation("attempts_accounting_valid"), True]
+    with rec.batched_outcomes():
+        _, bad = _ended_pair(rec, systemd, 1)
+        _, good = _ended_pair(rec, systemd, 2)
+    assert "outcome-batch-refused" in names(events)
+    assert [c.args[2] for c in st.record_outcome.call_args_list] == [bad, good]
+    # the refused one keeps its unit for the next pass
+    assert [c.args[0] for c in systemd.release.call_args_list] == [good.unit_name]
+    assert names(events).count("internal-error") == 1 and rec.settled == 1
+
+
+@pytest.mark.parametrize("error", [store.Fenced("host me is fenced: epoch 7 is over"),
+                                   psycopg.OperationalError("server closed the connection")])
+def test_a_fenced_or_lost_batch_releases_nothing(rec, st, systemd, error):
+    st.record_outcomes.side_effect = error
+    with pytest.raises(type(error)), rec.batched_outcomes():
+        _ended_pair(rec, systemd, 1)
+        _ended_pair(rec, systemd, 2)
+    systemd.release.assert_not_called()
+    assert rec.settled == 0
+
+
+def test_a_batch_cut_short_by_the_bus_still_records_what_was_read(rec, st, systemd):
+    with pytest.raises(SystemdUnavailable), rec.batched_outcomes():
+        _ended_pair(rec, systemd, 1)
+        _ended_pair(rec, systemd, 2)
+        systemd.state.side_effect = SystemdUnavailable("bus gone")
+        rec.isolated(*pair(3), lambda: rec.reconcile_one(*pair(3)))
+    assert st.record_outcomes.call_count == 1 and len(st.record_outcomes.call_args.args[2]) == 2
