@@ -16,10 +16,10 @@ Per fleet shape (host rows registered, open attempts per host, which the fair sh
                 there, before the commit, so it delays the NOTIFY too).
 The claims run in a transaction that is rolled back, so every round starts from the same tables. The
 host claiming is h0 with 64 slots (the packaged max_runs); with more than one host, the fair share is in
-force and the claim asks also_accepted. Results: docs/benchmarks.md, "The claim statement, one run at a
-time".
+force and the claim asks also_accepted. Results: docs/benchmarks.md, "The claim statement and the
+submitter's commit, one run at a time".
 
-    .venv/bin/python -m bench.claim_latency           # 3 shapes x 3 schemas, 200 rounds (about 8 min)
+    .venv/bin/python -m bench.claim_latency           # 3 shapes x 3 schemas, 200 rounds (15 min, loaded)
     .venv/bin/python -m bench.claim_latency --tiny    # seconds (the smoke test)
 """
 
