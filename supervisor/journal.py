@@ -237,21 +237,23 @@ class Journal:
     def output_tails(self, attempts: Sequence[tuple[str, int]], max_lines: int, max_bytes: int) -> list[str | None]:
         """output_tail of each attempt (run id, attempt number), in order, with one journalctl for all.
 
-        That journalctl reads the last `len(attempts) * max_lines` records that match any of them
-        (each attempt's matches, ORed with "+"), as JSON, and splits them by their UNITVISOR_RUN and
-        UNITVISOR_ATTEMPT. An attempt with at least `max_lines` records among them has its last
-        `max_lines` there, as its own read would give; one with fewer has them all unless the read
-        hit its bound, where another attempt's lines may have crowded it out: such an attempt is read
-        alone (output_tail), so that no tail depends on what else was read with it. A journalctl that
-        fails or times out keeps no tail of any (None each), as output_tail's would; output it cannot
-        parse has every attempt read alone."""
+        That journalctl reads the last `len(attempts) * max_lines` records of any of their runs, as
+        JSON, and splits them by their UNITVISOR_RUN and UNITVISOR_ATTEMPT. An attempt with at least
+        `max_lines` records among them has its last `max_lines` there, as its own read would give;
+        one with fewer has them all unless the read hit its bound, where another attempt's lines may
+        have crowded it out: such an attempt is read alone (output_tail), so that no tail depends on
+        what else was read with it. A journalctl that fails or times out keeps no tail of any (None
+        each), as output_tail's would; output it cannot parse has every attempt read alone.
+
+        The matches name the runs only (journalctl ORs the values of one field): each attempt's own
+        pair of matches, ORed with "+", made journalctl's CPU twice as much (43 against 21 ms for 64
+        attempts of 10 lines, docs/benchmarks.md). Another attempt of the same run only counts
+        against the bound, like any other run's lines."""
         unique = list(dict.fromkeys(attempts))
         if len(unique) <= 1 or max_lines <= 0 or max_bytes <= 0:
             return [self.output_tail(run_id, attempt, max_lines, max_bytes) for run_id, attempt in attempts]
         bound = len(unique) * max_lines
-        matches = log_matches(*unique[0])
-        for run_id, attempt in unique[1:]:
-            matches += ["+", *log_matches(run_id, attempt)]
+        matches = [f"UNITVISOR_RUN={run_id}" for run_id in dict.fromkeys(run_id for run_id, _ in unique)]
         try:
             # --all: without it journalctl writes a field of 4096 bytes or more as null.
             done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", "--all", f"--lines={bound}",
@@ -352,8 +354,8 @@ class TailReader:
 
     DELAY = 2.0
     SPACING = 0.5
-    MAX_BATCH = 64
-    BATCH_RECORDS = 1280  # MAX_BATCH attempts at the default output_tail_lines (20)
+    MAX_BATCH = 32
+    BATCH_RECORDS = 640  # MAX_BATCH attempts at the default output_tail_lines (20)
 
     def __init__(self, journal: Journal, max_lines: int, max_bytes: int, *, threaded: bool = True,
                  delay: float = DELAY, spacing: float = SPACING,

@@ -38,7 +38,8 @@ def json_line(run_id: str, attempt: int, message: bytes | None) -> bytes:
 
 class FakeJournalctl:
     """journalctl over an in-memory journal (records in the journal's order): -o cat or -o json,
-    --lines, and matches ORed with "+"."""
+    --lines, and matches as journalctl combines them: the values of one field ORed, the fields ANDed,
+    groups of those ORed with "+"."""
 
     def __init__(self, records: list[Record]) -> None:
         self.records = records
@@ -46,15 +47,20 @@ class FakeJournalctl:
 
     def __call__(self, cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
         self.calls.append(cmd)
-        groups: list[set[str]] = [set()]
+        groups: list[dict[str, set[str]]] = [{}]
         for arg in cmd[1:]:
             if arg == "+":
-                groups.append(set())
+                groups.append({})
             elif not arg.startswith("-") and "=" in arg:
-                groups[-1].add(arg)
+                field, value = arg.split("=", 1)
+                groups[-1].setdefault(field, set()).add(value)
         lines = next(int(arg.split("=")[1]) for arg in cmd if arg.startswith("--lines="))
-        shown = [(run_id, attempt, message) for run_id, attempt, message in self.records
-                 if any(group <= {f"UNITVISOR_RUN={run_id}", f"UNITVISOR_ATTEMPT={attempt}"} for group in groups)]
+
+        def matches(run_id: str, attempt: int) -> bool:
+            fields = {"UNITVISOR_RUN": run_id, "UNITVISOR_ATTEMPT": str(attempt)}
+            return any(all(fields[field] in values for field, values in group.items()) for group in groups)
+
+        shown = [(run_id, attempt, message) for run_id, attempt, message in self.records if matches(run_id, attempt)]
         shown = shown[-lines:]
         if cmd[cmd.index("-o") + 1] == "cat":
             out = b"".join(message + b"\n" for _, _, message in shown if message is not None)
@@ -90,10 +96,10 @@ def test_one_journalctl_reads_every_attempts_tail(mocker):
     assert tails == ["r1/1 line 1\nr1/1 line 2\nr1/1 line 3", "\n".join(f"r2/1 line {i}" for i in range(5, 10)),
                      "r1/2 line 1\nr1/2 line 2", ""]  # r3 printed nothing: kept as nothing
     (cmd,) = fake.calls
+    # The runs' matches only, each once: journalctl ORs them; the records are split by attempt here.
     assert cmd == ["journalctl", "--no-pager", "-q", "-o", "json", "--all", "--lines=20",
                    "--output-fields=MESSAGE,UNITVISOR_RUN,UNITVISOR_ATTEMPT",
-                   "UNITVISOR_RUN=r1", "UNITVISOR_ATTEMPT=1", "+", "UNITVISOR_RUN=r2", "UNITVISOR_ATTEMPT=1", "+",
-                   "UNITVISOR_RUN=r1", "UNITVISOR_ATTEMPT=2", "+", "UNITVISOR_RUN=r3", "UNITVISOR_ATTEMPT=1"]
+                   "UNITVISOR_RUN=r1", "UNITVISOR_RUN=r2", "UNITVISOR_RUN=r3"]
 
 
 ODD = [
@@ -137,6 +143,14 @@ def test_an_attempt_crowded_out_by_a_chatty_one_is_read_alone(mocker):
     assert fake.modes() == ["json", "cat", "cat"]
     assert [cmd[-2:] for cmd in fake.calls[1:]] == [["UNITVISOR_RUN=r1", "UNITVISOR_ATTEMPT=1"],
                                                      ["UNITVISOR_RUN=r3", "UNITVISOR_ATTEMPT=1"]]
+
+
+def test_another_attempt_of_the_same_run_counts_against_the_bound(mocker):
+    """Attempt 2 of r1 (not asked for: its tail is not due yet) printed 1000 lines after attempt 1."""
+    records = lines_of("r1", 1, 3) + lines_of("r2", 1, 2) + lines_of("r1", 2, 1000)
+    tails, fake = batched(records, [("r1", 1), ("r2", 1)], 5, 4096, mocker)
+    assert tails == ["r1/1 line 1\nr1/1 line 2\nr1/1 line 3", "r2/1 line 1\nr2/1 line 2"]
+    assert fake.modes() == ["json", "cat", "cat"]
 
 
 def test_a_batch_below_its_bound_proves_the_short_tails(mocker):
@@ -254,8 +268,8 @@ def ids(batch):
 
 def test_the_reader_takes_every_attempt_due_in_one_batch_of_at_most_its_size():
     journal, woken = GatedJournal(), []
-    reader = TailReader(journal, 640, 4096, delay=0.0, spacing=0.0, wake=lambda: woken.append(1))
-    assert reader.batch_size == 2  # BATCH_RECORDS // 640
+    reader = TailReader(journal, 320, 4096, delay=0.0, spacing=0.0, wake=lambda: woken.append(1))
+    assert reader.batch_size == 2  # BATCH_RECORDS // 320
     reader.add(uuid.UUID(int=1), 1)
     wait_reads(journal, 1)  # busy with the first
     for i in range(2, 7):
@@ -288,7 +302,7 @@ def test_the_reader_reads_none_before_its_time_and_spaces_its_reads():
 
 def test_a_full_batch_is_followed_at_once():
     journal = GatedJournal()
-    reader = TailReader(journal, 640, 4096, delay=0.0, spacing=1.0)
+    reader = TailReader(journal, 320, 4096, delay=0.0, spacing=1.0)
     reader.add(uuid.UUID(int=1), 1)
     wait_reads(journal, 1)
     for i in range(2, 6):
@@ -298,3 +312,10 @@ def test_a_full_batch_is_followed_at_once():
     # [2, 3] after the spacing, then [4, 5] at once: the last read was full, so more may be waiting.
     assert [ids(b) for b in journal.batches] == [[1], [2, 3], [4, 5]]
     assert journal.batches[1][0] - journal.batches[0][0] >= 1.0 > 0.5 > journal.batches[2][0] - journal.batches[1][0]
+
+
+@pytest.mark.parametrize(("max_lines", "size"), [(1, 32), (20, 32), (21, 30), (100, 6), (640, 1), (1000, 1)])
+def test_a_batch_holds_at_most_its_records(max_lines, size):
+    """At most BATCH_RECORDS records a read (its memory and time), and MAX_BATCH attempts."""
+    assert TailReader(GatedJournal(), max_lines, 4096).batch_size == size
+    assert (TailReader.MAX_BATCH, TailReader.BATCH_RECORDS) == (32, 640)
