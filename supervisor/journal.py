@@ -35,6 +35,7 @@ command was exec'd.
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import subprocess
@@ -348,7 +349,7 @@ class TailReader:
     and leaves SPACING seconds between reads unless the last one was full, so that under load a read
     finds many attempts due: a tail is read DELAY to DELAY + SPACING seconds after its outcome. A
     read holds at most BATCH_RECORDS records (its memory and time), so a host that keeps many lines
-    a tail reads fewer attempts at once (one at 640 lines or more). Measured (bench.tails, the
+    a tail reads fewer attempts at once (one above 320 lines). Measured (bench.tails, the
     2-core machine, docs/benchmarks.md): 32 attempts of runs that print fewer lines than a tail
     keeps, one journalctl of 11 ms wall, 0.28 ms of its CPU and 0.03 ms of the daemon's per attempt,
     against 3.1 and 0.17 ms read one at a time; runs that each print more than a tail keeps and end
@@ -463,10 +464,10 @@ def split_output(stdout: bytes, attempts: Sequence[tuple[str, int]]) -> tuple[li
             raise ValueError(f"not a journal record: {line[:80]!r}")
         count += 1
         message = next(iter(field_values(record.get("MESSAGE"))), None)
-        for run_id in field_values(record.get("UNITVISOR_RUN")):
-            for attempt in field_values(record.get("UNITVISOR_ATTEMPT")):
-                if (i := index.get((run_id, attempt))) is not None:
-                    messages[i].append(message)
+        pairs = itertools.product(field_values(record.get("UNITVISOR_RUN")),
+                                  field_values(record.get("UNITVISOR_ATTEMPT")))
+        for i in {index[pair] for pair in pairs if pair in index}:  # once each, whatever a value repeats
+            messages[i].append(message)
     return messages, count
 
 

@@ -226,9 +226,10 @@ def test_split_output_by_each_attempts_fields():
         b'{"UNITVISOR_RUN":"r1","UNITVISOR_ATTEMPT":["7","1"],"MESSAGE":["first","second"]}\n',
         json_line("r1", 2, None),
         json_line("r1", 2, "a\u2028b".encode()),
+        b'{"UNITVISOR_RUN":["r1","r1"],"UNITVISOR_ATTEMPT":"7","MESSAGE":"twice the same values: once"}\n',
     ])
     assert split_output(stdout, [("r1", 1), ("r1", 2), ("r1", 7)]) == (
-        [[b"one", b"first"], [None, "a\u2028b".encode()], [b"first"]], 5)
+        [[b"one", b"first"], [None, "a\u2028b".encode()], [b"first", b"twice the same values: once"]], 6)
     assert split_output(b"", [("r1", 1)]) == ([[]], 0)
 
 
@@ -284,20 +285,20 @@ def test_the_reader_takes_every_attempt_due_in_one_batch_of_at_most_its_size():
 def test_the_reader_reads_none_before_its_time_and_spaces_its_reads():
     journal = GatedJournal()
     journal.gate.set()
-    reader = TailReader(journal, 20, 4096, delay=0.3, spacing=0.4)
+    reader = TailReader(journal, 20, 4096, delay=0.3, spacing=0.6)
     assert reader.batch_size == TailReader.MAX_BATCH
     added = {}
     for i in (1, 2, 3):
         added[i] = time.monotonic()
         reader.add(uuid.UUID(int=i), 1)
-        time.sleep(0.05)
+        time.sleep(0.15)  # 2 comes due 0.15 s after 1 is read, 3 after that, both within the spacing
     reader.close(timeout=10)
     assert [i for batch in journal.batches for i in ids(batch)] == [1, 2, 3]
     for batch in journal.batches:
         assert all(batch[0] >= added[i] + 0.3 for i in ids(batch))  # none before its time
     # 1 is read alone when due; 2 and 3 come due within the spacing and are read together after it.
     assert [ids(b) for b in journal.batches] == [[1], [2, 3]]
-    assert journal.batches[1][0] - journal.batches[0][0] >= 0.4
+    assert journal.batches[1][0] - journal.batches[0][0] >= 0.6
 
 
 def test_a_full_batch_is_followed_at_once():
