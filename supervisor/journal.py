@@ -243,8 +243,12 @@ class Journal:
         `max_lines` records among them has its last `max_lines` there, as its own read would give;
         one with fewer has them all unless the read hit its bound, where another attempt's lines may
         have crowded it out: such an attempt is read alone (output_tail), so that no tail depends on
-        what else was read with it. A journalctl that fails or times out keeps no tail of any (None
-        each), as output_tail's would; output it cannot parse has every attempt read alone.
+        what else was read with it. So is an attempt one of whose last `max_lines` records has a
+        MESSAGE of 4096 bytes or more, which journalctl's JSON leaves out (null, without --all): a
+        read holds at most `bound` records of less than that (about 10 MB of JSON if every byte is
+        written as a number), and a rare long line costs its attempt today's read. A journalctl that
+        fails or times out keeps no tail of any (None each), as output_tail's would; output it
+        cannot parse has every attempt read alone.
 
         The matches name the runs only (journalctl ORs the values of one field): each attempt's own
         pair of matches, ORed with "+", made journalctl's CPU twice as much (43 against 21 ms for 64
@@ -256,8 +260,7 @@ class Journal:
         bound = len(unique) * max_lines
         matches = [f"UNITVISOR_RUN={run_id}" for run_id in dict.fromkeys(run_id for run_id, _ in unique)]
         try:
-            # --all: without it journalctl writes a field of 4096 bytes or more as null.
-            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", "--all", f"--lines={bound}",
+            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", f"--lines={bound}",
                                    "--output-fields=MESSAGE,UNITVISOR_RUN,UNITVISOR_ATTEMPT", *matches],
                                   capture_output=True, timeout=self.timeout, check=False)
         except (OSError, subprocess.TimeoutExpired):
@@ -270,10 +273,11 @@ class Journal:
             messages, count = [[] for _ in unique], bound
         tails = {}
         for (run_id, attempt), mine in zip(unique, messages, strict=True):
-            if len(mine) < max_lines and count >= bound:
+            last = mine[-max_lines:]
+            if (len(mine) < max_lines and count >= bound) or any(m is LONG for m in last):
                 tails[run_id, attempt] = self.output_tail(run_id, attempt, max_lines, max_bytes)
             else:
-                text = b"".join(m + b"\n" for m in mine[-max_lines:] if m is not None).decode(errors="replace")
+                text = b"".join(m + b"\n" for m in last if isinstance(m, bytes)).decode(errors="replace")
                 tails[run_id, attempt] = cut_tail(text, max_lines, max_bytes)
         return [tails[a] for a in attempts]
 
@@ -351,10 +355,10 @@ class TailReader:
     read holds at most BATCH_RECORDS records (its memory and time), so a host that keeps many lines
     a tail reads fewer attempts at once (one above 320 lines). Measured (bench.tails, the
     2-core machine, docs/benchmarks.md): 32 attempts of runs that print fewer lines than a tail
-    keeps, one journalctl of 11 ms wall, 0.28 ms of its CPU and 0.03 ms of the daemon's per attempt,
-    against 3.1 and 0.17 ms read one at a time; runs that each print more than a tail keeps and end
-    together crowd one another out of the batch, and cost about what they did one at a time (3.7
-    and 0.22 ms). A burst of 1000 runs without sandbox: 138 runs/s against 112 before, 135 with
+    keeps, one journalctl of 11 ms wall, 0.29 ms of its CPU and 0.04 ms of the daemon's per attempt,
+    against 3.4 and 0.22 ms read one at a time; runs that each print more than a tail keeps and end
+    together crowd one another out of the batch, and cost a little more than one at a time (3.8
+    and 0.25 ms). A burst of 1000 runs without sandbox: 138 runs/s against 112 before, 135 with
     tails off.
 
     `threaded=False` reads at once, in the caller (a reconcile pass run by hand, the tests)."""
@@ -445,14 +449,22 @@ class TailReader:
             self._done.extend(read)
 
 
-def split_output(stdout: bytes, attempts: Sequence[tuple[str, int]]) -> tuple[list[list[bytes | None]], int]:
+class _Long:
+    """A MESSAGE that journalctl's JSON left out (null): 4096 bytes or more."""
+
+
+LONG = _Long()
+
+
+def split_output(stdout: bytes, attempts: Sequence[tuple[str, int]]) -> tuple[list[list[bytes | _Long | None]], int]:
     """Pure: journalctl's JSON records (one a line) split by attempt: each attempt's MESSAGEs in the
     journal's order, as the bytes journald holds (None for a record without one, which -o cat skips
-    but --lines counts), and how many records there were. A record belongs to every attempt whose
-    run id and number are among its UNITVISOR_RUN and UNITVISOR_ATTEMPT values, as journalctl's
-    matches have it. ValueError when the output is not such records."""
+    but --lines counts; LONG for one the JSON left out), and how many records there were. A record
+    belongs to every attempt whose run id and number are among its UNITVISOR_RUN and
+    UNITVISOR_ATTEMPT values, as journalctl's matches have it. ValueError when the output is not
+    such records."""
     index = {(run_id.encode(), str(attempt).encode()): i for i, (run_id, attempt) in enumerate(attempts)}
-    messages: list[list[bytes | None]] = [[] for _ in attempts]
+    messages: list[list[bytes | _Long | None]] = [[] for _ in attempts]
     count = 0
     # Split on "\n" alone: JSON escapes a newline in a string, not U+2028 and its kin, which str.splitlines
     # would also split on. journalctl writes bytes that are not UTF-8 as numbers, so its output is UTF-8.
@@ -463,7 +475,10 @@ def split_output(stdout: bytes, attempts: Sequence[tuple[str, int]]) -> tuple[li
         if not isinstance(record, dict):
             raise ValueError(f"not a journal record: {line[:80]!r}")
         count += 1
-        message = next(iter(field_values(record.get("MESSAGE"))), None)
+        value = record.get("MESSAGE", ())  # () when the record has none
+        # null: left out, alone or among the values of a MESSAGE given twice (which -o cat shows the first of)
+        message = LONG if value is None or isinstance(value, list) and None in value else next(
+            iter(field_values(value)), None)
         pairs = itertools.product(field_values(record.get("UNITVISOR_RUN")),
                                   field_values(record.get("UNITVISOR_ATTEMPT")))
         for i in {index[pair] for pair in pairs if pair in index}:  # once each, whatever a value repeats
@@ -475,7 +490,7 @@ def field_values(value: object) -> list[bytes]:
     """Pure: the values of one field of a record in journalctl's JSON, as bytes: a string when the
     value is UTF-8 without control characters (a tab aside), else an array of its byte values, and an
     array of those when the record has the field more than once (the first is what -o cat shows).
-    null (a value too long for JSON without --all) and a missing field have none."""
+    null (a value too long for JSON without --all: split_output) and a missing field have none."""
     if isinstance(value, str):
         return [value.encode()]
     if isinstance(value, list):

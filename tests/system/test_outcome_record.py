@@ -122,11 +122,12 @@ def test_a_daemon_stopped_right_after_an_outcome_still_keeps_the_tail(tails: Hos
     assert only_attempt(tails.show(run_id))["output_tail"] == "one\ntwo"
 
 
-# Prints what no line of a tail has had before: tabs, an escape sequence, a byte that is not UTF-8, a
-# character cut in half, a line of 5000 bytes (journalctl -o json writes one of 4096 or more as null
-# without --all), and no newline at the end.
+# What no line of a tail has had before: tabs, an escape sequence, a byte that is not UTF-8, a
+# character cut in half, no newline at the end; and a line of 5000 bytes, which journalctl -o json
+# leaves out (one of 4096 or more).
 ODD = (r"printf 'plain\n\tindented\nesc \033[1mbold\033[0m\nbad \377 byte\nhalf \342\234\n'; "
-       r"head -c 5000 /dev/zero | tr '\0' x; echo; printf 'no newline at the end'")
+       r"printf 'no newline at the end'")
+LONG = r"head -c 5000 /dev/zero | tr '\0' x; echo; echo after"
 # In the test bed, with the host's bounds: each attempt's tail read alone (journalctl -o cat, as before
 # issue 14), then all of them with one journalctl (TailReader's batches), and how many it read alone.
 READ_BOTH = """
@@ -160,6 +161,7 @@ def test_tails_read_together_are_those_read_alone(tails: Host) -> None:
     is read alone."""
     commands = {
         "odd": ["/bin/sh", "-c", "sleep 1; " + ODD],
+        "long": ["/bin/sh", "-c", "sleep 1; " + LONG],
         "quiet": ["/bin/sh", "-c", "sleep 1; echo one; echo two >&2"],
         "silent": ["/bin/sleep", "1"],
         "chatty": ["/bin/sh", "-c", "sleep 2; seq 1 3000"],  # its lines come after all the others'
@@ -170,14 +172,16 @@ def test_tails_read_together_are_those_read_alone(tails: Host) -> None:
     kept = {name: kept_tail_or_empty(tails, run_id) for name, run_id in run_ids.items()}
     assert (kept["quiet"], kept["silent"], kept["chatty"]) == ("one\ntwo", "", "\n".join(map(str, range(2991, 3001))))
     # The daemon's tails (with its 50 bytes) are what each attempt's read alone keeps.
-    ids = list(run_ids.values())
-    assert read_both(tails, ids, 50)["alone"] == list(kept.values())
-    # Without the chatty run, one journalctl proves every tail; with it, its 3000 lines fill the
-    # batch's 80 records and the three others are read alone.
-    for names, read_alone in ((["odd", "quiet", "silent"], 0), (list(run_ids), 3)):
+    assert read_both(tails, list(run_ids.values()), 50)["alone"] == list(kept.values())
+    # One journalctl proves the tails of the odd, quiet and silent runs; the long run's is read alone
+    # (the JSON left its long line out); with the chatty run, its 3000 lines fill the batch's 100
+    # records and the four others are read alone.
+    reads = {}
+    for names, read_alone in ((["odd", "quiet", "silent"], 0), (["long", "quiet"], 1), (list(run_ids), 4)):
         both = read_both(tails, [run_ids[name] for name in names], 65536)
         assert both["together"] == both["alone"]
         assert both["read_alone"] == read_alone
-    odd = both["alone"][0]
-    assert odd == ("plain\n\tindented\nesc \x1b[1mbold\x1b[0m\nbad \ufffd byte\nhalf \ufffd\n" + "x" * 5000
-                   + "\nno newline at the end")
+        reads.update(zip(names, both["together"], strict=True))
+    assert reads["odd"] == ("plain\n\tindented\nesc \x1b[1mbold\x1b[0m\nbad \ufffd byte\nhalf \ufffd\n"
+                            "no newline at the end")
+    assert reads["long"] == "x" * 5000 + "\nafter"

@@ -2,8 +2,9 @@
 attempt, each tail exactly what that attempt's own read gives, and the TailReader thread that forms
 the batches. journalctl is a fake at its boundary (subprocess.run): an in-memory journal that prints
 -o cat and -o json as systemd 252 does (both checked in a test bed: a MESSAGE that is not UTF-8 or
-holds a control character other than a tab comes as an array of byte values, a field a record has
-twice as an array of its values, and --lines counts records without a MESSAGE, which -o cat skips)."""
+holds a control character other than a tab comes as an array of byte values, one of 4096 bytes or
+more as null, a field a record has twice as an array of its values, and --lines counts records
+without a MESSAGE, which -o cat skips)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ import uuid
 
 import pytest
 
-from supervisor.journal import Journal, TailReader, field_values, split_output
+from supervisor.journal import LONG, Journal, TailReader, field_values, split_output
 
 Record = tuple[str, int, bytes | None]  # run id, attempt, MESSAGE (None: the record has none)
 
 
-def json_value(data: bytes) -> str | list[int]:
+def json_value(data: bytes) -> str | list[int] | None:
+    if len(b"MESSAGE=" + data) >= 4096:  # left out without --all
+        return None
     try:
         text = data.decode()
     except UnicodeDecodeError:
@@ -97,7 +100,7 @@ def test_one_journalctl_reads_every_attempts_tail(mocker):
                      "r1/2 line 1\nr1/2 line 2", ""]  # r3 printed nothing: kept as nothing
     (cmd,) = fake.calls
     # The runs' matches only, each once: journalctl ORs them; the records are split by attempt here.
-    assert cmd == ["journalctl", "--no-pager", "-q", "-o", "json", "--all", "--lines=20",
+    assert cmd == ["journalctl", "--no-pager", "-q", "-o", "json", "--lines=20",
                    "--output-fields=MESSAGE,UNITVISOR_RUN,UNITVISOR_ATTEMPT",
                    "UNITVISOR_RUN=r1", "UNITVISOR_RUN=r2", "UNITVISOR_RUN=r3"]
 
@@ -151,6 +154,17 @@ def test_another_attempt_of_the_same_run_counts_against_the_bound(mocker):
     tails, fake = batched(records, [("r1", 1), ("r2", 1)], 5, 4096, mocker)
     assert tails == ["r1/1 line 1\nr1/1 line 2\nr1/1 line 3", "r2/1 line 1\nr2/1 line 2"]
     assert fake.modes() == ["json", "cat", "cat"]
+
+
+def test_an_attempt_with_a_line_too_long_for_the_batch_is_read_alone(mocker):
+    """journalctl -o json (without --all) leaves out a MESSAGE of 4096 bytes or more: among an
+    attempt's last lines, its read alone has it; before them, it does not matter."""
+    records = [("r1", 1, b"y" * 5000), *lines_of("r1", 1, 5), ("r2", 1, b"short"), ("r2", 1, b"z" * 4088),
+               ("r2", 1, b"last")]
+    tails, fake = batched(records, [("r1", 1), ("r2", 1)], 5, 65536, mocker)
+    assert tails == ["\n".join(f"r1/1 line {i}" for i in range(1, 6)), "short\n" + "z" * 4088 + "\nlast"]
+    assert fake.modes() == ["json", "cat"]
+    assert fake.calls[1][-2:] == ["UNITVISOR_RUN=r2", "UNITVISOR_ATTEMPT=1"]
 
 
 def test_a_batch_below_its_bound_proves_the_short_tails(mocker):
@@ -227,9 +241,11 @@ def test_split_output_by_each_attempts_fields():
         json_line("r1", 2, None),
         json_line("r1", 2, "a\u2028b".encode()),
         b'{"UNITVISOR_RUN":["r1","r1"],"UNITVISOR_ATTEMPT":"7","MESSAGE":"twice the same values: once"}\n',
+        b'{"UNITVISOR_RUN":"r1","UNITVISOR_ATTEMPT":"1","MESSAGE":null}\n',
+        b'{"UNITVISOR_RUN":"r1","UNITVISOR_ATTEMPT":"2","MESSAGE":[null,"short"]}\n',
     ])
     assert split_output(stdout, [("r1", 1), ("r1", 2), ("r1", 7)]) == (
-        [[b"one", b"first"], [None, "a\u2028b".encode()], [b"first", b"twice the same values: once"]], 6)
+        [[b"one", b"first", LONG], [None, "a\u2028b".encode(), LONG], [b"first", b"twice the same values: once"]], 8)
     assert split_output(b"", [("r1", 1)]) == ([[]], 0)
 
 
