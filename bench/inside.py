@@ -10,7 +10,7 @@ Subcommands:
   active     one start at a time, timed to the unit being active
   units      start long-running units under given names (the loaded units of a reconcile pass)
   reconcile  one reconcile pass (or its decide phase) through supervisor.reconciler.Reconciler
-  tails      the cost of reading an ended run's output tail (one journalctl per outcome)
+  tails      the cost of reading ended runs' output tails (one journalctl per outcome, or per batch)
 """
 
 from __future__ import annotations
@@ -341,10 +341,23 @@ def _cpu_ms(before: resource.struct_rusage, after: resource.struct_rusage) -> fl
     return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000
 
 
+class _CountingJournal(Journal):
+    """Counts the attempts read alone (output_tail, a journalctl each): every one when read one at a
+    time, and in a batch those whose tail the batch could not prove (TailReader)."""
+
+    alone = 0
+
+    def output_tail(self, run_id: str, attempt: int, max_lines: int, max_bytes: int) -> str | None:
+        self.alone += 1
+        return super().output_tail(run_id, attempt, max_lines, max_bytes)
+
+
 def cmd_tails(args: argparse.Namespace) -> dict[str, Any]:
     """Start `units` runs' units that print `lines` lines each (exactly the daemon's properties), wait
-    for them to end, then read each one's tail as the daemon does when it records the outcome, `reads`
-    times in all: the time per read, the daemon's own CPU (fork, pipe, decode) and journalctl's."""
+    for them to end, then read their tails as the daemon does when it records the outcomes, `reads`
+    in all, `batch` attempts a read (Journal.output_tails, as TailReader reads every attempt due; 1:
+    one journalctl each): the time per read, and per attempt the daemon's own CPU (fork, pipe,
+    decode), journalctl's, and how many journalctl processes it took."""
     systemd = Systemd()
     names = []
     for _ in range(args.units):
@@ -354,27 +367,32 @@ def cmd_tails(args: argparse.Namespace) -> dict[str, Any]:
         systemd.start_transient(name, props)
         names.append((name, run_id))
     wait(lambda: all(systemd.state(n).has_ended for n, _ in names), 120)
-    journal, defaults = Journal(), config.RunSettings()
+    journal, defaults = _CountingJournal(), config.RunSettings()
     # Timed only once journald has taken in every line (a burst leaves it behind: docs/benchmarks.md),
     # so that every read is of a complete output, as most of the daemon's are.
     for _, run_id in names:
         wait(lambda run_id=run_id: journal.output_tail(run_id, 1, 1, 100) == str(args.lines), 60)
+    journal.alone = 0
+    batch = min(args.batch, args.units)  # distinct attempts in a batch, as the daemon's are
     times: list[float] = []
     self0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    for i in range(args.reads):
+    for first in range(0, args.reads, batch):
+        attempts = [(names[i % len(names)][1], 1) for i in range(first, min(first + batch, args.reads))]
         began = time.perf_counter()
-        tail = journal.output_tail(names[i % len(names)][1], 1, defaults.output_tail_lines, defaults.output_tail_bytes)
+        tails = journal.output_tails(attempts, defaults.output_tail_lines, defaults.output_tail_bytes)
         times.append(time.perf_counter() - began)
-        assert tail is not None and tail.endswith(f"\n{args.lines}"), tail
+        assert all(tail is not None and tail.split("\n")[-1] == str(args.lines) for tail in tails), tails
     self1, children1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     for name, _ in names:
         systemd.release(name)
     times.sort()
+    processes = journal.alone + (len(times) if batch > 1 else 0)
     return {
-        "reads": args.reads, "units": args.units, "lines_each": args.lines,
-        "p50_ms": statistics.median(times) * 1000, "p99_ms": times[int(len(times) * 0.99) - 1] * 1000,
-        "daemon_cpu_ms_per_read": _cpu_ms(self0, self1) / args.reads,
-        "journalctl_cpu_ms_per_read": _cpu_ms(children0, children1) / args.reads,
+        "reads": args.reads, "units": args.units, "lines_each": args.lines, "batch": batch,
+        "p50_ms": statistics.median(times) * 1000, "p99_ms": times[max(0, int(len(times) * 0.99) - 1)] * 1000,
+        "daemon_cpu_ms_per_attempt": _cpu_ms(self0, self1) / args.reads,
+        "journalctl_cpu_ms_per_attempt": _cpu_ms(children0, children1) / args.reads,
+        "journalctl_per_attempt": processes / args.reads,
     }
 
 
@@ -404,6 +422,7 @@ def main() -> None:
     p.add_argument("--units", type=int, default=200)
     p.add_argument("--lines", type=int, default=1000)
     p.add_argument("--reads", type=int, default=200)
+    p.add_argument("--batch", type=int, default=1, help="attempts a read (the daemon: TailReader.MAX_BATCH at most)")
     args = parser.parse_args()
     handler = {"limit": cmd_limit, "unit-cost": cmd_unit_cost, "active": cmd_active, "units": cmd_units,
                "reconcile": cmd_reconcile, "tails": cmd_tails}[args.cmd]

@@ -145,7 +145,7 @@ class RunSettings:
     # The end of each run's output kept with its outcome (attempts.output_tail), so that `unitvisor
     # logs` answers from any host, and after this host's journal rotated or the host died; the whole
     # output stays in journald. Both bounds apply (the last lines, then their last bytes); 0 in either
-    # keeps none. It costs one journalctl per outcome (docs/benchmarks.md).
+    # keeps none. Read with one journalctl for up to 32 outcomes (docs/benchmarks.md, Output tails).
     output_tail_lines: int = 20
     output_tail_bytes: int = 4096
     # RemoveIPC= and KeyringMode= are left out: DynamicUser= implies RemoveIPC, and for a fixed User=

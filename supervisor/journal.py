@@ -35,13 +35,14 @@ command was exec'd.
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -234,6 +235,52 @@ class Journal:
         text = self._output(log_matches(run_id, attempt), max_lines)
         return None if text is None else cut_tail(text, max_lines, max_bytes)
 
+    def output_tails(self, attempts: Sequence[tuple[str, int]], max_lines: int, max_bytes: int) -> list[str | None]:
+        """output_tail of each attempt (run id, attempt number), in order, with one journalctl for all.
+
+        That journalctl reads the last `len(attempts) * max_lines` records of any of their runs, as
+        JSON, and splits them by their UNITVISOR_RUN and UNITVISOR_ATTEMPT. An attempt with at least
+        `max_lines` records among them has its last `max_lines` there, as its own read would give;
+        one with fewer has them all unless the read hit its bound, where another attempt's lines may
+        have crowded it out: such an attempt is read alone (output_tail), so that no tail depends on
+        what else was read with it. So is an attempt one of whose last `max_lines` records has a
+        MESSAGE of 4096 bytes or more, which journalctl's JSON leaves out (null, without --all): a
+        read holds at most `bound` records of less than that (about 10 MB of JSON if every byte is
+        written as a number), and a rare long line costs its attempt today's read. A journalctl that
+        fails or times out keeps no tail of any (None each), as output_tail's would; output it
+        cannot parse has every attempt read alone.
+
+        The matches name the runs only (journalctl ORs the values of one field): each attempt's own
+        pair of matches, ORed with "+", made journalctl's CPU twice as much (43 against 21 ms for 64
+        attempts of 10 lines, docs/benchmarks.md). Another attempt of the same run only counts
+        against the bound, like any other run's lines."""
+        unique = list(dict.fromkeys(attempts))
+        if len(unique) <= 1 or max_lines <= 0 or max_bytes <= 0:
+            return [self.output_tail(run_id, attempt, max_lines, max_bytes) for run_id, attempt in attempts]
+        bound = len(unique) * max_lines
+        matches = [f"UNITVISOR_RUN={run_id}" for run_id in dict.fromkeys(run_id for run_id, _ in unique)]
+        try:
+            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", f"--lines={bound}",
+                                   "--output-fields=MESSAGE,UNITVISOR_RUN,UNITVISOR_ATTEMPT", *matches],
+                                  capture_output=True, timeout=self.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return [None] * len(attempts)
+        if done.returncode != 0:
+            return [None] * len(attempts)
+        try:
+            messages, count = split_output(done.stdout, unique)
+        except ValueError:
+            messages, count = [[] for _ in unique], bound
+        tails = {}
+        for (run_id, attempt), mine in zip(unique, messages, strict=True):
+            last = mine[-max_lines:]
+            if (len(mine) < max_lines and count >= bound) or any(m is LONG for m in last):
+                tails[run_id, attempt] = self.output_tail(run_id, attempt, max_lines, max_bytes)
+            else:
+                text = b"".join(m + b"\n" for m in last if isinstance(m, bytes)).decode(errors="replace")
+                tails[run_id, attempt] = cut_tail(text, max_lines, max_bytes)
+        return [tails[a] for a in attempts]
+
     def has_output(self, run_id: str, attempt: int | None) -> bool:
         """Whether this host's journal holds any of the run's (or the attempt's) output records."""
         return bool(self._output(log_matches(run_id, attempt), 1))
@@ -293,24 +340,46 @@ class TailReader:
     a tail read DELAY seconds after its run ended still misses lines only when journald is that far
     behind; the whole output stays in journald either way.
 
-    Why a thread: one journalctl costs about 12 ms of wall time and 5 ms of CPU (docs/benchmarks.md),
-    as much as the rest of a run's cost to the daemon; the loop that claims, starts and settles runs
+    Why a thread: a journalctl costs milliseconds of wall time and of CPU (docs/benchmarks.md), as
+    much as the rest of a run's cost to the daemon; the loop that claims, starts and settles runs
     never waits for it. A tail not read when the daemon stops or crashes stays NULL (the attempt keeps
     its outcome; `unitvisor logs` on its host still reads the journal).
+
+    Why in batches: most of a journalctl's cost is the process and opening the journal, not the
+    records it reads, and one per ended attempt (plus the daemon's fork, pipe and the GIL its thread
+    holds) cost a burst of runs a third of its throughput (issue 14). So the thread reads every
+    attempt that is due (never before its time) with one journalctl (Journal.output_tails, which
+    reads an attempt alone only where the batch cannot prove its tail), at most `batch_size` a time,
+    and leaves SPACING seconds between reads unless the last one was full, so that under load a read
+    finds many attempts due: a tail is read DELAY to DELAY + SPACING seconds after its outcome. A
+    read holds at most BATCH_RECORDS records (its memory and time), so a host that keeps many lines
+    a tail reads fewer attempts at once (one above 320 lines). Measured (bench.tails, the
+    2-core machine, docs/benchmarks.md): 32 attempts of runs that print fewer lines than a tail
+    keeps, one journalctl of 11 ms wall, 0.29 ms of its CPU and 0.04 ms of the daemon's per attempt,
+    against 3.4 and 0.22 ms read one at a time; runs that each print more than a tail keeps and end
+    together crowd one another out of the batch, and cost a little more than one at a time (3.8
+    and 0.25 ms). A burst of 1000 runs without sandbox: 138 runs/s against 112 before, 135 with
+    tails off.
 
     `threaded=False` reads at once, in the caller (a reconcile pass run by hand, the tests)."""
 
     DELAY = 2.0
+    SPACING = 0.5
+    MAX_BATCH = 32
+    BATCH_RECORDS = 640  # MAX_BATCH attempts at the default output_tail_lines (20)
 
     def __init__(self, journal: Journal, max_lines: int, max_bytes: int, *, threaded: bool = True,
-                 delay: float = DELAY, wake: Callable[[], None] = lambda: None) -> None:
-        """`wake` is called (from the thread) each time a tail is ready, so that the loop writes it soon."""
+                 delay: float = DELAY, spacing: float = SPACING,
+                 wake: Callable[[], None] = lambda: None) -> None:
+        """`wake` is called (from the thread) each time tails are ready, so that the loop writes them soon."""
         self.journal = journal
         self.max_lines = max_lines
         self.max_bytes = max_bytes
         self.threaded = threaded
         self.delay = delay
+        self.spacing = spacing
         self.wake = wake
+        self.batch_size = max(1, min(self.MAX_BATCH, self.BATCH_RECORDS // max(1, max_lines)))
         self._todo: queue.SimpleQueue[tuple[float, uuid.UUID, int] | None] = queue.SimpleQueue()
         self._done: list[tuple[uuid.UUID, int, str]] = []
         self._lock = threading.Lock()
@@ -325,7 +394,7 @@ class TailReader:
         if not self.enabled:
             return
         if not self.threaded:
-            self._read(run_id, attempt)
+            self._read([(run_id, attempt)])
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="output-tails", daemon=True)
@@ -346,17 +415,89 @@ class TailReader:
             self._thread = None
 
     def _work(self) -> None:
-        while (item := self._todo.get()) is not None:
-            due, run_id, attempt = item
-            time.sleep(max(0.0, due - time.monotonic()))  # queued in order, so each is due after the last
-            self._read(run_id, attempt)
+        held: tuple[float, uuid.UUID, int] | None = None  # taken from the queue, not yet due: the next batch's first
+        next_read = 0.0  # when SPACING after the last read has passed
+        while (first := held or self._todo.get()) is not None:
+            held = None
+            # Queued in order, so each is due after the last.
+            time.sleep(max(0.0, first[0] - time.monotonic(), next_read - time.monotonic()))
+            batch, stop = [first], False
+            while len(batch) < self.batch_size:
+                try:
+                    item = self._todo.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                if item[0] > time.monotonic():
+                    held = item
+                    break
+                batch.append(item)
+            next_read = time.monotonic() + (self.spacing if len(batch) < self.batch_size else 0.0)
+            self._read([(run_id, attempt) for _, run_id, attempt in batch])
             self.wake()
+            if stop:
+                return
 
-    def _read(self, run_id: uuid.UUID, attempt: int) -> None:
-        tail = self.journal.output_tail(str(run_id), attempt, self.max_lines, self.max_bytes)
-        if tail is not None:
-            with self._lock:
-                self._done.append((run_id, attempt, tail))
+    def _read(self, attempts: list[tuple[uuid.UUID, int]]) -> None:
+        tails = self.journal.output_tails([(str(run_id), attempt) for run_id, attempt in attempts],
+                                          self.max_lines, self.max_bytes)
+        read = [(run_id, attempt, tail) for (run_id, attempt), tail in zip(attempts, tails, strict=True)
+                if tail is not None]
+        with self._lock:
+            self._done.extend(read)
+
+
+class _Long:
+    """A MESSAGE that journalctl's JSON left out (null): 4096 bytes or more."""
+
+
+LONG = _Long()
+
+
+def split_output(stdout: bytes, attempts: Sequence[tuple[str, int]]) -> tuple[list[list[bytes | _Long | None]], int]:
+    """Pure: journalctl's JSON records (one a line) split by attempt: each attempt's MESSAGEs in the
+    journal's order, as the bytes journald holds (None for a record without one, which -o cat skips
+    but --lines counts; LONG for one the JSON left out), and how many records there were. A record
+    belongs to every attempt whose run id and number are among its UNITVISOR_RUN and
+    UNITVISOR_ATTEMPT values, as journalctl's matches have it. ValueError when the output is not
+    such records."""
+    index = {(run_id.encode(), str(attempt).encode()): i for i, (run_id, attempt) in enumerate(attempts)}
+    messages: list[list[bytes | _Long | None]] = [[] for _ in attempts]
+    count = 0
+    # Split on "\n" alone: JSON escapes a newline in a string, not U+2028 and its kin, which str.splitlines
+    # would also split on. journalctl writes bytes that are not UTF-8 as numbers, so its output is UTF-8.
+    for line in stdout.decode().split("\n"):
+        if not line:
+            continue
+        record = json.loads(line)
+        if not isinstance(record, dict):
+            raise ValueError(f"not a journal record: {line[:80]!r}")
+        count += 1
+        value = record.get("MESSAGE", ())  # () when the record has none
+        # null: left out, alone or among the values of a MESSAGE given twice (which -o cat shows the first of)
+        message = LONG if value is None or isinstance(value, list) and None in value else next(
+            iter(field_values(value)), None)
+        pairs = itertools.product(field_values(record.get("UNITVISOR_RUN")),
+                                  field_values(record.get("UNITVISOR_ATTEMPT")))
+        for i in {index[pair] for pair in pairs if pair in index}:  # once each, whatever a value repeats
+            messages[i].append(message)
+    return messages, count
+
+
+def field_values(value: object) -> list[bytes]:
+    """Pure: the values of one field of a record in journalctl's JSON, as bytes: a string when the
+    value is UTF-8 without control characters (a tab aside), else an array of its byte values, and an
+    array of those when the record has the field more than once (the first is what -o cat shows).
+    null (a value too long for JSON without --all: split_output) and a missing field have none."""
+    if isinstance(value, str):
+        return [value.encode()]
+    if isinstance(value, list):
+        if all(isinstance(b, int) for b in value):
+            return [bytes(value)]
+        return [v for item in value for v in field_values(item)]
+    return []
 
 
 def cut_tail(text: str, max_lines: int, max_bytes: int) -> str | None:

@@ -146,7 +146,8 @@ def test_bench_history_tiny_writes_every_figure(tmp_path: Path) -> None:
 
 
 def test_bench_tails_tiny_prints_every_figure() -> None:
-    """`python -m bench.tails --tiny` boots its own test bed and times reads of output tails."""
+    """`python -m bench.tails --tiny` boots its own test bed and times reads of output tails, one at a
+    time and in batches (where the quiet runs' tails take one journalctl, the chatty ones' more)."""
     reason = testbed_mod.available()
     if reason:
         pytest.fail(f"a test bed is required: {reason}", pytrace=False)
@@ -154,9 +155,15 @@ def test_bench_tails_tiny_prints_every_figure() -> None:
                             timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    assert (data["reads"], data["units"], data["lines_each"]) == (20, 20, 100)
-    for key in ("p50_ms", "p99_ms", "daemon_cpu_ms_per_read", "journalctl_cpu_ms_per_read"):
-        assert isinstance(data[key], float) and not math.isnan(data[key]), key
+    assert set(data) == {"one_at_a_time", "batched_quiet", "batched_chatty"}
+    assert [(d["reads"], d["units"], d["lines_each"], d["batch"]) for d in data.values()] == [
+        (20, 20, 100, 1), (20, 20, 10, 20), (20, 20, 100, 20)]
+    for way in data.values():
+        for key in ("p50_ms", "p99_ms", "daemon_cpu_ms_per_attempt", "journalctl_cpu_ms_per_attempt"):
+            assert isinstance(way[key], float) and not math.isnan(way[key]), key
+    assert data["one_at_a_time"]["journalctl_per_attempt"] == 1.0
+    assert data["batched_quiet"]["journalctl_per_attempt"] == 1 / 20
+    assert data["batched_chatty"]["journalctl_per_attempt"] > 1 / 20
 
 
 def test_bench_unit_cost_prints_a_rate_for_every_kind_of_unit() -> None:

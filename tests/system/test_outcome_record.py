@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.harness.host import Host, wait_for
+from tests.harness.host import VENV_BIN, Host, wait_for
 
 # Burns CPU for a moment in the shell itself, then has a process hold 64 MiB it has written to.
 BUSY = ["/bin/sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; "
@@ -26,6 +26,13 @@ def kept_tail(host: Host, run_id: str) -> str:
     """The attempt's output tail, once the daemon has read it (TailReader.DELAY after the outcome)."""
     return wait_for(lambda: only_attempt(host.show(run_id))["output_tail"], timeout=30,
                     what="the output tail to be kept")
+
+
+def kept_tail_or_empty(host: Host, run_id: str) -> str:
+    """The attempt's output tail once read, "" included (a run that printed nothing)."""
+    wait_for(lambda: only_attempt(host.show(run_id))["output_tail"] is not None, timeout=30,
+             what="the output tail to be kept")
+    return only_attempt(host.show(run_id))["output_tail"]
 
 
 def measurable(host: Host) -> dict[str, bool]:
@@ -113,3 +120,68 @@ def test_a_daemon_stopped_right_after_an_outcome_still_keeps_the_tail(tails: Hos
     assert only_attempt(tails.wait_run(run_id))["outcome"] == "success"
     tails.stop()
     assert only_attempt(tails.show(run_id))["output_tail"] == "one\ntwo"
+
+
+# What no line of a tail has had before: tabs, an escape sequence, a byte that is not UTF-8, a
+# character cut in half, no newline at the end; and a line of 5000 bytes, which journalctl -o json
+# leaves out (one of 4096 or more).
+ODD = (r"printf 'plain\n\tindented\nesc \033[1mbold\033[0m\nbad \377 byte\nhalf \342\234\n'; "
+       r"printf 'no newline at the end'")
+LONG = r"head -c 5000 /dev/zero | tr '\0' x; echo; echo after"
+# In the test bed, with the host's bounds: each attempt's tail read alone (journalctl -o cat, as before
+# issue 14), then all of them with one journalctl (TailReader's batches), and how many it read alone.
+READ_BOTH = """
+import json, sys
+from supervisor.journal import Journal
+
+class Counting(Journal):
+    alone = 0
+
+    def output_tail(self, *args):
+        self.alone += 1
+        return super().output_tail(*args)
+
+ids, max_bytes = json.loads(sys.argv[1]), int(sys.argv[2])
+journal = Counting()
+alone = [journal.output_tail(run_id, 1, 20, max_bytes) for run_id in ids]
+journal.alone = 0
+together = journal.output_tails([(run_id, 1) for run_id in ids], 20, max_bytes)
+print(json.dumps({"alone": alone, "together": together, "read_alone": journal.alone}))
+"""
+
+
+def read_both(host: Host, run_ids: list[str], max_bytes: int) -> dict:
+    out = host.tb.run(str(VENV_BIN / "python"), "-c", READ_BOTH, json.dumps(run_ids), str(max_bytes))
+    return json.loads(out.stdout)
+
+
+def test_tails_read_together_are_those_read_alone(tails: Host) -> None:
+    """Runs that end together have their tails read with one journalctl (-o json): each is the tail
+    its own read (-o cat) gives, byte for byte, and an attempt a chatty run crowded out of the batch
+    is read alone."""
+    commands = {
+        "odd": ["/bin/sh", "-c", "sleep 1; " + ODD],
+        "long": ["/bin/sh", "-c", "sleep 1; " + LONG],
+        "quiet": ["/bin/sh", "-c", "sleep 1; echo one; echo two >&2"],
+        "silent": ["/bin/sleep", "1"],
+        "chatty": ["/bin/sh", "-c", "sleep 2; seq 1 3000"],  # its lines come after all the others'
+    }
+    run_ids = {name: tails.submit("--", *argv) for name, argv in commands.items()}
+    for run_id in run_ids.values():
+        tails.wait_run(run_id)
+    kept = {name: kept_tail_or_empty(tails, run_id) for name, run_id in run_ids.items()}
+    assert (kept["quiet"], kept["silent"], kept["chatty"]) == ("one\ntwo", "", "\n".join(map(str, range(2991, 3001))))
+    # The daemon's tails (with its 50 bytes) are what each attempt's read alone keeps.
+    assert read_both(tails, list(run_ids.values()), 50)["alone"] == list(kept.values())
+    # One journalctl proves the tails of the odd, quiet and silent runs; the long run's is read alone
+    # (the JSON left its long line out); with the chatty run, its 3000 lines fill the batch's 100
+    # records and the four others are read alone.
+    reads = {}
+    for names, read_alone in ((["odd", "quiet", "silent"], 0), (["long", "quiet"], 1), (list(run_ids), 4)):
+        both = read_both(tails, [run_ids[name] for name in names], 65536)
+        assert both["together"] == both["alone"]
+        assert both["read_alone"] == read_alone
+        reads.update(zip(names, both["together"], strict=True))
+    assert reads["odd"] == ("plain\n\tindented\nesc \x1b[1mbold\x1b[0m\nbad \ufffd byte\nhalf \ufffd\n"
+                            "no newline at the end")
+    assert reads["long"] == "x" * 5000 + "\nafter"

@@ -153,10 +153,12 @@ def test_accounting_text(accounting, text):
 class FakeJournal:
     def __init__(self) -> None:
         self.reads: list[tuple[str, int, int, int]] = []
+        self.batches = 0
 
-    def output_tail(self, run_id: str, attempt: int, max_lines: int, max_bytes: int) -> str | None:
-        self.reads.append((run_id, attempt, max_lines, max_bytes))
-        return None if attempt == 99 else f"tail of {run_id[-1]}/{attempt}"
+    def output_tails(self, attempts: list[tuple[str, int]], max_lines: int, max_bytes: int) -> list[str | None]:
+        self.batches += 1
+        self.reads += [(run_id, attempt, max_lines, max_bytes) for run_id, attempt in attempts]
+        return [None if attempt == 99 else f"tail of {run_id[-1]}/{attempt}" for run_id, attempt in attempts]
 
 
 def test_tail_reader_reads_on_its_thread_and_hands_over_in_order():
@@ -169,7 +171,7 @@ def test_tail_reader_reads_on_its_thread_and_hands_over_in_order():
     assert reader.take() == [(uuid.UUID(int=1), 1, "tail of 1/1"), (uuid.UUID(int=3), 2, "tail of 3/2")]
     assert reader.take() == []
     assert [r[1:] for r in journal.reads] == [(1, 20, 4096), (99, 20, 4096), (2, 20, 4096)]
-    assert len(woken) == 3
+    assert len(woken) == journal.batches  # once per batch read (how they are batched: test_output_tails.py)
 
 
 def test_an_unthreaded_tail_reader_reads_at_once():

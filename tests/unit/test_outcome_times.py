@@ -62,7 +62,7 @@ def rec(mocker):
     journal = mock.Mock()
     journal.outcome.return_value = None
     journal.exec_evidence.return_value = None
-    journal.output_tail.return_value = None
+    journal.output_tails.return_value = [None]  # the unthreaded TailReader reads one at a time
     settings = Settings(runs=RunSettings(allowed_executables=("/bin/*",)))
     return Reconciler(settings, store.Fence("me", 1), mock.MagicMock(), systemd, journal=journal, cut_off_units=set())
 

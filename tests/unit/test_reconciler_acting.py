@@ -117,7 +117,7 @@ def rec(st, systemd, log):
     journal.outcome.return_value = None
     journal.exec_evidence.return_value = None
     journal.unit_seen.return_value = False
-    journal.output_tail.return_value = None
+    journal.output_tails.return_value = [None]  # the unthreaded TailReader reads one at a time
     return Reconciler(settings, FENCE, FakeConn(log), systemd, journal=journal, cut_off_units=set())
 
 
