@@ -290,3 +290,19 @@ def as_bound_roles(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     for name in _SUBMITTER_CALLS:
         monkeypatch.setattr(store, name, wrap(name, getattr(store, name), lambda args: TEST_SUBMITTER))
     return request.param
+
+
+@pytest.fixture
+def spawn_listener(dsn: str) -> Iterator[psycopg.Connection]:
+    """A session that listens on unitvisor_spawn, as a daemon does."""
+    with store.connect(dsn) as conn:
+        store.listen(conn, store.SPAWN_CHANNEL)
+        yield conn
+
+
+@contextlib.contextmanager
+def fleet(dsn: str, conn: psycopg.Connection, count: int, **profile: object) -> Iterator[list[store.Fence]]:
+    """`count` registered hosts h1..hN, each on a connection of its own (as daemons are)."""
+    with contextlib.ExitStack() as stack:
+        conns = [conn] + [stack.enter_context(store.connect(dsn)) for _ in range(count - 1)]
+        yield [register(c, f"h{i}", **profile) for i, c in enumerate(conns, 1)]

@@ -6,7 +6,6 @@ tests/unit/test_daemon_loop.py's."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
@@ -14,7 +13,7 @@ import pytest
 
 from supervisor import store, unitspec
 from supervisor.outcomes import Outcome
-from tests.integration.conftest import Note, register, silence, wait_notifies
+from tests.integration.conftest import Note, fleet, register, silence, wait_notifies
 
 # Each test runs twice: as the superuser, and with submits made as a unitvisor_submitter login role (the
 # trigger reads hosts and attempts, which a submitter may not).
@@ -23,53 +22,41 @@ pytestmark = pytest.mark.usefixtures("as_bound_roles")
 FMT = unitspec.UNIT_NAME_FORMAT
 
 
-@pytest.fixture
-def listener(dsn: str) -> Iterator[psycopg.Connection]:
-    with store.connect(dsn) as conn:
-        store.listen(conn, store.SPAWN_CHANNEL)
-        yield conn
 
 
-@contextlib.contextmanager
-def fleet(dsn: str, conn: psycopg.Connection, count: int, **profile: object) -> Iterator[list[store.Fence]]:
-    """`count` registered hosts h1..hN, each on a connection of its own (as daemons are)."""
-    with contextlib.ExitStack() as stack:
-        conns = [conn] + [stack.enter_context(store.connect(dsn)) for _ in range(count - 1)]
-        yield [register(c, f"h{i}", **profile) for i, c in enumerate(conns, 1)]
+def spawn_notes(spawn_listener: psycopg.Connection, timeout: float = 2.0) -> list[Note]:
+    return wait_notifies(spawn_listener, timeout=timeout, count=100)
 
 
-def spawn_notes(listener: psycopg.Connection, timeout: float = 2.0) -> list[Note]:
-    return wait_notifies(listener, timeout=timeout, count=100)
-
-
-def named(listener: psycopg.Connection) -> frozenset[str] | None:
+def named(spawn_listener: psycopg.Connection) -> frozenset[str] | None:
     """The hosts the one notification sent names (None: every host)."""
-    [note] = spawn_notes(listener)
+    [note] = spawn_notes(spawn_listener)
     assert note.channel == store.SPAWN_CHANNEL
     return store.spawn_hint_targets(note.payload)
 
 
-def test_a_pinned_submit_wakes_only_its_host(conn: psycopg.Connection, dsn: str, listener: psycopg.Connection) -> None:
+def test_a_pinned_submit_wakes_only_its_host(conn: psycopg.Connection, dsn: str,
+                                             spawn_listener: psycopg.Connection) -> None:
     with fleet(dsn, conn, 5):
         store.submit_run(conn, argv=["/bin/true"], host_pin="h3")
-        assert named(listener) == {"h3"}
+        assert named(spawn_listener) == {"h3"}
 
 
 def test_an_unpinned_submit_wakes_two_hosts_with_room(conn: psycopg.Connection, dsn: str,
-                                                      listener: psycopg.Connection) -> None:
+                                                      spawn_listener: psycopg.Connection) -> None:
     with fleet(dsn, conn, 6, max_runs=4) as fences:
         # h1 is the fullest: three of its four slots taken.
         for _ in range(3):
             store.submit_run(conn, argv=["/bin/true"], host_pin="h1")
         assert len(store.claim(conn, fences[0], 10, FMT)) == 3
-        spawn_notes(listener, timeout=0.5)
+        spawn_notes(spawn_listener, timeout=0.5)
         store.submit_run(conn, argv=["/bin/true"])
-        targets = named(listener)
+        targets = named(spawn_listener)
         assert targets is not None and len(targets) == 2 and "h1" not in targets
 
 
 def test_a_run_the_first_choices_refuse_wakes_a_host_that_accepts_it(conn: psycopg.Connection, dsn: str,
-                                                                    listener: psycopg.Connection) -> None:
+                                                                    spawn_listener: psycopg.Connection) -> None:
     with contextlib.ExitStack() as stack:
         conns = [conn] + [stack.enter_context(store.connect(dsn)) for _ in range(3)]
         # The first two by room and id refuse /opt/tool/*; h4 is the only host that runs it.
@@ -78,12 +65,12 @@ def test_a_run_the_first_choices_refuse_wakes_a_host_that_accepts_it(conn: psyco
         register(conns[2], "h3", max_runs=2, allowed=("/bin/*",))
         register(conns[3], "h4", max_runs=2, allowed=("/opt/tool/*",))
         store.submit_run(conn, argv=["/opt/tool/x"])
-        targets = named(listener)
+        targets = named(spawn_listener)
         assert targets is not None and "h4" in targets
 
 
 def test_hosts_that_cannot_claim_are_never_named(conn: psycopg.Connection, dsn: str,
-                                                 listener: psycopg.Connection) -> None:
+                                                 spawn_listener: psycopg.Connection) -> None:
     with contextlib.ExitStack() as stack:
         conns = [conn] + [stack.enter_context(store.connect(dsn)) for _ in range(4)]
         register(conns[0], "live", max_runs=1)
@@ -95,55 +82,55 @@ def test_hosts_that_cannot_claim_are_never_named(conn: psycopg.Connection, dsn: 
         conn.execute("UPDATE unitvisor.hosts SET state = 'stopped' WHERE id = 'stopped'")
         silence(conn, "silent", 120)
         store.submit_run(conn, argv=["/bin/true"])
-        assert named(listener) == {"live"}
+        assert named(spawn_listener) == {"live"}
 
 
 def test_a_full_fleet_is_named_nobody_but_a_pin_still_is(conn: psycopg.Connection, dsn: str,
-                                                       listener: psycopg.Connection) -> None:
+                                                       spawn_listener: psycopg.Connection) -> None:
     with fleet(dsn, conn, 3, max_runs=1) as fences:
         for fence in fences:
             store.submit_run(conn, argv=["/bin/true"], host_pin=fence.host_id)
             assert len(store.claim(conn, fence, 1, FMT)) == 1
-        spawn_notes(listener, timeout=0.5)
+        spawn_notes(spawn_listener, timeout=0.5)
         store.submit_run(conn, argv=["/bin/true"])
         # Nobody has a free slot: the notification names nobody (a daemon claims again when one of its
         # runs ends, and polls).
-        assert named(listener) == frozenset()
+        assert named(spawn_listener) == frozenset()
         store.submit_run(conn, argv=["/bin/true"], host_pin="h2")
-        assert named(listener) == {"h2"}
+        assert named(spawn_listener) == {"h2"}
 
 
 def test_one_transaction_of_many_submits_sends_one_notification_for_all_of_them(
-        conn: psycopg.Connection, dsn: str, listener: psycopg.Connection) -> None:
+        conn: psycopg.Connection, dsn: str, spawn_listener: psycopg.Connection) -> None:
     with fleet(dsn, conn, 5, max_runs=10):
         with conn.transaction():
             for _ in range(20):
                 store.submit_run(conn, argv=["/bin/true"])
             store.submit_run(conn, argv=["/bin/true"], host_pin="h5")
         # Each host's fair share of 20 over 50 slots is 4: five hosts take them within spread_grace.
-        assert named(listener) == {"h1", "h2", "h3", "h4", "h5"}
+        assert named(spawn_listener) == {"h1", "h2", "h3", "h4", "h5"}
         with conn.transaction():
             for _ in range(3):
                 store.submit_run(conn, argv=["/bin/true"])
         # A share of one run each: three hosts, the first by free slots, then by id.
-        assert named(listener) == {"h1", "h2", "h3"}
+        assert named(spawn_listener) == {"h1", "h2", "h3"}
 
 
 def test_a_retry_wakes_hosts_as_a_submit_does(conn: psycopg.Connection, dsn: str,
-                                              listener: psycopg.Connection) -> None:
+                                              spawn_listener: psycopg.Connection) -> None:
     """Jobs inserted by a host's transaction (a retry's job, here) are noted the same way."""
     with fleet(dsn, conn, 3) as fences:
         store.submit_run(conn, argv=["/bin/true"], host_pin="h2", max_attempts=2)
-        spawn_notes(listener, timeout=0.5)
+        spawn_notes(spawn_listener, timeout=0.5)
         [(_, attempt)] = store.claim(conn, fences[1], 1, FMT)
         store.mark_started(conn, fences[1], attempt, "inv-1")
         store.record_outcome(conn, fences[1], attempt, Outcome("exit-code", "exit:1", "exited 1"), "queued",
                              timedelta(0))
-        assert named(listener) == {"h2"}
+        assert named(spawn_listener) == {"h2"}
 
 
 def test_the_transaction_notes_keep_environment_names_never_values(conn: psycopg.Connection, dsn: str,
-                                                                   listener: psycopg.Connection) -> None:
+                                                                   spawn_listener: psycopg.Connection) -> None:
     """The notes live in the submitter's session settings until commit (current_setting, pg_settings):
     an environment value may be a secret, and host_refusal needs only the names."""
     with fleet(dsn, conn, 3):
@@ -151,4 +138,4 @@ def test_the_transaction_notes_keep_environment_names_never_values(conn: psycopg
             store.submit_run(conn, argv=["/bin/true"], environment={"API_TOKEN": "s3cret-value"})
             kinds = conn.execute("SELECT current_setting('unitvisor.spawn_kinds', true)").fetchone()[0]
             assert "API_TOKEN" in kinds and "s3cret-value" not in kinds
-        assert named(listener) is not None
+        assert named(spawn_listener) is not None

@@ -11,31 +11,10 @@ the deferred trigger fired inside the transaction by SET CONSTRAINTS ALL IMMEDIA
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import psycopg
-import pytest
 
 from supervisor import store
-from tests.integration.conftest import register, wait_notifies
-
-
-@pytest.fixture
-def listener(dsn: str) -> Iterator[psycopg.Connection]:
-    with store.connect(dsn) as conn:
-        store.listen(conn, store.SPAWN_CHANNEL)
-        yield conn
-
-
-@contextlib.contextmanager
-def fleet(dsn: str, conn: psycopg.Connection, count: int, **profile: object) -> Iterator[None]:
-    """`count` registered hosts h1..hN, each on a connection of its own (as daemons are)."""
-    with contextlib.ExitStack() as stack:
-        conns = [conn] + [stack.enter_context(store.connect(dsn)) for _ in range(count - 1)]
-        for i, c in enumerate(conns, 1):
-            register(c, f"h{i}", **profile)
-        yield
+from tests.integration.conftest import fleet, wait_notifies
 
 
 def refusals_asked_at_commit(conn: psycopg.Connection, runs: int) -> int:
@@ -53,30 +32,30 @@ def refusals_asked_at_commit(conn: psycopg.Connection, runs: int) -> int:
         return calls() - before
 
 
-def named(listener: psycopg.Connection) -> frozenset[str] | None:
-    [note] = wait_notifies(listener, timeout=2.0, count=100)
+def named(spawn_listener: psycopg.Connection) -> frozenset[str] | None:
+    [note] = wait_notifies(spawn_listener, timeout=2.0, count=100)
     return store.spawn_hint_targets(note.payload)
 
 
 def test_a_lone_host_is_named_without_asking_whether_it_accepts(conn: psycopg.Connection, dsn: str,
-                                                                 listener: psycopg.Connection) -> None:
+                                                                 spawn_listener: psycopg.Connection) -> None:
     with fleet(dsn, conn, 1):
         assert refusals_asked_at_commit(conn, 1) == 0
-        assert named(listener) == {"h1"}
+        assert named(spawn_listener) == {"h1"}
 
 
 def test_a_burst_that_needs_every_host_names_them_without_asking(conn: psycopg.Connection, dsn: str,
-                                                                 listener: psycopg.Connection) -> None:
+                                                                 spawn_listener: psycopg.Connection) -> None:
     with fleet(dsn, conn, 3, max_runs=2):
         assert refusals_asked_at_commit(conn, 10) == 0
-        assert named(listener) == {"h1", "h2", "h3"}
+        assert named(spawn_listener) == {"h1", "h2", "h3"}
 
 
 def test_a_submit_that_names_some_of_the_hosts_still_asks(conn: psycopg.Connection, dsn: str,
-                                                          listener: psycopg.Connection) -> None:
+                                                          spawn_listener: psycopg.Connection) -> None:
     # Two of three hosts are named for one run: whether they accept it decides whether the third is
     # named too, so the question is asked (once: the first host named accepts /bin/true).
     with fleet(dsn, conn, 3):
         assert refusals_asked_at_commit(conn, 1) == 1
-        targets = named(listener)
+        targets = named(spawn_listener)
         assert targets is not None and len(targets) == 2
