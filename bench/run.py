@@ -325,9 +325,10 @@ class Bench:
 
     # -- (2) throughput ---------------------------------------------------------------------------
 
-    def throughput(self, n: int) -> dict[str, Any]:
+    def throughput(self, n: int, label: str = "") -> dict[str, Any]:
         """n runs of /bin/true submitted in one transaction while the daemon runs; the clock runs
-        from that commit to the commit of the last outcome (PostgreSQL's commit timestamps)."""
+        from that commit to the commit of the last outcome (PostgreSQL's commit timestamps). `label`
+        names the profile of a pass of (7): profile-throughput-<n>-<label>.txt."""
         self.results["loadavg"][f"throughput-{n}"] = loadavg()
         say(f"(2) throughput: {n} runs of /bin/true submitted at once ...")
         self.wait_quiet()
@@ -337,12 +338,13 @@ class Bench:
         since = int(time.time()) - 1
         ids = [row[0] for row in self.client.execute(
             "SELECT unitvisor.submit_run(ARRAY['/bin/true']) FROM generate_series(1, %s)", (n,)).fetchall()]
-        spy = self.start_py_spy(pids["daemon"], f"throughput-{n}") if self.profile else None
+        spied = f"throughput-{n}" + (f"-{label}" if label else "")
+        spy = self.start_py_spy(pids["daemon"], spied) if self.profile else None
         try:
             self.wait_quiet(timeout=120 + n / 5)
         finally:
             if spy:
-                self.stop_py_spy(spy, f"throughput-{n}")
+                self.stop_py_spy(spy, spied)
         cpu = {name: self.cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
         statements, top = self.daemon_statements(top=12)
         committed, recorded, outcomes = self.client.execute(
@@ -440,7 +442,7 @@ class Bench:
                     out[label].update(self.exposure())
                     # Latency of this daemon too: the peers' table (8) sets sandbox off beside them.
                     out[label]["latency_to_active_ms"] = self.latency(f"latency-{label}")["to_active_ms"]
-                row = self.throughput(n)
+                row = self.throughput(n, label=f"{label}-{round_ + 1}")
                 out[label]["passes"].append({k: row[k] for k in ("seconds", "runs_per_s", "outcomes",
                                                                  "daemon_cpu_ms_per_run", "cpu_seconds",
                                                                  "started_runs_per_s", "statements_per_run")})
