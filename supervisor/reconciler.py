@@ -512,11 +512,15 @@ class Reconciler:
             endings, self._batch = self._batch, None
             self._record_batch(endings)
 
+    def _record_each(self, endings: list[_Ending]) -> None:
+        """Each outcome with a statement of its own, one attempt's trouble staying that attempt's."""
+        for ending in endings:
+            self.isolated(ending.run, ending.settling.attempt,
+                          lambda e=ending: self._after(e, self._record(e.run, e.settling)))
+
     def _record_batch(self, endings: list[_Ending]) -> None:
         if len(endings) <= 1:
-            for ending in endings:
-                self.isolated(ending.run, ending.settling.attempt,
-                              lambda e=ending: self._after(e, self._record(e.run, e.settling)))
+            self._record_each(endings)
             return
         faults.point("before-outcome")
         try:
@@ -528,9 +532,7 @@ class Reconciler:
             # each again on its own, so that one attempt's trouble stays that attempt's.
             event("outcome-batch-refused", level=logging.WARNING, host=self.host_id, runs=len(endings),
                   detail=f"{type(exc).__name__}: {exc}; recording each on its own")
-            for ending in endings:
-                self.isolated(ending.run, ending.settling.attempt,
-                              lambda e=ending: self._after(e, self._record(e.run, e.settling)))
+            self._record_each(endings)
             return
         for ending, took in zip(endings, taken, strict=True):
             if took:
