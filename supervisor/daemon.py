@@ -380,8 +380,8 @@ class Daemon:
     def _fleet_upkeep(self) -> None:
         """Declare silent hosts dead and take over their runs; expire runs past their start deadline; say
         why runs wait that no host takes. Every daemon tries at most once a poll interval; one at a time
-        declares hosts dead (the database decides). A run past its deadline has a job due since before
-        it, so the probe's upkeep flag (a job due for long) comes for it too."""
+        declares hosts dead (the database decides). The probe's upkeep flag comes for a silent host, a job
+        due for long, or a run past its start deadline (which no claim expires)."""
         if self.reconciler.take_over_dead_hosts(time.monotonic() - self.connected_since):
             # The dead id may have been this very machine's (a changed [host] id): units of what was
             # just taken over are stopped by the next pass, so it comes now, not at its interval.

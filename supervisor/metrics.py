@@ -111,8 +111,8 @@ class Metrics:
                                            "dead (their open attempts became lost)", registry=r)
         # Outcomes count attempts; an expired run has none that started, so its end is counted here.
         self.runs_expired = Counter("unitvisor_runs_expired", "Queued runs past their start deadline that this "
-                                    "daemon's fleet upkeep ended as expired (not those a claim expired on its "
-                                    "way: see docs/metrics.md)", registry=r)
+                                    "daemon's fleet upkeep ended as expired (the one caller that expires runs "
+                                    "from schema 12 on: summed over the fleet, every expiry)", registry=r)
         self.pruned_rows = Counter("unitvisor_pruned_rows", "History rows this daemon deleted for [retention], by "
                                    "table (runs, attempts, events, jobs)", ["table"], registry=r)
         for table in PRUNED_TABLES:

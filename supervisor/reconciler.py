@@ -606,7 +606,8 @@ class Reconciler:
 
     def expire_overdue(self) -> int:
         """End as `expired` the queued runs past their start deadline that never started
-        (unitvisor.expire_runs): here, so that a run no host could ever claim still expires."""
+        (unitvisor.expire_runs): the one place that does, claims do not (sql/012_expiry_owner.sql), so
+        that the fleet's counters have every expiry."""
         expired = store.expire_runs(self.conn, self.fence)  # autocommit: committed on return
         if expired:
             event("runs-expired", host=self.host_id, runs=expired)

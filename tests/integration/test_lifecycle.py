@@ -81,15 +81,20 @@ def test_priority_does_not_overtake_within_a_key(conn: psycopg.Connection) -> No
     assert claimed_ids(claim(conn)) == {first}
 
 
-def test_a_cancelled_or_expired_run_does_not_hold_its_key(conn: psycopg.Connection) -> None:
+def test_a_cancelled_or_overdue_run_does_not_hold_its_key(conn: psycopg.Connection) -> None:
+    """An overdue run holds its key neither before the upkeep expires it (it will never start), nor after."""
     first = submit(conn, concurrency_key="k", start_deadline="2100-01-01Z")
     second = submit(conn, concurrency_key="k")
     third = submit(conn, concurrency_key="k")
+    fourth = submit(conn, concurrency_key="k")
     assert store.cancel_run(conn, first).state == "cancelled"
     pass_deadline(conn, second)
     age_jobs(conn)
     assert claimed_ids(claim(conn)) == {third}
+    assert state(conn, second) == "queued"  # the claim expires nothing (sql/012_expiry_owner.sql)
+    assert expire(conn) == 1
     assert state(conn, second) == "expired"
+    assert claim(conn) == [] and state(conn, fourth) == "queued"  # behind third, as ever
 
 
 def test_a_queued_retry_keeps_its_place_ahead_of_later_runs(conn: psycopg.Connection) -> None:
@@ -282,13 +287,36 @@ def test_a_run_waiting_for_its_key_expires_naming_the_run(conn: psycopg.Connecti
         f"it was waiting for run {first} (starting) with the same concurrency key")
 
 
-def test_a_claim_never_starts_a_run_past_its_deadline(conn: psycopg.Connection) -> None:
+def test_a_claim_never_starts_a_run_past_its_deadline_and_leaves_its_expiry_to_the_upkeep(
+        conn: psycopg.Connection) -> None:
+    """The upkeep is the one caller that expires runs, so that the daemons count every expiry
+    (sql/012_expiry_owner.sql): the claim leaves an overdue run as it is, and the heartbeat asks for
+    the upkeep instead of offering the run as work."""
     run_id = submit(conn, start_deadline="2100-01-01Z")
     age_jobs(conn)
     pass_deadline(conn, run_id)
+    fence = register(conn, "h1")
+    idle = store.probe(conn, fence, timedelta(hours=1))  # no job due for long, no silent host
+    assert (idle.claimable, idle.upkeep) == (False, True)
     assert claim(conn) == []
-    assert state(conn, run_id) == "expired"  # the claim expired it on its way
+    assert state(conn, run_id) == "queued"
+    assert expire(conn) == 1
+    assert state(conn, run_id) == "expired"
     assert last_event(conn, run_id)[1].endswith("it was waiting for a host to claim it")
+    assert store.probe(conn, fence, timedelta(hours=1)).upkeep is False
+
+
+def test_a_retry_queued_past_its_deadline_does_not_keep_asking_for_the_upkeep(conn: psycopg.Connection) -> None:
+    """A run that started once is never expired, so its passed deadline is no reason for an upkeep: the
+    heartbeat's flag asks is_overdue, not the deadline alone."""
+    run_id = submit(conn, start_deadline="2100-01-01Z", max_attempts=2)
+    age_jobs(conn)
+    [(_, attempt)] = claim(conn)
+    started(conn, attempt)
+    assert settle(conn, attempt, FAILED, "queued", timedelta(hours=1))
+    pass_deadline(conn, run_id)
+    probe = store.probe(conn, register(conn, "h1"), timedelta(hours=1))
+    assert (probe.claimable, probe.upkeep) == (False, False)  # its retry is not due for an hour
 
 
 def test_a_run_claimed_before_its_deadline_is_not_expired(conn: psycopg.Connection) -> None:

@@ -200,15 +200,16 @@ def test_runs_with_labels_is_newest_first_and_bounded(conn: psycopg.Connection) 
     assert len(found) == 2 and ids[0] not in found
 
 
-def test_max_rows_null_is_no_bound_and_a_negative_one_is_postgresqls_limit_error(conn: psycopg.Connection) -> None:
-    """As docs/sql-api.md says: the one refusal of the API whose message does not name its argument."""
+def test_max_rows_null_is_no_bound_and_a_negative_one_is_refused_by_name(conn: psycopg.Connection) -> None:
     for _ in range(3):
         submit(conn, labels={"batch": "8"})
     unbounded = conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('{\"batch\": \"8\"}', NULL)")
     assert unbounded.fetchone() == (3,)
+    assert conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('{}', 0)").fetchone() == (0,)
     with pytest.raises(psycopg.Error) as refused:
-        conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('{}', -1)")
-    assert (refused.value.sqlstate, refused.value.diag.message_primary) == ("2201W", "LIMIT must not be negative")
+        conn.execute("SELECT count(*) FROM unitvisor.runs_with_labels('{}', max_rows => -1)")
+    assert (refused.value.sqlstate, refused.value.diag.message_primary) == (
+        "22023", "max_rows: -1 is out of range (0 or more; NULL for no bound)")
 
 
 def test_a_filter_that_is_not_an_object_matches_nothing(conn: psycopg.Connection) -> None:

@@ -72,13 +72,22 @@ def test_prometheus_scrapes_runs_outcomes_and_state(host: Host) -> None:
         states = {dict(labels)["state"]: value for labels, value in prom.query("unitvisor_host_state").items()}
         assert states == {"active": 1, "draining": 0, "unregistered": 0}
         assert prom.value(f'unitvisor_build_info{{version="{__version__}"}}') == 1
-        # A run no host may run (pinned to an unknown host), alone in the queue, is expired by the
-        # daemon's fleet upkeep (no claim meets it: the heartbeat tells no host to claim it), which counts it.
+        # Expired runs are counted by the daemon whose fleet upkeep expired them, the one place that does.
+        # A run no host may run (pinned to an unknown host):
         assert prom.value("unitvisor_runs_expired_total") == 0
         nowhere = host.submit("--host", "nowhere-9", "--start-deadline", "+4s", "--", "/bin/true")
         assert host.wait_run(nowhere)["state"] == "expired"
         wait_for(lambda: prom.value("unitvisor_runs_expired_total") == 1, timeout=30,
                  what="Prometheus to see the expired run")
+        # A run this host could take, held back by its concurrency key until its deadline passes. Until
+        # 0.5.0 the claim would expire it on its way, uncounted: the heartbeat offered its job as work
+        # (sql/012_expiry_owner.sql).
+        holder = host.submit("--concurrency-key", "metrics-k", "--", "/bin/sleep", "60")
+        behind = host.submit("--concurrency-key", "metrics-k", "--start-deadline", "+4s", "--", "/bin/true")
+        assert host.wait_run(behind)["state"] == "expired"
+        wait_for(lambda: prom.value("unitvisor_runs_expired_total") == 2, timeout=30,
+                 what="Prometheus to see the second expired run")
+        host.cli("cancel", holder)
         # A draining host says so at its next heartbeat (poll_interval 2s here).
         host.cli("drain", host.host_id)
         wait_for(lambda: prom.value('unitvisor_host_state{state="draining"}') == 1, timeout=30,
