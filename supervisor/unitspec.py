@@ -85,8 +85,13 @@ def environment(run: Run, runs: RunSettings) -> dict[str, str]:
     return out
 
 
+def _run_user(run: Run, runs: RunSettings) -> str:
+    """The user a run runs as: its own, else the host's [runs] user; '' for a DynamicUser."""
+    return run.run_user or runs.user
+
+
 def _user(run: Run, runs: RunSettings) -> dict[bytes, Any]:
-    wanted = run.run_user or runs.user
+    wanted = _run_user(run, runs)
     if run.run_user and run.run_user != runs.user and run.run_user not in runs.allowed_users:
         raise Refused(f"user {run.run_user} is not in this host's allowed_users")
     if not wanted:
@@ -105,7 +110,7 @@ def _may_become_root(run: Run, runs: RunSettings) -> bool:
     [runs] user, private_tmp, protect_system, protect_home off) paid it on every start: systemd
     started such units at half the rate (docs/benchmarks.md, "Sandbox off"). If this said False for a
     run that can become root, that run could read every other run's secrets."""
-    return (run.run_user or runs.user) == ROOT or not runs.no_new_privileges
+    return _run_user(run, runs) == ROOT or not runs.no_new_privileges
 
 
 def _limits(run: Run) -> dict[bytes, Any]:
