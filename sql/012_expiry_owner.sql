@@ -16,6 +16,10 @@
 --   of its deadline, and counts it. Its `claimable` flag leaves overdue runs out, as the claim does, so
 --   that an overdue run does not make every daemon claim (nothing) until it is expired. The flag's
 --   question is one probe of runs_start_deadline_idx (006), empty where nobody uses deadlines.
+--   `claimable` also leaves out the runs that wait behind a run of their concurrency key, as the
+--   claim's query does: until now every host made a claim that found nothing once per poll interval
+--   while they waited. What that costs the heartbeat (concurrency_blocker on each waiting keyed job
+--   it meets before one it could take) is what the claim it saves cost, on the same rows.
 --
 -- What would break if the claim expired runs again: the counter would count only the upkeep's share.
 -- Daemons of 0.4.0 and 0.5.0 run their upkeep on this flag too (0.5.0 counts what it expires; 0.4.0 has
@@ -210,7 +214,9 @@ BEGIN
         EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
                 WHERE j.state = 'available' AND j.scheduled_at <= now()
                   AND (r.state <> 'queued' OR (unitvisor.host_refusal(h, r) IS NULL
-                                               AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))))),
+                                               AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))
+                                               AND (r.concurrency_key IS NULL
+                                                    OR unitvisor.concurrency_blocker(r) IS NULL)))),
         EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
                 WHERE a.host_id = heartbeat.host_id AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL),
         EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))

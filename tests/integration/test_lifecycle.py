@@ -81,6 +81,25 @@ def test_priority_does_not_overtake_within_a_key(conn: psycopg.Connection) -> No
     assert claimed_ids(claim(conn)) == {first}
 
 
+def test_runs_waiting_behind_their_key_are_not_work_for_the_heartbeat(conn: psycopg.Connection) -> None:
+    """The probe and the claim agree (sql/012_expiry_owner.sql): a due job whose run waits for a run of
+    its key sends no host claiming, once per poll interval, for nothing; a free run beside it does."""
+    first = submit(conn, concurrency_key="k")
+    submit(conn, concurrency_key="k")
+    age_jobs(conn)
+    fence = register(conn, "h1")
+    [(_, attempt)] = claim(conn)
+    assert attempt.run_id == first
+    assert store.probe(conn, fence, timedelta(hours=1)).claimable is False
+    assert claim(conn) == []  # as the probe said
+    free = submit(conn)
+    age_jobs(conn)
+    assert store.probe(conn, fence, timedelta(hours=1)).claimable is True
+    assert claimed_ids(claim(conn)) == {free}
+    finish(conn, attempt)
+    assert store.probe(conn, fence, timedelta(hours=1)).claimable is True  # the second's turn
+
+
 def test_a_cancelled_or_overdue_run_does_not_hold_its_key(conn: psycopg.Connection) -> None:
     """An overdue run holds its key neither before the upkeep expires it (it will never start), nor after."""
     first = submit(conn, concurrency_key="k", start_deadline="2100-01-01Z")
