@@ -9,17 +9,26 @@
 --
 -- * claim_jobs as in 009, without the expiry. It never took an overdue run anyway (its query leaves
 --   them out, is_overdue); what the claim's expiry gave was promptness, the run ended at the next claim
---   of any host instead of at the upkeep's next pass.
--- * concurrency_blocker as in 006, except that an overdue run holds no key (it never starts).
+--   of any host instead of at the upkeep's next pass. Its fair share no longer counts the jobs of runs
+--   past their deadline as waiting (they were gone by then when the claim expired them first).
+-- * expire_overdue_runs as in 006, its candidates chosen among the runs it can expire: it took the
+--   first 1000 queued runs past their deadline and only then asked is_overdue, so 1000 retries past
+--   their deadline (which started once, and are never expired) hid every overdue run behind them,
+--   and with the heartbeat's flag below every daemon would have run an upkeep each poll for nothing.
 -- * heartbeat as in 004, with that promptness moved to it: its `upkeep` flag is also set while a queued
 --   run is overdue, so a live daemon runs its upkeep, and expires the run, within one or two poll intervals
 --   of its deadline, and counts it. Its `claimable` flag leaves overdue runs out, as the claim does, so
 --   that an overdue run does not make every daemon claim (nothing) until it is expired. The flag's
 --   question is one probe of runs_start_deadline_idx (006), empty where nobody uses deadlines.
---   `claimable` also leaves out the runs that wait behind a run of their concurrency key, as the
---   claim's query does: until now every host made a claim that found nothing once per poll interval
---   while they waited. What that costs the heartbeat (concurrency_blocker on each waiting keyed job
---   it meets before one it could take) is what the claim it saves cost, on the same rows.
+--   It still counts runs that wait behind a run of their concurrency key as work (the claim finds
+--   nothing): leaving them out would make the heartbeat, the statement that keeps a host alive, walk
+--   every such job with host_refusal before it answers.
+--
+-- An overdue run still holds its concurrency key until the upkeep expires it (concurrency_blocker as in
+-- 006): the runs behind it wait that long, one or two poll intervals, where the claim used to expire
+-- it first and take them at once. Chosen over a blocker that skips overdue runs, which would look at
+-- every overdue run ahead of a queued one of its key (is_overdue each), on every job the claim meets:
+-- quadratic in a key's overdue runs, while they wait for the upkeep.
 --
 -- What would break if the claim expired runs again: the counter would count only the upkeep's share.
 -- Daemons of 0.4.0 and 0.5.0 run their upkeep on this flag too (0.5.0 counts what it expires; 0.4.0 has
@@ -63,7 +72,7 @@ DECLARE
     -- A bound cursor, not FOR ... IN SELECT: PL/pgSQL plans a bound cursor for its first rows
     -- (cursor_tuple_fraction), so it walks spawn_jobs_available_idx in claim order and evaluates
     -- host_refusal only on the rows it fetches; FOR ... IN SELECT plans for every row, and chose to
-    -- filter the whole queue, then sort it (see the head of this file).
+    -- filter the whole queue, then sort it (see the head of sql/009_claim_cost.sql).
     jobs CURSOR FOR
         -- Stale jobs (their run is not queued) of any pin are discarded by whoever meets them, so
         -- that the probe's "claimable" and this loop agree.
@@ -101,7 +110,7 @@ BEGIN
         -- Counted up to `enough` only: from there on the share is at least `free`, and holds nothing
         -- back (the share is monotone in `waiting`; `enough` leaves out the `- busy` that would make it
         -- exact, so that both counts can be one statement). And counted by columns, not by
-        -- host_refusal and also_accepted (see the head of this file).
+        -- host_refusal and also_accepted (see the head of sql/009_claim_cost.sql).
         enough := least(capacity, ceil((free + in_flight)::numeric * capacity / me.max_runs)::bigint);
         -- busy and waiting in one statement, so from one snapshot: as two statements (006), a claim
         -- that committed between them was in neither count, and this host's share shrank by a third
@@ -112,6 +121,9 @@ BEGIN
                     SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
                     WHERE j.state = 'available' AND j.scheduled_at <= now() AND r.state = 'queued'
                       AND (r.host_pin IS NULL OR r.host_pin = me.id)
+                      -- Not a run past its deadline, which no claim takes (012; a retry past its
+                      -- deadline that started once is left out too, a count by columns).
+                      AND (r.start_deadline IS NULL OR r.start_deadline > now())
                     LIMIT greatest(enough, 0)) w)
         INTO busy, waiting;
         share := ceil((busy + waiting)::numeric * me.max_runs / capacity)::bigint - in_flight;
@@ -185,22 +197,40 @@ BEGIN
     END LOOP;
 END $$;
 
--- concurrency_blocker as in 006, except that a queued run past its start deadline that never started
--- (is_overdue) holds nothing: it will never start, and is expired by the next upkeep. While the claim
--- expired such runs first, the runs behind one were claimed at once; without this they would wait for
--- that upkeep, up to a poll interval more.
-CREATE OR REPLACE FUNCTION unitvisor.concurrency_blocker(r unitvisor.runs) RETURNS uuid
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT CASE WHEN r.concurrency_key IS NOT NULL THEN coalesce(
-        (SELECT k.id FROM unitvisor.runs k
-         WHERE k.concurrency_key = r.concurrency_key AND k.state IN ('starting', 'running') AND k.id <> r.id
-         LIMIT 1),
-        (SELECT k.id FROM unitvisor.runs k
-         WHERE k.concurrency_key = r.concurrency_key AND k.state = 'queued'
-           AND (k.created_at, k.id) < (r.created_at, r.id)
-           AND (k.start_deadline IS NULL OR k.start_deadline > now() OR NOT unitvisor.is_overdue(k))
-         ORDER BY k.created_at DESC, k.id DESC LIMIT 1)) END
-$$;
+
+-- expire_overdue_runs as in 006, with the started-once test in the candidates' query, before the LIMIT.
+CREATE OR REPLACE FUNCTION unitvisor.expire_overdue_runs(max_runs integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    candidate record;
+    overdue unitvisor.runs;
+    why text;
+    expired integer := 0;
+BEGIN
+    FOR candidate IN
+        SELECT r.id FROM unitvisor.runs r
+        WHERE r.state = 'queued' AND r.start_deadline IS NOT NULL AND r.start_deadline <= now()
+          AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.started_at IS NOT NULL)
+        ORDER BY r.start_deadline LIMIT expire_overdue_runs.max_runs
+    LOOP
+        PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.run_id = candidate.id AND j.state = 'available'
+            FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND AND EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
+                                            WHERE j.run_id = candidate.id AND j.state = 'available');
+        SELECT * INTO overdue FROM unitvisor.runs r WHERE r.id = candidate.id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND OR NOT unitvisor.is_overdue(overdue);  -- locked, started, or moved on
+        why := format('not started by its start deadline %s; it was waiting for %s',
+                      to_char(overdue.start_deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'),
+                      unitvisor.waited_for(overdue));
+        DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = candidate.id AND j.state = 'available';
+        DELETE FROM unitvisor.run_waits w WHERE w.run_id = candidate.id;
+        UPDATE unitvisor.runs r SET state = 'expired', finished_at = now(), updated_at = now()
+        WHERE r.id = candidate.id;
+        INSERT INTO unitvisor.run_events (run_id, state, reason) VALUES (candidate.id, 'expired', why);
+        expired := expired + 1;
+    END LOOP;
+    RETURN expired;
+END $$;
 
 CREATE OR REPLACE FUNCTION unitvisor.heartbeat(host_id text, host_epoch bigint, waited interval)
 RETURNS TABLE (host_state text, claimable boolean, cancels boolean, upkeep boolean)
@@ -214,9 +244,7 @@ BEGIN
         EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
                 WHERE j.state = 'available' AND j.scheduled_at <= now()
                   AND (r.state <> 'queued' OR (unitvisor.host_refusal(h, r) IS NULL
-                                               AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))
-                                               AND (r.concurrency_key IS NULL
-                                                    OR unitvisor.concurrency_blocker(r) IS NULL)))),
+                                               AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))))),
         EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
                 WHERE a.host_id = heartbeat.host_id AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL),
         EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))

@@ -81,39 +81,20 @@ def test_priority_does_not_overtake_within_a_key(conn: psycopg.Connection) -> No
     assert claimed_ids(claim(conn)) == {first}
 
 
-def test_runs_waiting_behind_their_key_are_not_work_for_the_heartbeat(conn: psycopg.Connection) -> None:
-    """The probe and the claim agree (sql/012_expiry_owner.sql): a due job whose run waits for a run of
-    its key sends no host claiming, once per poll interval, for nothing; a free run beside it does."""
-    first = submit(conn, concurrency_key="k")
-    submit(conn, concurrency_key="k")
-    age_jobs(conn)
-    fence = register(conn, "h1")
-    [(_, attempt)] = claim(conn)
-    assert attempt.run_id == first
-    assert store.probe(conn, fence, timedelta(hours=1)).claimable is False
-    assert claim(conn) == []  # as the probe said
-    free = submit(conn)
-    age_jobs(conn)
-    assert store.probe(conn, fence, timedelta(hours=1)).claimable is True
-    assert claimed_ids(claim(conn)) == {free}
-    finish(conn, attempt)
-    assert store.probe(conn, fence, timedelta(hours=1)).claimable is True  # the second's turn
-
-
-def test_a_cancelled_or_overdue_run_does_not_hold_its_key(conn: psycopg.Connection) -> None:
-    """An overdue run holds its key neither before the upkeep expires it (it will never start), nor after."""
+def test_a_cancelled_run_does_not_hold_its_key_nor_an_expired_one(conn: psycopg.Connection) -> None:
+    """An overdue run holds its key until the fleet upkeep expires it, the one place that does
+    (sql/012_expiry_owner.sql says why the claim does not look past it)."""
     first = submit(conn, concurrency_key="k", start_deadline="2100-01-01Z")
     second = submit(conn, concurrency_key="k")
     third = submit(conn, concurrency_key="k")
-    fourth = submit(conn, concurrency_key="k")
     assert store.cancel_run(conn, first).state == "cancelled"
     pass_deadline(conn, second)
     age_jobs(conn)
-    assert claimed_ids(claim(conn)) == {third}
-    assert state(conn, second) == "queued"  # the claim expires nothing (sql/012_expiry_owner.sql)
+    assert claim(conn) == []  # third waits for second, which the claim neither takes nor expires
+    assert state(conn, second) == "queued"
     assert expire(conn) == 1
     assert state(conn, second) == "expired"
-    assert claim(conn) == [] and state(conn, fourth) == "queued"  # behind third, as ever
+    assert claimed_ids(claim(conn)) == {third}
 
 
 def test_a_queued_retry_keeps_its_place_ahead_of_later_runs(conn: psycopg.Connection) -> None:
@@ -323,6 +304,24 @@ def test_a_claim_never_starts_a_run_past_its_deadline_and_leaves_its_expiry_to_t
     assert state(conn, run_id) == "expired"
     assert last_event(conn, run_id)[1].endswith("it was waiting for a host to claim it")
     assert store.probe(conn, fence, timedelta(hours=1)).upkeep is False
+
+
+def test_retries_past_their_deadline_do_not_hide_an_overdue_run_from_expiry(conn: psycopg.Connection) -> None:
+    """expire_overdue_runs takes its batch among the runs it may expire: as many retries past their
+    deadline (started once, so never expired) as the batch holds, ahead of an overdue run, left it
+    unexpired for good before 012, while the heartbeat asked for an upkeep every poll."""
+    retries = [submit(conn, start_deadline="2100-01-01Z", max_attempts=2) for _ in range(2)]
+    age_jobs(conn)
+    for _, attempt in claim(conn):
+        started(conn, attempt)
+        assert settle(conn, attempt, FAILED, "queued", timedelta(hours=1))
+    conn.execute("UPDATE unitvisor.runs SET start_deadline = now() - interval '1 minute' WHERE id = ANY(%s)",
+                 (retries,))
+    overdue = submit(conn, start_deadline="2100-01-01Z")
+    pass_deadline(conn, overdue)  # later than the retries' deadlines: last in deadline order
+    assert conn.execute("SELECT unitvisor.expire_overdue_runs(2)").fetchone() == (1,)
+    assert state(conn, overdue) == "expired"
+    assert {state(conn, r) for r in retries} == {"queued"}
 
 
 def test_a_retry_queued_past_its_deadline_does_not_keep_asking_for_the_upkeep(conn: psycopg.Connection) -> None:
