@@ -706,15 +706,10 @@ def record_outcome(conn: Connection, fence: Fence, attempt: Attempt, outcome: Ou
     `accounting` (systemd's measurements of the unit) is kept with the outcome (schema 007); None
     stores NULLs: nothing measured.
     """
-    measured = accounting or Accounting()
-    with _fencing():
-        return conn.execute(
-            "SELECT unitvisor.record_outcome(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-            "%s::bigint, %s::bigint, %s::bigint, %s::bigint)",
-            (attempt.run_id, attempt.attempt, fence.host_id, fence.epoch, outcome.outcome, outcome.exit_status,
-             outcome.reason, next_state, retry_delay, invocation_id or None, started_at, ended_at,
-             measured.cpu_usage_nsec, measured.memory_peak_bytes, measured.io_read_bytes,
-             measured.io_write_bytes)).fetchone()[0]
+    # One statement text for one outcome and for many (record_outcomes): the same function, the same
+    # arguments, so that they cannot drift apart.
+    return record_outcomes(conn, fence, [Settling(attempt, outcome, next_state, retry_delay, invocation_id,
+                                                  started_at, ended_at, accounting)])[0]
 
 
 @dataclass(frozen=True)
