@@ -6,6 +6,7 @@ The million-run migration is tests/integration/test_migrate_big.py."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -15,6 +16,7 @@ import psycopg
 import pytest
 
 from supervisor import store
+from tests.harness.host import REPO
 
 # The released schema 001 to 012, as the catalog shows it after `migrate` (constraints with their
 # definitions and whether they are validated; indexes with theirs; the owner of each table), written
@@ -22,6 +24,7 @@ from supervisor import store
 # EXISTS: those edits must leave the schema exactly as it was.
 RELEASED_SCHEMA = Path(__file__).resolve().parent / "data" / "schema_001_012.txt"
 RELEASED = [path.stem for path in sorted(store.SQL_DIR.glob("*.sql")) if int(path.name[:3]) <= 12]
+README = REPO / "README.md"
 
 
 def schema_snapshot(conn: psycopg.Connection) -> str:
@@ -47,6 +50,15 @@ def sql_dir_up_to(tmp_path: Path, last: int) -> Path:
         if int(path.name[:3]) <= last:
             shutil.copy(path, target / path.name)
     return target
+
+
+def readme_prebuilt_index_statements() -> list[str]:
+    """The statements README's Upgrade section tells an operator to run before `migrate` on a big
+    database: the block of SQL right after the line that names them."""
+    text = README.read_text()
+    match = re.search(r"<!-- prebuilt-indexes -->\s*```sql\n(.*?)```", text, re.S)
+    assert match, "README.md: no ```sql block after <!-- prebuilt-indexes -->"
+    return [s.strip() for s in match.group(1).split(";") if s.strip() and not s.strip().startswith("--")]
 
 
 def test_the_released_schema_is_unchanged(empty_dsn: str, tmp_path: Path) -> None:
@@ -143,3 +155,40 @@ def test_a_constraint_left_not_valid_is_validated_by_the_next_migrate(dsn: str) 
         with pytest.raises(store.DatabaseError, match="constraint runs_labels_valid of unitvisor.runs: a row"):
             store.migrate(conn)
         assert store.unvalidated_constraints(conn) == [("runs", "runs_labels_valid", store.ADMIN_ROLE)]
+
+
+def test_008_takes_the_indexes_an_operator_built_concurrently_beforehand(empty_dsn: str, tmp_path: Path) -> None:
+    """README's statements, run before `migrate` on a database at 007, build 008's indexes without
+    blocking writes; 008 then takes them as they are (same objects) and the schema is the released one.
+    Before: 008's plain CREATE INDEX failed on the name taken."""
+    with store.connect(empty_dsn) as conn:
+        store.migrate(conn, sql_dir_up_to(tmp_path, 7))
+        for statement in readme_prebuilt_index_statements():
+            conn.execute(statement)
+        built = dict(conn.execute("SELECT relname, oid FROM pg_class WHERE relname IN "
+                                  "('runs_finished_idx', 'spawn_jobs_run_idx', 'spawn_jobs_done_idx')").fetchall())
+        assert len(built) == 3
+        assert store.migrate(conn, sql_dir_up_to(tmp_path, 12)) == RELEASED[7:]
+        assert dict(conn.execute("SELECT relname, oid FROM pg_class WHERE relname = ANY(%s)",
+                                 (list(built),)).fetchall()) == built
+        assert schema_snapshot(conn) == RELEASED_SCHEMA.read_text()
+
+
+def test_008_refuses_an_invalid_index_left_by_a_failed_concurrent_build(empty_dsn: str, tmp_path: Path) -> None:
+    """A CREATE INDEX CONCURRENTLY that failed leaves an invalid index of that name, which IF NOT
+    EXISTS alone would take (and the planner never use): 008 refuses it and says what to do."""
+    with store.connect(empty_dsn) as conn:
+        store.migrate(conn, sql_dir_up_to(tmp_path, 7))
+        run_id = conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])").fetchone()[0]
+        conn.execute("INSERT INTO unitvisor.spawn_jobs (run_id, state, claimed_by, claimed_at) "
+                     "VALUES (%s, 'discarded', 'h1', now())", (run_id,))
+        # Two jobs of one run: a unique build fails, as a concurrent build cut short by an error would.
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("CREATE UNIQUE INDEX CONCURRENTLY spawn_jobs_run_idx ON unitvisor.spawn_jobs (run_id)")
+        released = sql_dir_up_to(tmp_path, 12)
+        with pytest.raises(psycopg.Error, match=r"(?s)spawn_jobs_run_idx is invalid.*DROP INDEX CONCURRENTLY"):
+            store.migrate(conn, released)
+        assert store.pending_migrations(conn, released) == RELEASED[7:]
+        # Done as the message says, migrate goes through.
+        conn.execute("DROP INDEX CONCURRENTLY unitvisor.spawn_jobs_run_idx")
+        assert store.migrate(conn, released) == RELEASED[7:]
