@@ -180,6 +180,11 @@ def set_idle_session_timeout(conn: Connection, seconds: float) -> None:
 #    later migration's, or a control plane's own) are invisible to them.
 # 4. A daemon refuses to work only while a migration it needs is missing, and says which; migrations
 #    it does not know (a newer schema) are fine.
+# 5. Big tables stay writable. A CHECK or foreign key on runs, attempts, spawn_jobs or run_events is
+#    added NOT VALID: the runner validates it after the migration's commit (_validate_constraints),
+#    with writes going on, where a validating ADD CONSTRAINT would scan the table under ACCESS
+#    EXCLUSIVE. An index on a column that exists already is created IF NOT EXISTS, and README's
+#    Upgrade section gives the CREATE INDEX CONCURRENTLY an operator runs first on a big database.
 
 
 def migration_files(sql_dir: Path | None = None) -> list[tuple[str, Path]]:
