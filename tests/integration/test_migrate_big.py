@@ -10,8 +10,9 @@ ACCESS EXCLUSIVE lock on runs, so the migrate failed on the statement timeout, t
 Why two million runs, not one: a million took 8.5 s in 005's scan here, under the 15 s that made the
 old runner fail; two million take about 17 s, past it. Duration (printed with `pytest -s`), on the
 2-core development machine: about a minute when it is otherwise idle (the parts measured at a load of
-2: 13.5 s per million runs inserted, 9 s per million validated); 206 s in all when it was shared with
-seven other engineers' tests (load 12 to 28: 130 s to insert, 72 s to migrate).
+2: 13.5 s per million runs inserted, 9 s per million validated); 206 s and 254 s in all in two runs
+while it was shared with seven other engineers' tests (load 12 to 28: 130 to 143 s to insert, 72 to
+104 s to migrate).
 """
 
 from __future__ import annotations
