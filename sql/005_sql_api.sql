@@ -26,12 +26,19 @@ REVOKE EXECUTE ON FUNCTION unitvisor.labels_are_valid(jsonb) FROM PUBLIC;
 -- between COMMIT and hearing of it) finds the run it made instead of making another. Unique among all
 -- runs of the database, for as long as the run exists: a control plane that shares the database with
 -- others prefixes its keys.
+--
+-- The constraints are added NOT VALID: checked on every row written from now on, while the scan of the
+-- rows already there (about 10 s per million runs) is left to `unitvisor migrate`, which validates them
+-- once this transaction has committed (store._validate_constraints), without holding this ALTER's
+-- ACCESS EXCLUSIVE lock on runs meanwhile. Every existing row satisfies them (the columns are new: '{}'
+-- and NULL). Changed after release (0.3.0) for that lock alone: the schema it makes is the same, and a
+-- database that applied the first text is not migrated again (tests/integration/test_migrate_operations.py).
 ALTER TABLE unitvisor.runs
     ADD COLUMN labels jsonb NOT NULL DEFAULT '{}'::jsonb,
     ADD COLUMN idempotency_key text,
-    ADD CONSTRAINT runs_labels_valid CHECK (unitvisor.labels_are_valid(labels)),
+    ADD CONSTRAINT runs_labels_valid CHECK (unitvisor.labels_are_valid(labels)) NOT VALID,
     ADD CONSTRAINT runs_idempotency_key_valid CHECK (
-        idempotency_key IS NULL OR (length(idempotency_key) BETWEEN 1 AND 255 AND idempotency_key !~ '[[:cntrl:]]'));
+        idempotency_key IS NULL OR (length(idempotency_key) BETWEEN 1 AND 255 AND idempotency_key !~ '[[:cntrl:]]')) NOT VALID;
 
 -- The arbiter of concurrent submits with one key (INSERT ... ON CONFLICT in submit_run).
 CREATE UNIQUE INDEX runs_idempotency_key_idx ON unitvisor.runs (idempotency_key) WHERE idempotency_key IS NOT NULL;

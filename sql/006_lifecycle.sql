@@ -12,6 +12,9 @@
 -- 0.3.0 daemon does not do is call expire_runs, and its CLI does not know `expired` (README, Upgrade).
 
 -- -- the columns and their rules --------------------------------------------------------------------
+--
+-- The constraints are added NOT VALID and validated by `unitvisor migrate` after this transaction
+-- commits, as in 005 (see there): the scans of runs run without this migration's ACCESS EXCLUSIVE lock.
 
 ALTER TABLE unitvisor.runs
     ADD COLUMN concurrency_key text,
@@ -19,17 +22,17 @@ ALTER TABLE unitvisor.runs
     ADD COLUMN start_deadline timestamptz,
     -- As idempotency_key: the caller's own string, bounded, one line.
     ADD CONSTRAINT runs_concurrency_key_valid CHECK (
-        concurrency_key IS NULL OR (length(concurrency_key) BETWEEN 1 AND 255 AND concurrency_key !~ '[[:cntrl:]]')),
+        concurrency_key IS NULL OR (length(concurrency_key) BETWEEN 1 AND 255 AND concurrency_key !~ '[[:cntrl:]]')) NOT VALID,
     -- 'infinity' is no time: a not_before of infinity would never start, a deadline of infinity is none.
-    ADD CONSTRAINT runs_not_before_valid CHECK (not_before IS NULL OR isfinite(not_before)),
+    ADD CONSTRAINT runs_not_before_valid CHECK (not_before IS NULL OR isfinite(not_before)) NOT VALID,
     ADD CONSTRAINT runs_start_deadline_valid CHECK (
-        start_deadline IS NULL OR (isfinite(start_deadline) AND (not_before IS NULL OR start_deadline > not_before)));
+        start_deadline IS NULL OR (isfinite(start_deadline) AND (not_before IS NULL OR start_deadline > not_before))) NOT VALID;
 
 -- expired: a terminal state beside succeeded, failed and cancelled (a swap of the closed vocabulary, as
 -- 001 planned for). Every existing row satisfies the new list.
 ALTER TABLE unitvisor.runs DROP CONSTRAINT runs_state_valid;
 ALTER TABLE unitvisor.runs ADD CONSTRAINT runs_state_valid CHECK (state IN
-    ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired'));
+    ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired')) NOT VALID;
 
 -- The last line of defence of "one live run per key": whatever the claim's lock and checks miss, two
 -- runs of one key can never be starting or running at once. Also the claim's look-up of a live run.

@@ -24,10 +24,12 @@ ALTER TABLE unitvisor.attempts
     -- kept none (off, not read yet, or never: a host that died first). The full output stays in
     -- journald. Written once, after the outcome (record_output_tails), never replaced.
     ADD COLUMN output_tail text,
+    -- Both NOT VALID, validated by `unitvisor migrate` after this transaction commits (as in 005: the
+    -- scan of attempts, about as big as runs, without this ALTER's ACCESS EXCLUSIVE lock).
     ADD CONSTRAINT attempts_accounting_valid CHECK (
-        cpu_usage_nsec >= 0 AND memory_peak_bytes >= 0 AND io_read_bytes >= 0 AND io_write_bytes >= 0),
+        cpu_usage_nsec >= 0 AND memory_peak_bytes >= 0 AND io_read_bytes >= 0 AND io_write_bytes >= 0) NOT VALID,
     -- The bound of the config key (64 KiB), so that a row stays small whatever a host is configured with.
-    ADD CONSTRAINT attempts_output_tail_valid CHECK (octet_length(output_tail) <= 65536);
+    ADD CONSTRAINT attempts_output_tail_valid CHECK (octet_length(output_tail) <= 65536) NOT VALID;
 
 -- record_outcome with what systemd measured of the attempt; the outcome logic is the 12-argument
 -- form's of 004 (see there), and the measurements are written with the outcome, in the same UPDATE,

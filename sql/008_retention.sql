@@ -9,7 +9,12 @@
 --
 -- Expand only: three indexes and four functions; nothing the previous release reads or calls changes.
 -- The indexes are built without CONCURRENTLY (a migration is one transaction): while they are built,
--- writes to runs and spawn_jobs wait (README, Upgrade), for a time in proportion to their size.
+-- writes to runs and spawn_jobs wait, for a time in proportion to their size (about 0.5 s per million
+-- rows). On a big database the operator builds them beforehand with CREATE INDEX CONCURRENTLY, which
+-- does not block writes (README, Upgrade, gives the statements: these names and definitions), and
+-- IF NOT EXISTS takes them as they are. Changed after release (0.4.0) to IF NOT EXISTS and the check
+-- below: a database without them gets the same indexes as before, and one that applied 008 is not
+-- migrated again.
 
 -- The states a run ends in, as retention sees them (006 added `expired`): the one list to extend when a
 -- terminal state is added, in that state's migration: CREATE OR REPLACE this function with one more
@@ -22,13 +27,37 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION unitvisor.retention_states() FROM PUBLIC;
 
+-- A concurrent build that failed or was cut short leaves an invalid index of its name (not used by the
+-- planner, nor kept up to date if it never got ready), which IF NOT EXISTS alone would take for good;
+-- so would it a relation of that name on another table. Refuse both, saying what to do.
+DO $$
+DECLARE
+    wrong text;
+BEGIN
+    SELECT string_agg(format('%s is %s', c.relname,
+                             CASE WHEN i.indexrelid IS NULL OR i.indrelid <> expected.tab THEN 'not an index of ' || expected.tab::text
+                                  ELSE 'invalid (a CREATE INDEX CONCURRENTLY failed or is still running)' END), '; ')
+    INTO wrong
+    FROM (VALUES ('runs_finished_idx', 'unitvisor.runs'::regclass),
+                 ('spawn_jobs_run_idx', 'unitvisor.spawn_jobs'::regclass),
+                 ('spawn_jobs_done_idx', 'unitvisor.spawn_jobs'::regclass)) AS expected(name, tab)
+    JOIN pg_class c ON c.relname = expected.name AND c.relnamespace = 'unitvisor'::regnamespace
+    LEFT JOIN pg_index i ON i.indexrelid = c.oid
+    WHERE i.indexrelid IS NULL OR i.indrelid <> expected.tab OR NOT (i.indisvalid AND i.indisready);
+    IF wrong IS NOT NULL THEN
+        RAISE EXCEPTION 'migration 008_retention: %', wrong
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'wait for a build still running to end; else DROP INDEX CONCURRENTLY unitvisor.<name> and build it again (README, Upgrade)';
+    END IF;
+END $$;
+
 -- Old finished runs, oldest first, without reading a live run's entry: live runs have no finished_at.
-CREATE INDEX runs_finished_idx ON unitvisor.runs (finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_finished_idx ON unitvisor.runs (finished_at) WHERE finished_at IS NOT NULL;
 -- Every delete of a run (and the ON DELETE CASCADE of spawn_jobs.run_id) finds its jobs here; without
 -- it, each deleted run costs a scan of the whole spawn_jobs table (001 indexes available jobs only).
-CREATE INDEX spawn_jobs_run_idx ON unitvisor.spawn_jobs (run_id);
+CREATE INDEX IF NOT EXISTS spawn_jobs_run_idx ON unitvisor.spawn_jobs (run_id);
 -- Old claimed and discarded jobs (both have claimed_at: 001's spawn_jobs_claim_valid and claim_jobs).
-CREATE INDEX spawn_jobs_done_idx ON unitvisor.spawn_jobs (claimed_at) WHERE state <> 'available';
+CREATE INDEX IF NOT EXISTS spawn_jobs_done_idx ON unitvisor.spawn_jobs (claimed_at) WHERE state <> 'available';
 
 -- prune: delete one batch of history older than older_than, as the admin (`unitvisor prune`), or
 -- count all of it (dry_run; batch_size is then ignored). Returns what it deleted (would delete), and

@@ -1016,7 +1016,8 @@ def migrate(ctx: Context) -> None:
     """Apply missing database migrations (safe to run from several hosts at once)."""
     with ctx.connect(schema=False) as conn:
         try:
-            applied = store.migrate(conn)
+            # Said on stderr, so that a second migrate that waits minutes for the first does not look hung.
+            applied = store.migrate(conn, on_wait=lambda why: click.echo(why, err=True))
         except store.DatabaseError as exc:
             raise Failure(str(exc)) from None
     if applied:

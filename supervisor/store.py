@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -179,6 +180,11 @@ def set_idle_session_timeout(conn: Connection, seconds: float) -> None:
 #    later migration's, or a control plane's own) are invisible to them.
 # 4. A daemon refuses to work only while a migration it needs is missing, and says which; migrations
 #    it does not know (a newer schema) are fine.
+# 5. Big tables stay writable. A CHECK or foreign key on runs, attempts, spawn_jobs or run_events is
+#    added NOT VALID: the runner validates it after the migration's commit (_validate_constraints),
+#    with writes going on, where a validating ADD CONSTRAINT would scan the table under ACCESS
+#    EXCLUSIVE. An index on a column that exists already is created IF NOT EXISTS, and README's
+#    Upgrade section gives the CREATE INDEX CONCURRENTLY an operator runs first on a big database.
 
 
 def migration_files(sql_dir: Path | None = None) -> list[tuple[str, Path]]:
@@ -215,32 +221,151 @@ def pending_migrations(conn: Connection, sql_dir: Path | None = None) -> list[st
     return [version for version, _ in files if version not in done]
 
 
-def migrate(conn: Connection, sql_dir: Path | None = None) -> list[str]:
-    """Apply the missing migrations in order, each in its own transaction. Returns what it applied."""
-    files = migration_files(sql_dir)
-    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+# What `unitvisor migrate` changes in its own session while it runs (restored afterwards; the daemons'
+# sessions keep SESSION_SETTINGS). A migration may scan a big table (VALIDATE CONSTRAINT, CREATE INDEX:
+# about 10 s per million runs), and under the daemons' 15 s statement_timeout it failed every time on a
+# database of 1.5 million runs, with no way for the operator to lift it. lock_timeout is kept: a
+# statement that waits for a table lock queues every reader and writer of that table behind it, so it
+# must not wait long; the migration is rolled back and tried again instead (MIGRATION_LOCK_TRIES).
+# Only the wait for another migrate (the advisory lock) is unbounded, see _migration_lock.
+MIGRATION_SESSION_SETTINGS = {"statement_timeout": "0"}
+# How often a migration (or a validation) that timed out on a table lock is tried, and the pause before
+# the next try, growing with each: about half a minute in all with the 5 s lock_timeout.
+MIGRATION_LOCK_TRIES = 4
+MIGRATION_RETRY_PAUSE = 1.0
+
+
+def _set_session(conn: Connection, settings: dict[str, str]) -> None:
+    conn.execute("SELECT " + ", ".join("set_config(%s, %s, false)" for _ in settings),
+                 [item for pair in settings.items() for item in pair])
+
+
+@contextmanager
+def _session_settings(conn: Connection, settings: dict[str, str]) -> Iterator[None]:
+    """These settings for this session while the block runs, then the session's own again."""
+    names = list(settings)
+    before = conn.execute("SELECT " + ", ".join("current_setting(%s)" for _ in names), names).fetchone()
+    _set_session(conn, settings)
     try:
+        yield
+    finally:
+        if not conn.broken:  # a lost connection took its settings with it
+            _set_session(conn, dict(zip(names, before, strict=True)))
+
+
+def _migration_lock_holder(conn: Connection) -> int | None:
+    """The server pid of the session that holds the migration lock, if any (an advisory lock on a bigint
+    key is classid = its high 32 bits, objid = its low 32 bits, objsubid = 1)."""
+    row = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                       "AND classid::bigint = %s AND objid::bigint = %s",
+                       (MIGRATION_LOCK_KEY >> 32, MIGRATION_LOCK_KEY & 0xFFFF_FFFF)).fetchone()
+    return row[0] if row else None
+
+
+@contextmanager
+def _migration_lock(conn: Connection, on_wait: Callable[[str], None] | None) -> Iterator[None]:
+    """Hold the migration lock for the block: a second migrate waits for the first, however long that
+    one takes, then finds nothing left to do. Without lifting lock_timeout here, the second failed
+    after the daemons' 5 s while the first validated a big table."""
+    if not conn.execute("SELECT pg_try_advisory_lock(%s)", (MIGRATION_LOCK_KEY,)).fetchone()[0]:
+        if on_wait is not None:
+            holder = _migration_lock_holder(conn)
+            on_wait(f"another migrate is running (server pid {holder if holder is not None else 'unknown'}): "
+                    "waiting for it to end")
+        with _session_settings(conn, {"lock_timeout": "0"}):
+            conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+    try:
+        yield
+    finally:
+        if not conn.broken:  # a lost connection released it
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+def _retrying_lock_timeouts(what: str, work: Callable[[], None]) -> None:
+    """work() (one transaction), tried again after a pause when it timed out waiting for a table lock
+    that another session holds; a DatabaseError naming `what` once MIGRATION_LOCK_TRIES are spent."""
+    for attempt in range(1, MIGRATION_LOCK_TRIES + 1):
+        try:
+            work()
+            return
+        except psycopg.errors.LockNotAvailable as exc:
+            if attempt == MIGRATION_LOCK_TRIES:
+                raise DatabaseError(
+                    f"{what}: a table lock was not granted within lock_timeout, {attempt} times "
+                    f"({one_line(exc)}): another session holds it (see pg_locks and pg_stat_activity); "
+                    "nothing of it was applied, run `unitvisor migrate` again") from None
+            time.sleep(MIGRATION_RETRY_PAUSE * attempt)
+
+
+def _apply_migration(conn: Connection, version: str, path: Path) -> None:
+    with conn.transaction():
+        if _migration_number(version) > ROLES_MIGRATION:
+            # What a later migration creates must be the admin's, not the login role's that
+            # happens to migrate (sql/004_roles.sql); SET LOCAL ends with the transaction.
+            conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(ADMIN_ROLE)))
+        conn.execute(path.read_text())
+        conn.execute("INSERT INTO unitvisor.schema_migrations (version) VALUES (%s)", (version,))
+
+
+def unvalidated_constraints(conn: Connection) -> list[tuple[str, str, str]]:
+    """(table, constraint, table owner) of every CHECK and foreign key on unitvisor's tables that is
+    still NOT VALID."""
+    return [tuple(row) for row in conn.execute(
+        "SELECT t.relname::text, c.conname::text, pg_get_userbyid(t.relowner)::text "
+        "FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid "
+        "WHERE t.relnamespace = 'unitvisor'::regnamespace AND NOT c.convalidated AND c.contype IN ('c', 'f') "
+        "ORDER BY 1, 2")]
+
+
+def _validate_constraints(conn: Connection) -> None:
+    """VALIDATE every constraint that a migration added NOT VALID, each in its own transaction.
+
+    A migration adds a CHECK or a foreign key to a table that may be big NOT VALID, in its own
+    transaction: taking ACCESS EXCLUSIVE for a moment, and enforcing it on every row written from then
+    on. The scan of the rows already there runs here, after that transaction committed, under SHARE
+    UPDATE EXCLUSIVE, which lets the daemons read and write the table meanwhile (a scan inside the
+    migration's transaction would hold its ACCESS EXCLUSIVE lock throughout: writes to runs stopped for
+    10 s per million runs). Every migrate validates whatever is still NOT VALID, so a validation cut
+    short (a crash, Ctrl-C, a row that fails it) is finished by the next migrate. Rule 1 above (a
+    constraint that old rows satisfy) is what lets it succeed."""
+    for table, constraint, owner in unvalidated_constraints(conn):
+        def validate(table: str = table, constraint: str = constraint, owner: str = owner) -> None:
+            with conn.transaction():
+                # ALTER TABLE needs the table's owner (unitvisor_admin from 004 on), of which the role
+                # that migrates is a member.
+                conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(owner)))
+                conn.execute(sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(
+                    sql.Identifier("unitvisor", table), sql.Identifier(constraint)))
+        try:
+            _retrying_lock_timeouts(f"validating constraint {constraint} of unitvisor.{table}", validate)
+        except (psycopg.errors.CheckViolation, psycopg.errors.ForeignKeyViolation) as exc:
+            raise DatabaseError(
+                f"constraint {constraint} of unitvisor.{table}: a row written before it was added violates "
+                f"it ({one_line(exc)}); it is enforced on new rows already; correct or delete the row, then "
+                "run `unitvisor migrate` again to validate it") from None
+
+
+def migrate(conn: Connection, sql_dir: Path | None = None,
+            on_wait: Callable[[str], None] | None = None) -> list[str]:
+    """Apply the missing migrations in order, each in its own transaction, then validate what each added
+    NOT VALID. Returns what it applied. Waits for a migrate of another session (on_wait is told why)."""
+    files = migration_files(sql_dir)
+    with _session_settings(conn, MIGRATION_SESSION_SETTINGS), _migration_lock(conn, on_wait):
         with conn.transaction():
             conn.execute("CREATE SCHEMA IF NOT EXISTS unitvisor")
             conn.execute("""CREATE TABLE IF NOT EXISTS unitvisor.schema_migrations (
                                 version text PRIMARY KEY,
                                 applied_at timestamptz NOT NULL DEFAULT now())""")
+        _validate_constraints(conn)  # those an interrupted migrate left
         done = applied_migrations(conn)
         applied = []
         for version, path in files:
             if version in done:
                 continue
-            with conn.transaction():
-                if _migration_number(version) > ROLES_MIGRATION:
-                    # What a later migration creates must be the admin's, not the login role's that
-                    # happens to migrate (sql/004_roles.sql); SET LOCAL ends with the transaction.
-                    conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(ADMIN_ROLE)))
-                conn.execute(path.read_text())
-                conn.execute("INSERT INTO unitvisor.schema_migrations (version) VALUES (%s)", (version,))
+            _retrying_lock_timeouts(f"migration {version}", lambda v=version, p=path: _apply_migration(conn, v, p))
             applied.append(version)
+            _validate_constraints(conn)
         return applied
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
 
 
 # -- runs ---------------------------------------------------------------------------------------
