@@ -60,9 +60,12 @@ try: venv
 # own, the versions a real host runs the daemon with. Running the system tests a second time with
 # PyPI's versions cost about ten minutes of CI for a daemon whose library calls the unit and
 # integration tests already cover on both.
+# The two-million-run migration (tests/integration/test_migrate_big.py, a minute or more of PostgreSQL)
+# runs once too: it tests SQL and the migration runner's session settings, not a library's version.
 test: venv venv-debian
 	$(VENV)/bin/pytest -m "not system"
-	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package"
+	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package" \
+		--deselect tests/integration/test_migrate_big.py
 
 test-debian: venv-debian
 	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package"
