@@ -475,8 +475,7 @@ def list_hosts(conn: Connection) -> list[dict[str, Any]]:
                       h.epoch, h.instance, h.can_start, h.cannot_start_reason, h.allowed_executables,
                       h.run_user, h.allowed_users, h.poll_interval_sec, h.dead_after_sec, h.dead_at, h.dead_reason,
                       h.conflict_detail, extract(epoch FROM now() - h.conflict_at)::float8 AS conflict_age,
-                      (SELECT count(*) FROM unitvisor.attempts a
-                       WHERE a.host_id = h.id AND a.outcome IS NULL) AS in_flight
+                      unitvisor.host_in_flight(h.id) AS in_flight
                FROM unitvisor.hosts h ORDER BY h.id""").fetchall()
 
 
@@ -651,14 +650,17 @@ def unclaimed_attempts(conn: Connection, attempts: Sequence[tuple[uuid.UUID, int
 class UnitOwner:
     """Who the attempt of a unit name belongs to, as the database says now."""
 
-    host_id: str
+    host_id: str | None  # None: a host whose run the caller may not see (sql/014_host_reads.sql)
     outcome: str | None  # None: still open
 
 
 def unit_owners(conn: Connection, unit_names: Sequence[str]) -> dict[str, UnitOwner]:
     """The attempt rows behind these unit names (names with no row are absent). Read after the units
-    were listed, so that an attempt claimed while the listing ran is seen as its host's, not as gone."""
-    rows = conn.execute("SELECT unit_name, host_id, outcome FROM unitvisor.attempts WHERE unit_name = ANY(%s)",
+    were listed, so that an attempt claimed while the listing ran is seen as its host's, not as gone.
+    Through unitvisor.unit_owners (sql/014_host_reads.sql): a host role does not read the attempts of a
+    run pinned to another host, yet must learn that such a unit is held elsewhere (host_id None) or
+    ended (outcome 'ended'), never take it for an orphan."""
+    rows = conn.execute("SELECT unit_name, host_id, outcome FROM unitvisor.unit_owners(%s)",
                         (list(unit_names),)).fetchall()
     return {row[0]: UnitOwner(row[1], row[2]) for row in rows}
 
