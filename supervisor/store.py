@@ -818,9 +818,23 @@ class AlreadyBound(DatabaseError):
     """The host id has a role already (or the role name is taken)."""
 
 
-def add_host_role(conn: Connection, host_id: str, role: str, password: str) -> None:
-    """Create the login role `role` with this password, a member of unitvisor_host, bound to host_id,
-    in one transaction. Needs unitvisor_admin and the right to create roles."""
+# How many sessions a host's login role may hold at once (CREATE ROLE ... CONNECTION LIMIT), so that one
+# leaked host DSN cannot take the server's max_connections from the whole fleet. A host needs: 1 for its
+# daemon (the main loop's one connection: the output-tails thread only reads the journal and hands the
+# tails to the loop, metrics are served from the loop's figures, the guard thread uses D-Bus only), up to
+# 2 more for a moment after the network dropped the daemon's session, which the server ends only after
+# its keepalives or idle_session_timeout (host_dead_after) while the daemon has reconnected already (it
+# registers only once that session's host lock is gone, so a third such session adds nothing), and 2 for
+# commands run with the host's DSN beside it (`unitvisor doctor`, `wait`, `runs`). A limit reached makes
+# a new session fail with "too many connections for role", never an existing one; `hosts add
+# --connection-limit N` chooses another, `ALTER ROLE ... CONNECTION LIMIT -1` lifts it.
+DEFAULT_HOST_CONNECTION_LIMIT = 5
+
+
+def add_host_role(conn: Connection, host_id: str, role: str, password: str,
+                  connection_limit: int = DEFAULT_HOST_CONNECTION_LIMIT) -> None:
+    """Create the login role `role` with this password and connection limit, a member of unitvisor_host,
+    bound to host_id, in one transaction. Needs unitvisor_admin and the right to create roles."""
     with conn.transaction():
         bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
                              (host_id,)).fetchone()
@@ -830,8 +844,9 @@ def add_host_role(conn: Connection, host_id: str, role: str, password: str) -> N
         # CREATE ROLE takes no parameters: the name is an Identifier, the password a quoted literal of
         # its SCRAM verifier, never the password.
         try:
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
-                sql.Identifier(role), sql.Literal(_scram(conn, role, password)), sql.Identifier(HOST_ROLE)))
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT {} PASSWORD {} IN ROLE {}").format(
+                sql.Identifier(role), sql.Literal(int(connection_limit)), sql.Literal(_scram(conn, role, password)),
+                sql.Identifier(HOST_ROLE)))
         except psycopg.errors.DuplicateObject:
             raise AlreadyBound(f"role {role} exists already; choose another name with --role") from None
         try:
@@ -840,8 +855,10 @@ def add_host_role(conn: Connection, host_id: str, role: str, password: str) -> N
             raise AlreadyBound(f"role {role} is bound to another host id already") from None
 
 
-def set_host_role_password(conn: Connection, host_id: str, password: str) -> str | None:
-    """Give the role bound to host_id a new password; returns its name (None: no role is bound to it)."""
+def set_host_role_password(conn: Connection, host_id: str, password: str,
+                           connection_limit: int | None = None) -> str | None:
+    """Give the role bound to host_id a new password (and this connection limit, unless None); returns its
+    name (None: no role is bound to it)."""
     with conn.transaction():
         bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
                              (host_id,)).fetchone()
@@ -849,6 +866,9 @@ def set_host_role_password(conn: Connection, host_id: str, password: str) -> str
             return None
         conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
             sql.Identifier(bound[0]), sql.Literal(_scram(conn, bound[0], password))))
+        if connection_limit is not None:
+            conn.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(
+                sql.Identifier(bound[0]), sql.Literal(int(connection_limit))))
     return bound[0]
 
 

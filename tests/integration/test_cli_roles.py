@@ -83,6 +83,47 @@ def test_hosts_add_new_password_rotates_the_password(cli, dsn: str, conn: psycop
     assert after != before
 
 
+def connection_limit(conn: psycopg.Connection, role: str) -> int:
+    return conn.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (role,)).fetchone()[0]
+
+
+def test_hosts_add_gives_the_role_a_small_connection_limit(cli, dsn: str, conn: psycopg.Connection,
+                                                           host_id: str) -> None:
+    out = json.loads(add(cli, dsn, host_id).stdout)
+    assert connection_limit(conn, out["role"]) == store.DEFAULT_HOST_CONNECTION_LIMIT == 5
+
+
+def test_hosts_add_connection_limit_is_enforced_and_the_role_cannot_lift_it(cli, dsn: str, conn: psycopg.Connection,
+                                                                           host_id: str) -> None:
+    result = add(cli, dsn, host_id, "--connection-limit", "2")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert connection_limit(conn, out["role"]) == 2
+    with store.connect(out["dsn"]) as first, store.connect(out["dsn"]):
+        with pytest.raises(store.DatabaseUnavailable, match="too many connections for role"):
+            store.connect(out["dsn"])
+        # CONNECTION LIMIT is an attribute only a role that may create roles changes, unlike the password.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            first.execute(f'ALTER ROLE "{out["role"]}" CONNECTION LIMIT -1')
+    assert connection_limit(conn, out["role"]) == 2
+
+
+def test_hosts_add_new_password_sets_the_connection_limit_only_when_given(cli, dsn: str, conn: psycopg.Connection,
+                                                                          host_id: str) -> None:
+    role = json.loads(add(cli, dsn, host_id, "--connection-limit", "3").stdout)["role"]
+    assert add(cli, dsn, host_id, "--new-password").returncode == 0
+    assert connection_limit(conn, role) == 3
+    assert add(cli, dsn, host_id, "--new-password", "--connection-limit", "7").returncode == 0
+    assert connection_limit(conn, role) == 7
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_hosts_add_refuses_a_connection_limit_that_is_not_a_positive_number(cli, dsn: str, host_id: str,
+                                                                            value: str) -> None:
+    result = add(cli, dsn, host_id, "--connection-limit", value)
+    assert result.returncode == 2 and "--connection-limit" in result.stderr
+
+
 def test_hosts_add_new_password_of_an_unbound_host_id_is_an_error(cli, dsn: str, host_id: str) -> None:
     line = assert_one_line_error(add(cli, dsn, host_id, "--new-password"), 1)
     assert f"host id {host_id} has no role yet" in line
