@@ -793,6 +793,20 @@ def whoami(conn: Connection) -> Identity:
     return Identity(row[0], row[1])
 
 
+def role_settings(conn: Connection) -> list[str]:
+    """The session defaults set on this session's login role (ALTER ROLE ... SET), for this database or
+    every database, as name=value. Any role may set them on itself, as it may change its own password
+    (PostgreSQL has no privilege against either), and they apply to every later session of the role:
+    `unitvisor doctor` shows them."""
+    rows = conn.execute(
+        """SELECT c.setting FROM pg_catalog.pg_db_role_setting s, unnest(s.setconfig) AS c(setting)
+           WHERE s.setrole = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user)
+             AND s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d
+                                       WHERE d.datname = current_database()))
+           ORDER BY 1""").fetchall()
+    return [row[0] for row in rows]
+
+
 _ROLE_NAME_UNSAFE = re.compile(r"[^a-z0-9_]+")
 _MAX_ROLE_NAME = 63  # PostgreSQL's NAMEDATALEN - 1, in bytes; the names made here are ASCII
 

@@ -180,3 +180,45 @@ def test_migrate_by_a_role_that_may_not_create_roles_says_what_it_needs(cli, emp
     assert "refused `unitvisor migrate`" in line and "it needs a role that may create roles" in line
     with store.connect(empty_dsn) as conn:
         assert store.pending_migrations(conn)[0] == "004_roles"
+
+
+# -- what a host role may still do to itself (README, Roles: "A host role and its own password") ------
+
+
+def test_a_host_role_that_changed_its_own_password_is_recovered_with_new_password(cli, dsn: str,
+                                                                                  host_id: str) -> None:
+    """PostgreSQL lets every role change its own password, and no privilege, grant or event trigger
+    forbids it: whoever holds a host's DSN can lock that host's daemon out. The documented recovery is
+    `hosts add NAME --new-password`. If a later PostgreSQL refuses the first statement, README's
+    paragraph on it can go."""
+    old_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    role = conninfo_to_dict(old_dsn)["user"]
+    with store.connect(old_dsn) as host:
+        host.execute(f"ALTER ROLE \"{role}\" PASSWORD 'chosen-by-an-intruder'")
+    new_dsn = json.loads(add(cli, dsn, host_id, "--new-password").stdout)["dsn"]
+    with store.connect(new_dsn) as host:
+        assert store.whoami(host) == store.Identity("host", host_id)
+
+
+def test_doctor_warns_of_session_defaults_a_host_role_set_on_itself(cli, dsn: str, host_id: str,
+                                                                    conn: psycopg.Connection,
+                                                                    tmp_path) -> None:
+    host_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    role = conninfo_to_dict(host_dsn)["user"]
+    config = tmp_path / "unitvisor.toml"
+    config.write_text(f'[host]\nid = "{host_id}"\n')
+
+    def line() -> str:
+        [found] = [x for x in cli("doctor", dsn=host_dsn, config=config).stdout.splitlines() if "role settings" in x]
+        return found
+
+    assert line().startswith("ok")
+    with store.connect(host_dsn) as host:
+        host.execute(f'ALTER ROLE "{role}" IN DATABASE "{conn.info.dbname}" SET default_transaction_read_only = on')
+    try:
+        with store.connect(host_dsn) as host:
+            assert store.role_settings(host) == ["default_transaction_read_only=on"]
+        warned = line()
+        assert warned.startswith("warn") and "default_transaction_read_only=on" in warned
+    finally:
+        conn.execute(f'ALTER ROLE "{role}" IN DATABASE "{conn.info.dbname}" RESET ALL')
