@@ -651,3 +651,30 @@ def test_the_one_role_of_a_single_role_deployment_keeps_working(postgres: Postgr
                        "SELECT %s, %s, 'old', 'running', 'x' WHERE unitvisor.check_fence('old', %s)",
                        (run_id, attempt, epoch))
         assert legacy.execute("SELECT count(*) FROM unitvisor.host_roles").fetchone() == (0,)
+
+
+# -- README, Install: CONNECT only for the unitvisor roles ----------------------------------------------
+
+
+def readme_connect_statement(dbname: str) -> str:
+    """The README's `psql -c '...'` that revokes CONNECT from PUBLIC, for database `dbname`."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [line] = [x for x in readme.splitlines() if "REVOKE CONNECT ON DATABASE" in x]
+    statement = line.split("-c '", 1)[1].rsplit("'", 1)[0]
+    assert statement.count("ON DATABASE unitvisor ") == 2, statement
+    return statement.replace("ON DATABASE unitvisor ", f'ON DATABASE "{dbname}" ')
+
+
+def test_after_the_readmes_install_only_the_unitvisor_roles_connect(conn: psycopg.Connection, dsn: str,
+                                                                     postgres: Postgres) -> None:
+    ensure_login_role(postgres, "uvtest_outsider", "pg_monitor")  # a role of the cluster, of no unitvisor kind
+    ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
+    ensure_login_role(postgres, "uvtest_admin", store.ADMIN_ROLE)
+    host_role = bind_host_role(conn, postgres, "h1")
+    login(dsn, "uvtest_outsider").close()  # what createdb leaves: PUBLIC may connect
+    conn.execute(readme_connect_statement(conn.info.dbname))
+    with pytest.raises(store.DatabaseUnavailable, match="does not have CONNECT privilege"):
+        login(dsn, "uvtest_outsider")
+    for role in (host_role, TEST_SUBMITTER, "uvtest_admin"):
+        with login(dsn, role) as session:
+            assert store.whoami(session).kind in ("host", "submitter", "admin")
