@@ -241,6 +241,13 @@ def test_host_reads_nothing_of_a_run_pinned_to_another_host(world: World) -> Non
     assert world.h1.execute("SELECT count(*) FROM unitvisor.run_events WHERE host_id = 'h2'").fetchone() == (0,)
     assert world.h1.execute("SELECT count(*) FROM unitvisor.run_waits").fetchone() == (0,)
     refused(world.h1, "SELECT run_id FROM unitvisor.spawn_jobs")
+    # Nor through the planner's statistics: pg_stats shows a table's most common values (an output tail
+    # among them) to whoever may read the column, except while row security is on for that reader.
+    world.admin.execute("ANALYZE unitvisor.attempts, unitvisor.run_events, unitvisor.run_waits")
+    assert world.admin.execute("SELECT count(*) FROM pg_stats WHERE schemaname = 'unitvisor' "
+                               "AND tablename = 'attempts' AND attname = 'output_tail'").fetchone() == (1,)
+    assert world.h1.execute("SELECT tablename FROM pg_stats WHERE schemaname = 'unitvisor' AND tablename IN "
+                            "('attempts', 'run_events', 'run_waits')").fetchall() == []
     # The CLI's reads, with a host's DSN.
     assert store.get_attempts(world.h1, world.pinned.run_id) == []
     assert store.get_outcome_records(world.h1, world.pinned.run_id) == {}
