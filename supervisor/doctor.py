@@ -117,6 +117,7 @@ def _database_checks(settings: config.Settings, dsn_override: str | None, daemon
             hosts = {row["id"]: row for row in store.list_hosts(conn)} if not pending else {}
             identity = store.whoami(conn) if not pending else None
             defaults = store.role_settings(conn)
+            open_to_all = store.public_may_connect(conn)
     except (config.ConfigError, store.DatabaseError) as exc:
         return [Check("database", "fail", str(exc))]
     checks = [Check("database", "ok", f"reachable at {store.dsn_location(dsn)}")]
@@ -127,6 +128,9 @@ def _database_checks(settings: config.Settings, dsn_override: str | None, daemon
     if identity is not None:
         checks.append(role_check(identity, settings.host_id))
     checks.append(role_settings_check(defaults))
+    checks.append(Check("connect", "warn", "every role of the cluster may connect to this database (PUBLIC holds "
+                        "CONNECT): revoke it as README's Install does") if open_to_all
+                  else Check("connect", "ok", "only the roles granted CONNECT may connect to this database"))
     if not pending:
         checks.append(host_id_check(settings.host_id, hosts.get(settings.host_id),
                                     fleet.instance_id(config.machine_id(), daemon_boot_id(daemon_pid))))

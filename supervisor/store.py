@@ -807,6 +807,12 @@ def role_settings(conn: Connection) -> list[str]:
     return [row[0] for row in rows]
 
 
+def public_may_connect(conn: Connection) -> bool:
+    """Whether every role of the cluster may connect to this database (PUBLIC holds CONNECT, as after
+    `createdb`): README, Install revokes it."""
+    return conn.execute("SELECT has_database_privilege('public', current_database(), 'CONNECT')").fetchone()[0]
+
+
 _ROLE_NAME_UNSAFE = re.compile(r"[^a-z0-9_]+")
 _MAX_ROLE_NAME = 63  # PostgreSQL's NAMEDATALEN - 1, in bytes; the names made here are ASCII
 

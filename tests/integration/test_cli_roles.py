@@ -222,3 +222,20 @@ def test_doctor_warns_of_session_defaults_a_host_role_set_on_itself(cli, dsn: st
         assert warned.startswith("warn") and "default_transaction_read_only=on" in warned
     finally:
         conn.execute(f'ALTER ROLE "{role}" IN DATABASE "{conn.info.dbname}" RESET ALL')
+
+
+def test_doctor_warns_while_every_role_may_connect_to_the_database(cli, dsn: str, host_id: str,
+                                                                    conn: psycopg.Connection, tmp_path) -> None:
+    from tests.integration.test_roles import readme_connect_statement
+    host_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    config = tmp_path / "unitvisor.toml"
+    config.write_text(f'[host]\nid = "{host_id}"\n')
+
+    def line() -> str:
+        [found] = [x for x in cli("doctor", dsn=host_dsn, config=config).stdout.splitlines()
+                   if x.split()[1:2] == ["connect"]]
+        return found
+
+    assert line().startswith("warn") and "README's Install" in line()  # as createdb leaves it
+    conn.execute(readme_connect_statement(conn.info.dbname))
+    assert line().startswith("ok")
