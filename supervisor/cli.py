@@ -838,13 +838,16 @@ def forget(ctx: Context, host: str) -> None:
               help="The login role to create [default: unitvisor_host_NAME, lowercase, other characters as _].")
 @click.option("--new-password", is_flag=True,
               help="Give the role already bound to NAME a new password (the old one stops working).")
+@click.option("--connection-limit", type=click.IntRange(1, 10000), metavar="N",
+              help=f"How many sessions the role may hold at once [default: {store.DEFAULT_HOST_CONNECTION_LIMIT} for "
+                   "a new role; with --new-password, unchanged unless given].")
 @click.option("--db-host", metavar="HOST",
               help="The database server the printed DSN names [default: the one this command connects to], "
                    "e.g. when this command comes in over the local socket.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
-def add(ctx: Context, name: str, role_name: str | None, new_password: bool, db_host: str | None,
-        as_json: bool) -> None:
+def add(ctx: Context, name: str, role_name: str | None, new_password: bool, connection_limit: int | None,
+        db_host: str | None, as_json: bool) -> None:
     """Give host NAME its own database role, bound to the host id NAME.
 
     Creates a login role with a random password, a member of unitvisor_host, bound to NAME, in one
@@ -852,7 +855,8 @@ def add(ctx: Context, name: str, role_name: str | None, new_password: bool, db_h
     that role and password, which are shown only now) and the [host] id for its config. The host's
     daemon may then act only as NAME. Needs unitvisor_admin and the right to create roles (a
     superuser, or CREATEROLE). A NAME that has a role already is an error (exit 1); --new-password
-    rotates its password.
+    rotates its password. The role may hold --connection-limit sessions at once: the daemon needs one,
+    and a moment after a lost network up to two more, plus one per command run with its DSN.
 
     \b
     Example:
@@ -869,13 +873,14 @@ def add(ctx: Context, name: str, role_name: str | None, new_password: bool, db_h
     dsn = ctx.dsn()
     with ctx.connect() as conn:
         if new_password:
-            role = store.set_host_role_password(conn, name, password)
+            role = store.set_host_role_password(conn, name, password, connection_limit)
             if role is None:
                 raise Failure(f"host id {name} has no role yet: run `unitvisor hosts add {name}` "
                               "without --new-password")
         else:
             role = role_name or store.default_host_role_name(name)
-            store.add_host_role(conn, name, role, password)
+            store.add_host_role(conn, name, role, password,
+                                connection_limit or store.DEFAULT_HOST_CONNECTION_LIMIT)
     host_dsn = store.dsn_for_role(dsn, role, password, db_host)
     config_lines = f'[host]\nid = "{_toml_string(name)}"'
     if as_json:

@@ -116,6 +116,8 @@ def _database_checks(settings: config.Settings, dsn_override: str | None, daemon
             db_now = store.now(conn).timestamp()
             hosts = {row["id"]: row for row in store.list_hosts(conn)} if not pending else {}
             identity = store.whoami(conn) if not pending else None
+            defaults = store.role_settings(conn)
+            open_to_all = store.public_may_connect(conn)
     except (config.ConfigError, store.DatabaseError) as exc:
         return [Check("database", "fail", str(exc))]
     checks = [Check("database", "ok", f"reachable at {store.dsn_location(dsn)}")]
@@ -125,6 +127,10 @@ def _database_checks(settings: config.Settings, dsn_override: str | None, daemon
         checks.append(Check("schema", "ok", "current"))
     if identity is not None:
         checks.append(role_check(identity, settings.host_id))
+    checks.append(role_settings_check(defaults))
+    checks.append(Check("connect", "warn", "every role of the cluster may connect to this database (PUBLIC holds "
+                        "CONNECT): revoke it as README's Install does") if open_to_all
+                  else Check("connect", "ok", "only the roles granted CONNECT may connect to this database"))
     if not pending:
         checks.append(host_id_check(settings.host_id, hosts.get(settings.host_id),
                                     fleet.instance_id(config.machine_id(), daemon_boot_id(daemon_pid))))
@@ -150,6 +156,18 @@ def role_check(identity: store.Identity, host_id: str) -> Check:
                      "give this host its own role with `unitvisor hosts add`")
     return Check("role", "fail", "unbound (no unitvisor role, or a host role bound to no host id): the daemon "
                  "may not act as any host; give this host its own role with `unitvisor hosts add`")
+
+
+def role_settings_check(defaults: list[str]) -> Check:
+    """Session defaults set on the DSN's role (ALTER ROLE ... SET). A host role may set them on itself
+    (PostgreSQL lets any role), and they reach every session of the daemon: default_transaction_read_only
+    = on, say, makes every write of the daemon fail. The daemon sets only the timeouts it needs itself
+    (store.SESSION_SETTINGS), so anything here was set by someone holding the role or its admin."""
+    if not defaults:
+        return Check("role settings", "ok", "none set on this role")
+    return Check("role settings", "warn", f"{', '.join(defaults)} set on this role (ALTER ROLE ... SET): every "
+                 "session of the daemon starts with them; if nobody meant to, remove them as the admin with "
+                 "ALTER ROLE ... RESET ALL (and IN DATABASE ... RESET ALL)")
 
 
 def host_id_check(host_id: str, row: dict | None, instance: str) -> Check:

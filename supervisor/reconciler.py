@@ -153,6 +153,11 @@ def _started_at(decision: Decision) -> datetime | None:
     return decision.unit.started_at if decision.unit is not None else None
 
 
+def _holder(owner: store.UnitOwner) -> str:
+    # No host id: the run is pinned to a host whose runs this one may not read (sql/014_host_reads.sql).
+    return f"host {owner.host_id}" if owner.host_id is not None else "another host"
+
+
 def decide_orphan(unit_name: str, owner: store.UnitOwner | None, host_id: str, stop_orphans: bool,
                   running: bool, awaiting_claim: bool = False, active_state: str | None = None) -> Decision:
     """A unit with our prefix and no open attempt of this host in the pass's snapshot. `owner` is its
@@ -164,11 +169,11 @@ def decide_orphan(unit_name: str, owner: store.UnitOwner | None, host_id: str, s
                             "looks at it")
         # Never ours to stop, whatever made it appear here (a changed [host] id, a restored image): the
         # host that owns the attempt decides, or the fleet declares that host dead.
-        return Decision(Action.LEAVE_ORPHAN, unit_name, f"its attempt is open on host {owner.host_id}; left running")
+        return Decision(Action.LEAVE_ORPHAN, unit_name, f"its attempt is open on {_holder(owner)}; left running")
     if owner is not None:
         if running:
             return Decision(Action.STOP_STALE, unit_name, f"its attempt already has an outcome ({owner.outcome}, "
-                            f"recorded by host {owner.host_id}) but the unit still runs; stopping it")
+                            f"recorded by {_holder(owner)}) but the unit still runs; stopping it")
         return Decision(Action.RELEASE, unit_name, "outcome already recorded; releasing the unit",
                         unit_state=active_state)
     if awaiting_claim:

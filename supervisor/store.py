@@ -600,8 +600,7 @@ def list_hosts(conn: Connection) -> list[dict[str, Any]]:
                       h.epoch, h.instance, h.can_start, h.cannot_start_reason, h.allowed_executables,
                       h.run_user, h.allowed_users, h.poll_interval_sec, h.dead_after_sec, h.dead_at, h.dead_reason,
                       h.conflict_detail, extract(epoch FROM now() - h.conflict_at)::float8 AS conflict_age,
-                      (SELECT count(*) FROM unitvisor.attempts a
-                       WHERE a.host_id = h.id AND a.outcome IS NULL) AS in_flight
+                      unitvisor.host_in_flight(h.id) AS in_flight
                FROM unitvisor.hosts h ORDER BY h.id""").fetchall()
 
 
@@ -776,14 +775,17 @@ def unclaimed_attempts(conn: Connection, attempts: Sequence[tuple[uuid.UUID, int
 class UnitOwner:
     """Who the attempt of a unit name belongs to, as the database says now."""
 
-    host_id: str
+    host_id: str | None  # None: a host whose run the caller may not see (sql/014_host_reads.sql)
     outcome: str | None  # None: still open
 
 
 def unit_owners(conn: Connection, unit_names: Sequence[str]) -> dict[str, UnitOwner]:
     """The attempt rows behind these unit names (names with no row are absent). Read after the units
-    were listed, so that an attempt claimed while the listing ran is seen as its host's, not as gone."""
-    rows = conn.execute("SELECT unit_name, host_id, outcome FROM unitvisor.attempts WHERE unit_name = ANY(%s)",
+    were listed, so that an attempt claimed while the listing ran is seen as its host's, not as gone.
+    Through unitvisor.unit_owners (sql/014_host_reads.sql): a host role does not read the attempts of a
+    run pinned to another host, yet must learn that such a unit is held elsewhere (host_id None) or
+    ended (outcome 'ended'), never take it for an orphan."""
+    rows = conn.execute("SELECT unit_name, host_id, outcome FROM unitvisor.unit_owners(%s)",
                         (list(unit_names),)).fetchall()
     return {row[0]: UnitOwner(row[1], row[2]) for row in rows}
 
@@ -916,6 +918,26 @@ def whoami(conn: Connection) -> Identity:
     return Identity(row[0], row[1])
 
 
+def role_settings(conn: Connection) -> list[str]:
+    """The session defaults set on this session's login role (ALTER ROLE ... SET), for this database or
+    every database, as name=value. Any role may set them on itself, as it may change its own password
+    (PostgreSQL has no privilege against either), and they apply to every later session of the role:
+    `unitvisor doctor` shows them."""
+    rows = conn.execute(
+        """SELECT c.setting FROM pg_catalog.pg_db_role_setting s, unnest(s.setconfig) AS c(setting)
+           WHERE s.setrole = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user)
+             AND s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d
+                                       WHERE d.datname = current_database()))
+           ORDER BY 1""").fetchall()
+    return [row[0] for row in rows]
+
+
+def public_may_connect(conn: Connection) -> bool:
+    """Whether every role of the cluster may connect to this database (PUBLIC holds CONNECT, as after
+    `createdb`): README, Install revokes it."""
+    return conn.execute("SELECT has_database_privilege('public', current_database(), 'CONNECT')").fetchone()[0]
+
+
 _ROLE_NAME_UNSAFE = re.compile(r"[^a-z0-9_]+")
 _MAX_ROLE_NAME = 63  # PostgreSQL's NAMEDATALEN - 1, in bytes; the names made here are ASCII
 
@@ -941,9 +963,23 @@ class AlreadyBound(DatabaseError):
     """The host id has a role already (or the role name is taken)."""
 
 
-def add_host_role(conn: Connection, host_id: str, role: str, password: str) -> None:
-    """Create the login role `role` with this password, a member of unitvisor_host, bound to host_id,
-    in one transaction. Needs unitvisor_admin and the right to create roles."""
+# How many sessions a host's login role may hold at once (CREATE ROLE ... CONNECTION LIMIT), so that one
+# leaked host DSN cannot take the server's max_connections from the whole fleet. A host needs: 1 for its
+# daemon (the main loop's one connection: the output-tails thread only reads the journal and hands the
+# tails to the loop, metrics are served from the loop's figures, the guard thread uses D-Bus only), up to
+# 2 more for a moment after the network dropped the daemon's session, which the server ends only after
+# its keepalives or idle_session_timeout (host_dead_after) while the daemon has reconnected already (it
+# registers only once that session's host lock is gone, so a third such session adds nothing), and 2 for
+# commands run with the host's DSN beside it (`unitvisor doctor`, `wait`, `runs`). A limit reached makes
+# a new session fail with "too many connections for role", never an existing one; `hosts add
+# --connection-limit N` chooses another, `ALTER ROLE ... CONNECTION LIMIT -1` lifts it.
+DEFAULT_HOST_CONNECTION_LIMIT = 5
+
+
+def add_host_role(conn: Connection, host_id: str, role: str, password: str,
+                  connection_limit: int = DEFAULT_HOST_CONNECTION_LIMIT) -> None:
+    """Create the login role `role` with this password and connection limit, a member of unitvisor_host,
+    bound to host_id, in one transaction. Needs unitvisor_admin and the right to create roles."""
     with conn.transaction():
         bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
                              (host_id,)).fetchone()
@@ -953,8 +989,9 @@ def add_host_role(conn: Connection, host_id: str, role: str, password: str) -> N
         # CREATE ROLE takes no parameters: the name is an Identifier, the password a quoted literal of
         # its SCRAM verifier, never the password.
         try:
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
-                sql.Identifier(role), sql.Literal(_scram(conn, role, password)), sql.Identifier(HOST_ROLE)))
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT {} PASSWORD {} IN ROLE {}").format(
+                sql.Identifier(role), sql.Literal(int(connection_limit)), sql.Literal(_scram(conn, role, password)),
+                sql.Identifier(HOST_ROLE)))
         except psycopg.errors.DuplicateObject:
             raise AlreadyBound(f"role {role} exists already; choose another name with --role") from None
         try:
@@ -963,8 +1000,10 @@ def add_host_role(conn: Connection, host_id: str, role: str, password: str) -> N
             raise AlreadyBound(f"role {role} is bound to another host id already") from None
 
 
-def set_host_role_password(conn: Connection, host_id: str, password: str) -> str | None:
-    """Give the role bound to host_id a new password; returns its name (None: no role is bound to it)."""
+def set_host_role_password(conn: Connection, host_id: str, password: str,
+                           connection_limit: int | None = None) -> str | None:
+    """Give the role bound to host_id a new password (and this connection limit, unless None); returns its
+    name (None: no role is bound to it)."""
     with conn.transaction():
         bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
                              (host_id,)).fetchone()
@@ -972,6 +1011,9 @@ def set_host_role_password(conn: Connection, host_id: str, password: str) -> str
             return None
         conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
             sql.Identifier(bound[0]), sql.Literal(_scram(conn, bound[0], password))))
+        if connection_limit is not None:
+            conn.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(
+                sql.Identifier(bound[0]), sql.Literal(int(connection_limit))))
     return bound[0]
 
 

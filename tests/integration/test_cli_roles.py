@@ -83,6 +83,47 @@ def test_hosts_add_new_password_rotates_the_password(cli, dsn: str, conn: psycop
     assert after != before
 
 
+def connection_limit(conn: psycopg.Connection, role: str) -> int:
+    return conn.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (role,)).fetchone()[0]
+
+
+def test_hosts_add_gives_the_role_a_small_connection_limit(cli, dsn: str, conn: psycopg.Connection,
+                                                           host_id: str) -> None:
+    out = json.loads(add(cli, dsn, host_id).stdout)
+    assert connection_limit(conn, out["role"]) == store.DEFAULT_HOST_CONNECTION_LIMIT == 5
+
+
+def test_hosts_add_connection_limit_is_enforced_and_the_role_cannot_lift_it(cli, dsn: str, conn: psycopg.Connection,
+                                                                           host_id: str) -> None:
+    result = add(cli, dsn, host_id, "--connection-limit", "2")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert connection_limit(conn, out["role"]) == 2
+    with store.connect(out["dsn"]) as first, store.connect(out["dsn"]):
+        with pytest.raises(store.DatabaseUnavailable, match="too many connections for role"):
+            store.connect(out["dsn"])
+        # CONNECTION LIMIT is an attribute only a role that may create roles changes, unlike the password.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            first.execute(f'ALTER ROLE "{out["role"]}" CONNECTION LIMIT -1')
+    assert connection_limit(conn, out["role"]) == 2
+
+
+def test_hosts_add_new_password_sets_the_connection_limit_only_when_given(cli, dsn: str, conn: psycopg.Connection,
+                                                                          host_id: str) -> None:
+    role = json.loads(add(cli, dsn, host_id, "--connection-limit", "3").stdout)["role"]
+    assert add(cli, dsn, host_id, "--new-password").returncode == 0
+    assert connection_limit(conn, role) == 3
+    assert add(cli, dsn, host_id, "--new-password", "--connection-limit", "7").returncode == 0
+    assert connection_limit(conn, role) == 7
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_hosts_add_refuses_a_connection_limit_that_is_not_a_positive_number(cli, dsn: str, host_id: str,
+                                                                            value: str) -> None:
+    result = add(cli, dsn, host_id, "--connection-limit", value)
+    assert result.returncode == 2 and "--connection-limit" in result.stderr
+
+
 def test_hosts_add_new_password_of_an_unbound_host_id_is_an_error(cli, dsn: str, host_id: str) -> None:
     line = assert_one_line_error(add(cli, dsn, host_id, "--new-password"), 1)
     assert f"host id {host_id} has no role yet" in line
@@ -139,3 +180,62 @@ def test_migrate_by_a_role_that_may_not_create_roles_says_what_it_needs(cli, emp
     assert "refused `unitvisor migrate`" in line and "it needs a role that may create roles" in line
     with store.connect(empty_dsn) as conn:
         assert store.pending_migrations(conn)[0] == "004_roles"
+
+
+# -- what a host role may still do to itself (README, Roles: "A host role and its own password") ------
+
+
+def test_a_host_role_that_changed_its_own_password_is_recovered_with_new_password(cli, dsn: str,
+                                                                                  host_id: str) -> None:
+    """PostgreSQL lets every role change its own password, and no privilege, grant or event trigger
+    forbids it: whoever holds a host's DSN can lock that host's daemon out. The documented recovery is
+    `hosts add NAME --new-password`. If a later PostgreSQL refuses the first statement, README's
+    paragraph on it can go."""
+    old_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    role = conninfo_to_dict(old_dsn)["user"]
+    with store.connect(old_dsn) as host:
+        host.execute(f"ALTER ROLE \"{role}\" PASSWORD 'chosen-by-an-intruder'")
+    new_dsn = json.loads(add(cli, dsn, host_id, "--new-password").stdout)["dsn"]
+    with store.connect(new_dsn) as host:
+        assert store.whoami(host) == store.Identity("host", host_id)
+
+
+def test_doctor_warns_of_session_defaults_a_host_role_set_on_itself(cli, dsn: str, host_id: str,
+                                                                    conn: psycopg.Connection,
+                                                                    tmp_path) -> None:
+    host_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    role = conninfo_to_dict(host_dsn)["user"]
+    config = tmp_path / "unitvisor.toml"
+    config.write_text(f'[host]\nid = "{host_id}"\n')
+
+    def line() -> str:
+        [found] = [x for x in cli("doctor", dsn=host_dsn, config=config).stdout.splitlines() if "role settings" in x]
+        return found
+
+    assert line().startswith("ok")
+    with store.connect(host_dsn) as host:
+        host.execute(f'ALTER ROLE "{role}" IN DATABASE "{conn.info.dbname}" SET default_transaction_read_only = on')
+    try:
+        with store.connect(host_dsn) as host:
+            assert store.role_settings(host) == ["default_transaction_read_only=on"]
+        warned = line()
+        assert warned.startswith("warn") and "default_transaction_read_only=on" in warned
+    finally:
+        conn.execute(f'ALTER ROLE "{role}" IN DATABASE "{conn.info.dbname}" RESET ALL')
+
+
+def test_doctor_warns_while_every_role_may_connect_to_the_database(cli, dsn: str, host_id: str,
+                                                                    conn: psycopg.Connection, tmp_path) -> None:
+    from tests.integration.test_roles import readme_connect_statement
+    host_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    config = tmp_path / "unitvisor.toml"
+    config.write_text(f'[host]\nid = "{host_id}"\n')
+
+    def line() -> str:
+        [found] = [x for x in cli("doctor", dsn=host_dsn, config=config).stdout.splitlines()
+                   if x.split()[1:2] == ["connect"]]
+        return found
+
+    assert line().startswith("warn") and "README's Install" in line()  # as createdb leaves it
+    conn.execute(readme_connect_statement(conn.info.dbname))
+    assert line().startswith("ok")

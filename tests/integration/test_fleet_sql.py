@@ -865,7 +865,7 @@ def test_an_old_fence_stays_refused_after_the_host_was_forgotten(conn: psycopg.C
 # -- 9. unit_owners ----------------------------------------------------------------------------
 
 
-def test_unit_owners(conn: psycopg.Connection) -> None:
+def test_unit_owners(conn: psycopg.Connection, as_bound_roles: str) -> None:
     h1 = register(conn, "h1")
     h2 = register(conn, "h2")
     a = submit(conn, host_pin="h1")
@@ -878,11 +878,18 @@ def test_unit_owners(conn: psycopg.Connection) -> None:
     store.record_outcome(conn, h1, settled, SUCCEEDED, "succeeded")
     names = [unitspec.unit_name(run_id, 1) for run_id in (a, b, c)]
     unknown = unitspec.unit_name(uuid.uuid4(), 1)
-    assert store.unit_owners(conn, [*names, unknown, unitspec.unit_name(a, 2)]) == {
-        names[0]: store.UnitOwner("h1", None),
-        names[1]: store.UnitOwner("h1", "success"),
-        names[2]: store.UnitOwner("h2", None),
-    }
+    owners = store.unit_owners(conn, [*names, unknown, unitspec.unit_name(a, 2)])
+    if as_bound_roles == "bound roles":
+        # Asked as a host that may not see runs pinned to h1 and h2 (sql/014_host_reads.sql): each unit
+        # is still held (open elsewhere, or ended), without whose it is or how it ended.
+        assert owners == {names[0]: store.UnitOwner(None, None), names[1]: store.UnitOwner(None, "ended"),
+                          names[2]: store.UnitOwner(None, None)}
+    else:
+        assert owners == {
+            names[0]: store.UnitOwner("h1", None),
+            names[1]: store.UnitOwner("h1", "success"),
+            names[2]: store.UnitOwner("h2", None),
+        }
     assert store.unit_owners(conn, []) == {}
 
 

@@ -212,6 +212,106 @@ def test_host_cannot_read_a_run_pinned_to_another_host(world: World) -> None:
     assert store.get_run(world.h2, world.pinned.run_id).environment == SECRET_ENV  # its own host reads it
 
 
+def hold_a_secret_in_h2s_run(world: World) -> None:
+    """The issue's finding: h2's run printed a secret, kept as its output tail; it has events and a
+    reason why another of h2's runs waits."""
+    assert store.record_outcome(world.h2, world.f2, world.pinned, SUCCESS, "succeeded")
+    assert store.record_output_tails(world.h2, world.f2, [(world.pinned.run_id, world.pinned.attempt,
+                                                          "db_password=hunter2\n")]) == 1
+    world.admin.execute("INSERT INTO unitvisor.run_waits (run_id, reason) VALUES (%s, 'h2 is full')", (world.queued,))
+
+
+# Everything a host role might read a run's facts from, by the run's id.
+RUN_FACTS = {
+    "attempts": "SELECT unit_name, outcome, exit_status, output_tail FROM unitvisor.attempts WHERE run_id = %s",
+    "run_events": "SELECT state, reason FROM unitvisor.run_events WHERE run_id = %s",
+    "run_waits": "SELECT reason FROM unitvisor.run_waits WHERE run_id = %s",
+    "runs": "SELECT state FROM unitvisor.runs WHERE id = %s",
+    "run_status": "SELECT state, outcome, exit_status FROM unitvisor.run_status(%s)",
+}
+
+
+def test_host_reads_nothing_of_a_run_pinned_to_another_host(world: World) -> None:
+    hold_a_secret_in_h2s_run(world)
+    for run_id in (world.pinned.run_id, world.queued):
+        for name, query in RUN_FACTS.items():
+            assert world.h1.execute(query, (run_id,)).fetchall() == [], name
+    assert world.h1.execute("SELECT count(*) FROM unitvisor.attempts WHERE output_tail LIKE '%hunter2%' "
+                            "OR host_id = 'h2'").fetchone() == (0,)
+    assert world.h1.execute("SELECT count(*) FROM unitvisor.run_events WHERE host_id = 'h2'").fetchone() == (0,)
+    assert world.h1.execute("SELECT count(*) FROM unitvisor.run_waits").fetchone() == (0,)
+    refused(world.h1, "SELECT run_id FROM unitvisor.spawn_jobs")
+    # Nor through the planner's statistics: pg_stats shows a table's most common values (an output tail
+    # among them) to whoever may read the column, except while row security is on for that reader.
+    world.admin.execute("ANALYZE unitvisor.attempts, unitvisor.run_events, unitvisor.run_waits")
+    assert world.admin.execute("SELECT count(*) FROM pg_stats WHERE schemaname = 'unitvisor' "
+                               "AND tablename = 'attempts' AND attname = 'output_tail'").fetchone() == (1,)
+    assert world.h1.execute("SELECT tablename FROM pg_stats WHERE schemaname = 'unitvisor' AND tablename IN "
+                            "('attempts', 'run_events', 'run_waits')").fetchall() == []
+    # The CLI's reads, with a host's DSN.
+    assert store.get_attempts(world.h1, world.pinned.run_id) == []
+    assert store.get_outcome_records(world.h1, world.pinned.run_id) == {}
+    assert store.get_events(world.h1, world.pinned.run_id) == []
+    assert world.pinned.run_id not in {r["id"] for r in store.list_runs(world.h1)}
+    assert world.pinned.run_id not in {r.id for r in store.runs_with_labels(world.h1, {})}
+
+
+def test_host_reads_all_of_its_own_runs_and_the_submitter_of_every_run(world: World) -> None:
+    hold_a_secret_in_h2s_run(world)
+    assert store.get_outcome_records(world.h2, world.pinned.run_id)[1].output_tail == "db_password=hunter2\n"
+    assert store.get_outcome_records(world.submitter, world.pinned.run_id)[1].output_tail == "db_password=hunter2\n"
+    for host, run_id in ((world.h2, world.pinned.run_id), (world.h2, world.queued), (world.submitter, world.queued),
+                         (world.h1, world.mine.run_id), (world.h1, world.free.run_id)):
+        assert host.execute(RUN_FACTS["runs"], (run_id,)).fetchall() != []
+        assert len(store.get_events(host, run_id)) >= 1
+    assert world.h2.execute(RUN_FACTS["run_waits"], (world.queued,)).fetchall() == [("h2 is full",)]
+    assert [a.host_id for a in store.get_attempts(world.h1, world.mine.run_id)] == ["h1"]
+    assert list(store.get_outcome_records(world.h1, world.mine.run_id)) == [1]
+    # An unpinned run's attempts are every host's to read, whoever ran them (as the run is).
+    assert [a.host_id for a in store.get_attempts(world.h2, world.free.run_id)] == ["h1"]
+
+
+def test_host_reads_a_dead_hosts_open_attempts_it_takes_over(world: World) -> None:
+    assert store.get_attempts(world.h1, world.pinned.run_id) == []
+    silence(world.admin, "h2", 3600)
+    with world.h1.transaction():
+        assert [d.host_id for d in store.declare_dead_hosts(world.h1, world.f1, 3600)] == ["h2"]
+        [(run, taken)] = store.open_attempts(world.h1, "h2")
+    assert (run.id, taken.attempt) == (world.pinned.run_id, 1)
+    assert [a.host_id for a in store.get_attempts(world.h1, world.pinned.run_id)] == ["h2"]
+
+
+def test_a_unit_of_a_run_pinned_to_another_host_is_held_elsewhere_not_an_orphan(world: World) -> None:
+    """unit_owners for a unit found on h1's machine whose attempt is h2's (a changed host id, a restored
+    image): open on another host, then ended, without saying which host or how it ended."""
+    name = world.pinned.unit_name
+    assert store.unit_owners(world.h1, [name]) == {name: store.UnitOwner(None, None)}
+    assert store.unit_owners(world.h2, [name]) == {name: store.UnitOwner("h2", None)}
+    assert store.record_outcome(world.h2, world.f2, world.pinned, Outcome("exit-code", "exit:3", "x"), "failed")
+    assert store.unit_owners(world.h1, [name]) == {name: store.UnitOwner(None, "ended")}
+    assert store.unit_owners(world.h1, [world.free.unit_name, "unitvisor-run-nothing.service"]) == {
+        world.free.unit_name: store.UnitOwner("h1", None)}
+
+
+def test_hosts_in_flight_counts_every_hosts_attempts_for_a_host_role(world: World) -> None:
+    assert {h["id"]: h["in_flight"] for h in store.list_hosts(world.h1)} == {"h1": 1, "h2": 1}
+
+
+def test_every_table_a_host_reads_that_holds_a_run_is_under_a_policy(conn: psycopg.Connection) -> None:
+    """A table (or view) granted to hosts that has a run_id column, or is runs, must have row security
+    on and a policy for hosts: a new one that forgot it shows up here."""
+    unguarded = conn.execute(
+        """SELECT c.relname FROM pg_class c
+           WHERE c.relnamespace = 'unitvisor'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm')
+             AND has_table_privilege(%s, c.oid, 'SELECT')
+             AND (c.relname = 'runs' OR EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid
+                                                AND a.attname = 'run_id' AND NOT a.attisdropped))
+             AND NOT (c.relrowsecurity AND EXISTS (SELECT 1 FROM pg_policy p WHERE p.polrelid = c.oid
+                                                   AND %s::regrole = ANY (p.polroles)))
+           ORDER BY 1""", (store.HOST_ROLE, store.HOST_ROLE)).fetchall()
+    assert unguarded == []
+
+
 def test_host_cannot_delete_an_event(world: World) -> None:
     refused(world.h1, "DELETE FROM unitvisor.run_events WHERE run_id = %s", (world.free.run_id,))
 
@@ -378,9 +478,9 @@ HOST_FUNCTIONS = {
     "claim_jobs", "declare_dead_hosts", "expire_runs", "explain_waiting", "heartbeat", "mark_host_stopped",
     "mark_started", "max_rows_bound", "my_host_id", "prune_history", "record_event", "record_outcome",
     "record_output_tails", "register_host", "register_host_environment", "run_status", "runs_with_labels",
-    "wait_reason", "whoami"}
+    "wait_reason", "whoami", "host_holds_run", "host_may_see", "unit_owners", "host_in_flight"}
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
-                       "runs_with_labels", "submit_run", "wait_reason", "whoami"}
+                       "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight"}
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 
@@ -558,3 +658,30 @@ def test_the_one_role_of_a_single_role_deployment_keeps_working(postgres: Postgr
                        "SELECT %s, %s, 'old', 'running', 'x' WHERE unitvisor.check_fence('old', %s)",
                        (run_id, attempt, epoch))
         assert legacy.execute("SELECT count(*) FROM unitvisor.host_roles").fetchone() == (0,)
+
+
+# -- README, Install: CONNECT only for the unitvisor roles ----------------------------------------------
+
+
+def readme_connect_statement(dbname: str) -> str:
+    """The README's `psql -c '...'` that revokes CONNECT from PUBLIC, for database `dbname`."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [line] = [x for x in readme.splitlines() if "REVOKE CONNECT ON DATABASE" in x]
+    statement = line.split("-c '", 1)[1].rsplit("'", 1)[0]
+    assert statement.count("ON DATABASE unitvisor ") == 2, statement
+    return statement.replace("ON DATABASE unitvisor ", f'ON DATABASE "{dbname}" ')
+
+
+def test_after_the_readmes_install_only_the_unitvisor_roles_connect(conn: psycopg.Connection, dsn: str,
+                                                                     postgres: Postgres) -> None:
+    ensure_login_role(postgres, "uvtest_outsider", "pg_monitor")  # a role of the cluster, of no unitvisor kind
+    ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
+    ensure_login_role(postgres, "uvtest_admin", store.ADMIN_ROLE)
+    host_role = bind_host_role(conn, postgres, "h1")
+    login(dsn, "uvtest_outsider").close()  # what createdb leaves: PUBLIC may connect
+    conn.execute(readme_connect_statement(conn.info.dbname))
+    with pytest.raises(store.DatabaseUnavailable, match="does not have CONNECT privilege"):
+        login(dsn, "uvtest_outsider")
+    for role in (host_role, TEST_SUBMITTER, "uvtest_admin"):
+        with login(dsn, role) as session:
+            assert store.whoami(session).kind in ("host", "submitter", "admin")

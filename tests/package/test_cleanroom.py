@@ -179,6 +179,8 @@ def test_configured_as_the_readme_says_it_runs_a_run(host: Host) -> None:
     superuser = ("runuser", "-u", "postgres", "--", "unitvisor", "--dsn",
                  f"host=/var/run/postgresql port={host.room.pg_port} dbname=unitvisor")
     assert "applied" in host.run(*superuser, "migrate", timeout=120).stdout
+    host.room.psql("REVOKE CONNECT ON DATABASE unitvisor FROM PUBLIC; GRANT CONNECT ON DATABASE unitvisor TO "
+                   "unitvisor_admin, unitvisor_submitter, unitvisor_host", database="unitvisor")
     added = json.loads(host.run(*superuser, "hosts", "add", HOST_ID, "--db-host", "localhost", "--json").stdout)
     host.run("sh", "-c", "umask 077 && cat > /etc/unitvisor/dsn", input=added["dsn"] + "\n")
     assert host.run("stat", "-c", "%a %U", "/etc/unitvisor/dsn").stdout.split() == ["600", "root"]

@@ -395,3 +395,35 @@ def test_a_host_with_every_slot_taken_ignores_spawn_hints(listening):
     listening.reconciler.in_flight -= 1  # one run ended: room again
     listening._on_notify(psycopg.Notify(store.SPAWN_CHANNEL, "", 4242))
     assert listening.notified == {store.SPAWN_CHANNEL}
+
+
+# -- a forged notification (issue 21): any session with CONNECT may NOTIFY on the daemons' channels ------
+
+FORGED_RUN = "6f1d9a2e-0000-4000-8000-00000000f0f0"
+
+
+def test_a_forged_notification_only_wakes_the_daemon(make, clock, mocker):
+    """A cancel naming a run, a spawn hint naming this host with more fields, and a forged completion:
+    the daemon wakes, asks the database which of its attempts have a cancel request and what it may
+    claim, and acts on those answers only. No part of a payload reaches a call."""
+    d = make()
+    d.fence = store.Fence("h1", 7)
+    d.reconciler = mock.Mock(in_flight=0, settled=0)
+    d.timers = Timers(claim=clock.now + 60, reconcile=clock.now + 60)
+    d.watcher.drain.return_value = (set(), False)
+    forged = [(store.CANCEL_CHANNEL, FORGED_RUN),
+              (store.SPAWN_CHANNEL, f'{{"hosts": ["h1"], "run_id": "{FORGED_RUN}", "argv": ["/bin/sh"]}}'),
+              ("unitvisor_run_finished", f'{{"run_id": "{FORGED_RUN}", "state": "succeeded"}}')]
+    notes = [mock.Mock(relname=c.encode(), extra=p.encode()) for c, p in forged]
+    d.conn = mock.Mock(fileno=mock.Mock(return_value=-1),
+                       pgconn=mock.Mock(notifies=mock.Mock(side_effect=[*notes, None, None, None])))
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    open_attempts = mocker.patch.object(daemon_mod.store, "open_attempts", return_value=[])
+    claim = mocker.patch.object(daemon_mod.store, "claim", return_value=[])
+    d._iteration()
+    open_attempts.assert_called_once_with(d.conn, "h1", cancel_requested=True)
+    claim.assert_called_once_with(d.conn, d.fence, d.settings.daemon.claim_batch, mock.ANY)
+    d.reconciler.reconcile_one.assert_not_called()  # the database named no attempt to stop
+    d.systemd.stop.assert_not_called()
+    for called in (open_attempts, claim, d.reconciler, d.systemd):
+        assert FORGED_RUN not in repr(called.mock_calls)

@@ -1,7 +1,7 @@
 """doctor's line on the kind of database role it is connected as."""
 
 from supervisor import store
-from supervisor.doctor import role_check
+from supervisor.doctor import role_check, role_settings_check
 
 
 def test_an_admin_may_act_as_any_host() -> None:
@@ -24,3 +24,10 @@ def test_a_submitter_or_unbound_role_cannot_run_the_daemon() -> None:
         check = role_check(store.Identity(kind, None), "web-1")
         assert check.status == "fail" and check.message.startswith(kind)
         assert "unitvisor hosts add" in check.message
+
+
+def test_session_defaults_on_the_role_are_a_warning_naming_them() -> None:
+    assert role_settings_check([]).status == "ok"
+    check = role_settings_check(["default_transaction_read_only=on", "search_path=x"])
+    assert check.status == "warn"
+    assert "default_transaction_read_only=on, search_path=x" in check.message and "RESET ALL" in check.message

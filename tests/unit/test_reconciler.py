@@ -322,6 +322,22 @@ def test_a_unit_whose_attempt_is_open_on_another_host_is_never_stopped(stop_orph
     assert "open on host other" in d.reason
 
 
+@pytest.mark.parametrize("stop_orphans", [True, False])
+@pytest.mark.parametrize("running", [True, False])
+def test_a_unit_held_by_a_host_whose_runs_this_one_may_not_read_is_never_stopped(stop_orphans, running):
+    """unitvisor.unit_owners hides the host (and the outcome) of a run pinned to another host
+    (sql/014_host_reads.sql): held elsewhere is still held."""
+    d = orphan(store.UnitOwner(None, None), stop_orphans, running)
+    assert d.action is Action.LEAVE_ORPHAN
+    assert "open on another host" in d.reason
+
+
+def test_a_unit_whose_hidden_attempt_ended_is_stopped_as_stale():
+    d = orphan(store.UnitOwner(None, "ended"), running=True)
+    assert d.action is Action.STOP_STALE
+    assert "ended, recorded by another host" in d.reason
+
+
 @pytest.mark.parametrize("running", [True, False])
 def test_a_unit_claimed_by_this_host_while_the_pass_listed_units_is_left_alone(running):
     """The CLI's pass read the attempts, then the daemon claimed and started one, then the CLI listed
