@@ -5,17 +5,24 @@ Decision table (every row has a unit test in tests/unit/test_reconciler.py):
 
 | attempt row                        | systemd has                 | action                                   |
 |------------------------------------|-----------------------------|------------------------------------------|
-| not started, run not cancelled     | no unit, none in the journal| START it under the same name             |
+| not started, run not cancelled     | no unit, none in a journal  | START it under the same name             |
+|                                    | that reaches back to the    |                                          |
+|                                    | claim (decide_unstarted)    |                                          |
 | not started, run not cancelled     | no unit, but PID 1 logged it| GONE: started before a crash, then ended |
 |                                    | (started, then collected)   | and collected: the journal's outcome     |
+| not started, run not cancelled     | no unit, none in a journal  | GONE as lost: it may have run; never     |
+|                                    | that does not reach back to | started again (the run retries by its    |
+|                                    | the claim, or an older boot | policy, as a new attempt)                |
+| not started, run not cancelled     | no unit, journal unreadable | WAIT: nothing proves it never started;   |
+|                                    |                             | a later pass decides                     |
 | not started, cancel requested      | no unit                     | SETTLE as cancelled, start nothing       |
 | any                                | unit, process still running | ADOPT (record start and invocation id)   |
 | any, cancel requested              | unit, process still running | STOP it; it settles as cancelled         |
 | any, cancel requested              | unit, stopping              | NOTHING: the stop is on its way          |
 | any                                | unit, ended                 | SETTLE with the unit's outcome, release  |
 | started                            | no unit (reboot, reset, a   | GONE: cancelled if requested, else the   |
-|                                    | clean end collected while   | journal's outcome, else lost             |
-|                                    | no daemon held it)          |                                          |
+|                                    | clean end collected while   | journal's outcome, else lost; WAIT while |
+|                                    | no daemon held it)          | the journal cannot be read               |
 | outcome already recorded           | unit ended                  | RELEASE the unit (crash before release)  |
 | outcome already recorded           | unit still running          | STOP_STALE: taken over while this host   |
 |                                    |                             | was cut off, or cancelled; stop it       |
@@ -48,14 +55,14 @@ import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import psycopg
 
 from supervisor import faults, fleet, runenv, store, unitspec
 from supervisor.config import Settings, cut_off_after
-from supervisor.journal import Journal, TailReader
+from supervisor.journal import History, Journal, TailReader, Unreadable
 from supervisor.log import event
 from supervisor.model import Accounting, Attempt, Run
 from supervisor.outcomes import Outcome, classify, is_setup_exit, retry_delay, run_state_after
@@ -76,6 +83,7 @@ class Action(enum.Enum):
     STOP_ORPHAN = "stop-orphan"
     LEAVE_ORPHAN = "leave-orphan"
     STOP_STALE = "stop-stale"
+    WAIT = "wait"  # nothing can be decided until the journal can be read again: the next pass tries
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,39 @@ def gone(run: Run, name: str, reason: str) -> Decision:
     if run.cancel_requested_at is not None:
         return Decision(Action.GONE, name, reason, Outcome("cancelled", None, "cancelled; the unit is gone"))
     return Decision(Action.GONE, name, reason, GONE_LOST)
+
+
+# An attempt claimed here whose unit is not loaded and that may have run: what the journal would say is lost.
+UNPROVEN_LOST = Outcome("lost", None, "its unit is gone and may have run (the daemon may have died between starting "
+                        "it and recording that): the journal no longer reaches back to its claim (rotated or "
+                        "vacuumed, or an earlier boot's), so nothing proves it never ran; not started again")
+
+
+def decide_unstarted(run: Run, attempt: Attempt, history: History, loaded_now: bool) -> Decision:
+    """For an attempt that decide() would START (claimed here, never marked started, run not cancelled,
+    no unit in the pass's view): whether it may be started. `history` is what the journal says about
+    its unit, `loaded_now` whether the unit is loaded when asked again, live.
+
+    A second start of the same attempt is the one move that is never undone, so START needs proof
+    that its unit never ran: a journal that reaches back to the claim and knows no unit of that name.
+    A daemon killed between StartTransientUnit and recording the start leaves exactly this row, with a
+    unit that a clean end lets PID 1 collect at once (no daemon holds it): only the journal remembers it.
+    The pure policy; Reconciler._unless_seen asks the journal and systemd."""
+    name = attempt.unit_name
+    if loaded_now:
+        # The pass's listing predates a unit another process started since (the daemon, beside
+        # `unitvisor reconcile` by hand). A unit loaded now is started "again", which is adoption.
+        return Decision(Action.START, name, "its unit is loaded now: adopted")
+    if history is History.UNKNOWN:
+        return Decision(Action.START, name, "claimed but no unit yet (the journal reaches back to the claim and "
+                        "knows none)")
+    if history is History.KNOWN:
+        return gone(run, name, "its unit was started before and is gone")
+    if history is History.INCOMPLETE:
+        return Decision(Action.GONE, name, "its unit is gone and the journal does not reach back to its claim",
+                        UNPROVEN_LOST)
+    return Decision(Action.WAIT, name, "the journal cannot be read, so nothing proves its unit never started; "
+                    "not started until a later pass can read it")
 
 
 def decide_on_change(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
@@ -202,6 +243,11 @@ class Planned:
     attempt: Attempt | None = None
 
 
+# How much earlier than its claim the journal must reach back (Reconciler._claimed_since): asking for
+# more only ever settles a never-started attempt `lost` instead of starting it, never the reverse.
+CLAIM_MARGIN = timedelta(seconds=1)
+
+
 class Reconciler:
     """Carries decisions out through the store and systemd. Every action is idempotent: a second
     start of a name adopts it, a second outcome write changes nothing, so a pass that is cut short
@@ -262,18 +308,26 @@ class Reconciler:
             run, attempt, self.systemd.state(attempt.unit_name) if brief is not None else None))
 
     def _unless_seen(self, run: Run, attempt: Attempt, decision: Decision) -> Decision:
-        """START, unless PID 1's journal knows the unit: then it was started (by a daemon that died
-        before recording that) and is gone since, as a clean end is collected at once when no daemon
-        holds the unit. Starting it again would run the command twice; the journal says how it
-        ended, or it is lost. Unknown to the journal, or the journal unreadable: START."""
-        if decision.action is Action.START and self.journal.unit_seen(attempt.unit_name):
-            # Asked again, live: the pass's listing may predate a unit another process (the daemon,
-            # beside `unitvisor reconcile` by hand) started since, which the journal then already
-            # knows while it runs. A unit loaded now is started "again", which is adoption.
-            if self.systemd.state(attempt.unit_name) is not None:
-                return decision
-            return gone(run, attempt.unit_name, "its unit was started before and is gone")
-        return decision
+        """START only when the journal proves the unit never ran (decide_unstarted): a unit PID 1
+        logged about was started (by a daemon that died before recording that) and is gone since, as
+        a clean end is collected at once when no daemon holds the unit; a journal that cannot be read,
+        or no longer reaches back to the claim, proves nothing either way."""
+        if decision.action is not Action.START:
+            return decision
+        history = self.journal.unit_history(attempt.unit_name, self._claimed_since(attempt))
+        loaded_now = history is not History.UNKNOWN and self.systemd.state(attempt.unit_name) is not None
+        return decide_unstarted(run, attempt, history, loaded_now)
+
+    def _claimed_since(self, attempt: Attempt) -> datetime | None:
+        """When the attempt was claimed, on this host's clock: claimed_at is the database's, and the
+        two clocks may be far apart (issue 21 saw a host 30 s behind). Its age is measured on the
+        database's clock alone and taken from this host's now, so the skew drops out; CLAIM_MARGIN
+        more covers the two reads of now() not being one instant. A host clock stepped since the
+        claim is what this cannot see."""
+        if attempt.claimed_at is None:
+            return None
+        age = store.now(self.conn) - attempt.claimed_at
+        return datetime.now(UTC) - age - CLAIM_MARGIN
 
     def _orphans(self, units: dict[str, UnitBrief], owned: set[str]) -> list[Decision]:
         loaded = [name for name in units if name not in owned]
@@ -434,7 +488,15 @@ class Reconciler:
             assert decision.outcome is not None
             outcome, ended_at, accounting = decision.outcome, None, None
             if outcome.outcome == "lost":
-                found = self.journal.outcome(attempt.unit_name, attempt.invocation_id)
+                try:
+                    found = self.journal.outcome(attempt.unit_name, attempt.invocation_id)
+                except Unreadable as exc:
+                    # `lost` now would retry a run that may have succeeded: it would run twice. A unit
+                    # this host stopped while cut off is lost whatever the journal says.
+                    if attempt.unit_name not in self.cut_off_units:
+                        self._wait(run, attempt, f"{exc}: its outcome is decided by a later pass")
+                        return
+                    found = None
                 if found is not None:
                     outcome, ended_at, accounting = found.outcome, found.ended_at, found.accounting
             # The unit is gone, and systemd's measurements with it (but for what PID 1's resource-usage
@@ -442,6 +504,8 @@ class Reconciler:
             # tail is read all the same.
             self.settle(run, attempt, self._cut_off(attempt, outcome), unit_exists=False, ended_at=ended_at,
                         accounting=accounting, keep_output=True)
+        elif action is Action.WAIT:
+            self._wait(run, attempt, decision.reason)
         elif action is Action.SETTLE:
             assert decision.outcome is not None
             unit = decision.unit
@@ -451,6 +515,14 @@ class Reconciler:
                         started_at=unit.started_at if unit else None, ended_at=unit.ended_at if unit else None,
                         accounting=unit.accounting if unit else None, keep_output=unit is not None,
                         unit_state=unit.active_state if unit else None)
+
+    @staticmethod
+    def _wait(run: Run, attempt: Attempt, reason: str) -> None:
+        """Leave an attempt open for a later pass: the journal could not be read. Said at every pass
+        that finds it so, since the attempt holds its slot until then (a journal broken for good,
+        say a corrupted file journalctl chokes on, needs an operator; `unitvisor doctor` reads it too)."""
+        event("journal-unreadable", level=logging.WARNING, run=run.id, attempt=attempt.attempt,
+              unit=attempt.unit_name, detail=reason)
 
     def _proven(self, attempt: Attempt, decision: Decision) -> Outcome:
         """The decision's outcome, with an exit status of 200-243 that the unit's state left unproven

@@ -342,7 +342,8 @@ def test_orphan_decisions_carry_no_outcome():
 def test_action_values():
     assert {a.name: a.value for a in Action} == {
         "NOTHING": "nothing", "START": "start", "ADOPT": "adopt", "STOP": "stop", "SETTLE": "settle", "GONE": "gone",
-        "RELEASE": "release", "STOP_ORPHAN": "stop-orphan", "LEAVE_ORPHAN": "leave-orphan", "STOP_STALE": "stop-stale"}
+        "RELEASE": "release", "STOP_ORPHAN": "stop-orphan", "LEAVE_ORPHAN": "leave-orphan", "STOP_STALE": "stop-stale",
+        "WAIT": "wait"}
 
 
 def test_unit_ahead_of_its_claim_is_left_for_adoption_even_when_orphans_are_stopped():
