@@ -478,6 +478,11 @@ class TailReader:
             done, self._done = self._done, []
         return done
 
+    def give_back(self, taken: list[tuple[uuid.UUID, int, str]]) -> None:
+        """Tails taken whose write failed (the database lost): the next take() returns them again."""
+        with self._lock:
+            self._done[:0] = taken
+
     def close(self, timeout: float) -> None:
         """Read what is queued, for at most `timeout` seconds (the rest is left unread), and stop."""
         if self._thread is not None:

@@ -97,6 +97,8 @@ class Decision:
     unit: UnitState | None = None
     # An orphan's ActiveState as listed (RELEASE: how to release it).
     unit_state: str | None = None
+    # RELEASE of a unit whose outcome this host recorded: its output tail is read (again) as well.
+    keep_output: bool = False
 
 
 def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
@@ -210,8 +212,10 @@ def decide_orphan(unit_name: str, owner: store.UnitOwner | None, host_id: str, s
         if running:
             return Decision(Action.STOP_STALE, unit_name, f"its attempt already has an outcome ({owner.outcome}, "
                             f"recorded by host {owner.host_id}) but the unit still runs; stopping it")
+        # The release after an outcome's commit was cut short (the daemon killed, the bus lost, a
+        # refusal): so may its tail's read have been. Read again; an attempt that has one keeps it.
         return Decision(Action.RELEASE, unit_name, "outcome already recorded; releasing the unit",
-                        unit_state=active_state)
+                        unit_state=active_state, keep_output=owner.host_id == host_id)
     if awaiting_claim:
         # Stopping it would be the one wrong move: its run is still to be started, and the claim
         # that starts it will find this unit and adopt it instead of running the command twice.
@@ -365,8 +369,16 @@ class Reconciler:
         return done
 
     def write_output_tails(self) -> int:
-        """Keep the output tails read since the last call with their attempts, in one statement."""
-        return store.record_output_tails(self.conn, self.fence, self.output_tails.take())
+        """Keep the output tails read since the last call with their attempts, in one statement. A
+        database lost (or this host fenced) in it gives them back to the reader, for the write after
+        the reconnect: they are read only once. A statement the database refuses drops them, or the
+        loop would fail on the same rows at every iteration."""
+        tails = self.output_tails.take()
+        try:
+            return store.record_output_tails(self.conn, self.fence, tails)
+        except (store.Fenced, *store.CONNECTION_LOST, psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable):
+            self.output_tails.give_back(tails)
+            raise
 
     def sweep_environment_files(self) -> list[str]:
         """Remove every environment file whose attempt is not open on this host: its outcome is
@@ -545,6 +557,8 @@ class Reconciler:
 
     def apply_orphan(self, decision: Decision) -> None:
         if decision.action is Action.RELEASE:
+            if decision.keep_output and (parsed := unitspec.parse_unit_name(decision.unit_name)) is not None:
+                self.output_tails.add(*parsed)
             self.systemd.release(decision.unit_name, decision.unit_state)
         elif decision.action in (Action.STOP_ORPHAN, Action.STOP_STALE):
             self.systemd.release(decision.unit_name)  # a stop job, reset-failed, and this daemon's reference
@@ -584,32 +598,62 @@ class Reconciler:
             endings, self._batch = self._batch, None
             self._record_batch(endings)
 
-    def _record_each(self, endings: list[_Ending]) -> None:
-        """Each outcome with a statement of its own, one attempt's trouble staying that attempt's."""
-        for ending in endings:
-            self.isolated(ending.run, ending.settling.attempt,
-                          lambda e=ending: self._after(e, self._record(e.run, e.settling)))
-
     def _record_batch(self, endings: list[_Ending]) -> None:
-        if len(endings) <= 1:
-            self._record_each(endings)
-            return
-        faults.point("before-outcome")
+        """Write the batch's outcomes, then do what follows each one written (_after_all), also when
+        the writes stop half way (the database lost after some of them). Every write comes before any
+        release: a bus lost at a release must not cost a later outcome its write, since its unit is the
+        only record of it until then, and PID 1 collects a clean one when this connection closes."""
+        written: list[bool | None] = []  # per ending, in order, once its write is over (None: not written)
         try:
-            taken = store.record_outcomes(self.conn, self.fence, [e.settling for e in endings])
-        except (store.Fenced, *store.CONNECTION_LOST):
-            raise
-        except psycopg.Error as exc:
-            # One row the database refuses fails the statement, and with it every outcome of the batch:
-            # each again on its own, so that one attempt's trouble stays that attempt's.
-            event("outcome-batch-refused", level=logging.WARNING, host=self.host_id, runs=len(endings),
-                  detail=f"{type(exc).__name__}: {exc}; recording each on its own")
-            self._record_each(endings)
-            return
-        for ending, took in zip(endings, taken, strict=True):
-            if took:
-                self._settled_event(ending.run, ending.settling)
-            self.isolated(ending.run, ending.settling.attempt, lambda e=ending, t=took: self._after(e, t))
+            self._write_outcomes(endings, written)
+        finally:
+            bus_lost = self._after_all(list(zip(endings, written, strict=False)))
+        if bus_lost is not None:
+            raise bus_lost  # the daemon reconnects; the next pass releases what was left
+
+    def _write_outcomes(self, endings: list[_Ending], written: list[bool | None]) -> None:
+        """The outcomes in one statement, or (one alone, or a batch the database refused) each with a
+        statement of its own, one attempt's trouble staying that attempt's. Appends to `written`, in
+        order, whether each took its outcome (None: its write failed, logged by isolated())."""
+        if len(endings) > 1:
+            faults.point("before-outcome")
+            try:
+                taken = store.record_outcomes(self.conn, self.fence, [e.settling for e in endings])
+            except (store.Fenced, *store.CONNECTION_LOST):
+                raise
+            except psycopg.Error as exc:
+                # One row the database refuses fails the statement, and with it every outcome of the
+                # batch: each again on its own, so that one attempt's trouble stays that attempt's.
+                event("outcome-batch-refused", level=logging.WARNING, host=self.host_id, runs=len(endings),
+                      detail=f"{type(exc).__name__}: {exc}; recording each on its own")
+            else:
+                for ending, took in zip(endings, taken, strict=True):
+                    if took:
+                        self._settled_event(ending.run, ending.settling)
+                written.extend(taken)
+                return
+        for ending in endings:
+            took: list[bool] = []
+            self.isolated(ending.run, ending.settling.attempt,
+                          lambda e=ending, t=took: t.append(self._record(e.run, e.settling)))
+            written.append(took[0] if took else None)
+
+    def _after_all(self, written: list[tuple[_Ending, bool | None]]) -> SystemdUnavailable | None:
+        """What follows the outcomes written, in two rounds: first what needs no systemd (each taken
+        outcome's tail scheduled and counted, the environment files removed), for every one of them;
+        then the releases. So a bus lost at the first release drops no committed outcome's tail (0.5.1
+        left the batch there, issue 21). The releases stop at a lost bus, which is returned for the
+        caller to raise: the units left are released by the next pass (RELEASE of a unit whose outcome
+        is recorded), which schedules their tails again too."""
+        done = [(ending, took) for ending, took in written if took is not None]
+        for ending, took in done:
+            self.isolated(ending.run, ending.settling.attempt, lambda e=ending, t=took: self._recorded(e, t))
+        for ending, _ in done:
+            try:
+                self.isolated(ending.run, ending.settling.attempt, lambda e=ending: self._release(e))
+            except SystemdUnavailable as exc:
+                return exc
+        return None
 
     def _settling(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None,
                   started_at: datetime | None = None, ended_at: datetime | None = None,
@@ -637,6 +681,12 @@ class Reconciler:
 
     def _after(self, ending: _Ending, recorded: bool) -> None:
         """What follows an outcome's write: counted once, if this write took it; the unit released."""
+        self._recorded(ending, recorded)
+        self._release(ending)
+
+    def _recorded(self, ending: _Ending, recorded: bool) -> None:
+        """What follows an outcome's write without systemd: its tail scheduled and its count, if this
+        write took it; its environment file removed."""
         attempt = ending.settling.attempt
         if recorded:
             if ending.keep_output:
@@ -648,7 +698,10 @@ class Reconciler:
         self.cut_off_units.discard(attempt.unit_name)
         # Its process has been spawned (PID 1 read the file then) or never will be.
         self.env_files.remove(attempt.unit_name)
-        # Released only once the outcome is committed: until then the unit is the only record of it.
+
+    def _release(self, ending: _Ending) -> None:
+        """Released only once the outcome is committed: until then the unit is the only record of it."""
+        attempt = ending.settling.attempt
         if ending.unit_exists:
             self.systemd.release(attempt.unit_name, ending.unit_state)
 

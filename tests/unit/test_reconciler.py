@@ -293,7 +293,14 @@ def orphan(owner, stop_orphans=True, running=False, awaiting_claim=False):
 @pytest.mark.parametrize("stop_orphans", [True, False])
 def test_settled_attempts_ended_unit_is_released(stop_orphans):
     assert orphan(SETTLED, stop_orphans) == Decision(Action.RELEASE, NAME,
-                                                     "outcome already recorded; releasing the unit")
+                                                     "outcome already recorded; releasing the unit",
+                                                     keep_output=SETTLED.host_id == "me")
+
+
+@pytest.mark.parametrize(("recorder", "keep_output"), [("me", True), ("declarer", False)])
+def test_a_released_unit_has_its_tail_read_again_when_this_host_recorded_its_outcome(recorder, keep_output):
+    """The release after the outcome's commit was cut short, and the tail's read may have been too."""
+    assert orphan(store.UnitOwner(recorder, "success"), True).keep_output is keep_output
 
 
 @pytest.mark.parametrize("stop_orphans", [True, False])

@@ -82,7 +82,8 @@ def st(mocker, log):
     patched = {}
     defaults = {"open_attempts": [], "unit_owners": {}, "unclaimed_attempts": set(), "record_outcome": True,
                 "mark_started": None, "record_event": None, "declare_dead_hosts": [], "explain_waiting": 0,
-                "expire_runs": 0, "record_outcomes": [True, True], "now": T0 + timedelta(seconds=30)}
+                "expire_runs": 0, "record_outcomes": [True, True], "now": T0 + timedelta(seconds=30),
+                "record_output_tails": 0}
     def logged(name, fake):
         def call(conn, *args, **kwargs):
             log.append((name, args, kwargs))
@@ -880,3 +881,119 @@ def test_store_now_is_what_the_claim_is_measured_against(real_journal, st, mocke
     _, attempt = pair(1, started=False)
     rec._claimed_since(attempt)
     st.now.assert_called_once_with(rec.conn)
+
+
+# -- issue 21: a D-Bus loss mid-batch drops nothing that follows an outcome already committed ------------
+
+@pytest.fixture
+def tails(rec, mocker):
+    """The reader of output tails, to see which attempts' tails are asked for."""
+    rec.output_tails = mocker.Mock(spec=journal_mod.TailReader)
+    rec.output_tails.take.return_value = []
+    return rec.output_tails
+
+
+def _ended_in_batch(rec, systemd, count):
+    pairs = []
+    for n in range(1, count + 1):
+        run, attempt = with_env(n)
+        rec.env_files.write(attempt.unit_name, run.environment)
+        systemd.state.return_value = ended(attempt.unit_name, CLD_EXITED, 0, "success")
+        rec.reconcile_one(run, attempt)
+        pairs.append((run, attempt))
+    return pairs
+
+
+def test_a_bus_lost_at_the_first_release_still_schedules_every_committed_outcomes_tail(
+        rec, st, systemd, tails, environment_directory):
+    """Units that ended together: their outcomes committed in one statement, then the bus went away at
+    the first release. On 0.5.1 the release's SystemdUnavailable left the loop over the batch, so the
+    other attempts' tails were never read (nor were they counted, nor their environment files removed)."""
+    st.record_outcomes.return_value = [True, True, True]
+    systemd.release.side_effect = SystemdUnavailable("ResetFailedUnit: systemd is not reachable over D-Bus")
+    with pytest.raises(SystemdUnavailable), rec.batched_outcomes():  # the daemon reconnects on it
+        pairs = _ended_in_batch(rec, systemd, 3)
+    assert [c.args for c in tails.add.call_args_list] == [(run.id, attempt.attempt) for run, attempt in pairs]
+    assert rec.settled == 3
+    assert os.listdir(environment_directory) == []
+    # The release stops at the lost bus; the next pass, reconnected, releases the rest (RELEASE of an
+    # orphan whose outcome is recorded), and reads their tails again.
+    assert systemd.release.call_count == 1
+
+
+def test_a_bus_lost_mid_batch_in_the_one_by_one_path_records_the_rest_before_releasing(rec, st, systemd, tails):
+    """A row the database refused sends the batch one by one; each outcome is recorded before any unit is
+    released, so a bus lost at a release costs no outcome its write (the units are the only record of
+    them until then, and PID 1 collects a clean one when this connection closes)."""
+    st.record_outcomes.side_effect = psycopg.errors.CheckViolation("attempts_accounting_valid")
+    st.record_outcome.return_value = True
+    systemd.release.side_effect = SystemdUnavailable("gone")
+    with pytest.raises(SystemdUnavailable), rec.batched_outcomes():
+        pairs = _ended_in_batch(rec, systemd, 3)
+    assert [c.args[2] for c in st.record_outcome.call_args_list] == [a for _, a in pairs]
+    assert tails.add.call_count == 3 and rec.settled == 3
+
+
+def test_a_database_lost_mid_batch_keeps_what_follows_the_outcomes_already_written(rec, st, systemd, tails):
+    st.record_outcomes.side_effect = psycopg.errors.CheckViolation("attempts_accounting_valid")
+    st.record_outcome.side_effect = [True, psycopg.OperationalError("server closed the connection"), True]
+    with pytest.raises(psycopg.OperationalError), rec.batched_outcomes():
+        (first_run, first), *_ = _ended_in_batch(rec, systemd, 3)
+    tails.add.assert_called_once_with(first_run.id, first.attempt)
+    systemd.release.assert_called_once_with(first.unit_name, "active")
+    assert rec.settled == 1
+
+
+def test_a_release_that_fails_is_done_by_the_next_pass_and_counts_nothing_again(rec, st, systemd, tails, events):
+    """Released exactly once: a refused release leaves the unit (with its recorded outcome) to the next
+    pass, which releases it as an orphan; the outcome is neither written again nor counted twice."""
+    st.record_outcomes.return_value = [True, True]
+    systemd.release.side_effect = [SystemdError("ResetFailedUnit x: Access denied"), None]
+    with rec.batched_outcomes():
+        pairs = _ended_in_batch(rec, systemd, 2)
+    assert systemd.release.call_count == 2 and rec.settled == 2
+    assert names(events).count("systemd-error") == 1
+    (_, stuck) = pairs[0]
+    systemd.release.reset_mock(side_effect=True)
+    st.unit_owners.return_value = {stuck.unit_name: store.UnitOwner("me", "success")}
+    systemd.list_units.return_value = {stuck.unit_name: EXITED}
+    done = rec.reconcile_pass()
+    assert [(p.decision.action, p.decision.unit_name) for p in done] == [(Action.RELEASE, stuck.unit_name)]
+    systemd.release.assert_called_once_with(stuck.unit_name, "active")
+    assert rec.settled == 2 and st.record_outcomes.call_count == 1 and not st.record_outcome.called
+
+
+def test_an_orphan_released_with_this_hosts_outcome_has_its_tail_read(rec, st, systemd, tails):
+    """The outcome committed, then the daemon died (or the bus went) before the release: the next pass
+    releases the unit, and reads the tail that was never read (an attempt that has one keeps it)."""
+    mine, theirs = unit_name(rid(1), 1), unit_name(rid(2), 3)
+    st.unit_owners.return_value = {mine: store.UnitOwner("me", "exit-code"), theirs: store.UnitOwner("web-2", "lost")}
+    systemd.list_units.return_value = {mine: UnitBrief("failed", "failed", False), theirs: EXITED}
+    rec.reconcile_pass()
+    tails.add.assert_called_once_with(rid(1), 1)
+
+
+@pytest.mark.parametrize("error", [psycopg.OperationalError("server closed the connection"),
+                                   store.Fenced("host me is fenced: epoch 7 is over")])
+def test_tails_read_but_not_written_for_a_lost_database_are_written_after_the_reconnect(rec, st, error):
+    """0.5.1 took the tails out of the reader before the statement: a database lost in it dropped them."""
+    rec.output_tails = journal_mod.TailReader(rec.journal, 20, 4096, threaded=False)
+    rec.output_tails._done.extend([(rid(1), 1, "last line"), (rid(2), 1, "")])
+    st.record_output_tails.side_effect = error
+    with pytest.raises(type(error)):
+        rec.write_output_tails()
+    st.record_output_tails.side_effect = None
+    st.record_output_tails.return_value = 2
+    assert rec.write_output_tails() == 2
+    assert st.record_output_tails.call_args.args[2] == [(rid(1), 1, "last line"), (rid(2), 1, "")]
+    assert rec.output_tails.take() == []
+
+
+def test_tails_a_database_refuses_are_not_kept_for_ever(rec, st):
+    """A refusal is no reason to try again: the loop would fail on the same rows at every iteration."""
+    rec.output_tails = journal_mod.TailReader(rec.journal, 20, 4096, threaded=False)
+    rec.output_tails._done.append((rid(1), 1, "x"))
+    st.record_output_tails.side_effect = psycopg.errors.CheckViolation("output_tail")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        rec.write_output_tails()
+    assert rec.output_tails.take() == []
