@@ -101,10 +101,24 @@ class Decision:
     keep_output: bool = False
 
 
+def is_stub(unit: UnitState) -> bool:
+    """Whether a unit's state is that of an object PID 1 loaded afresh for a name it had just
+    collected, not of any invocation: a D-Bus call on a unit's path loads the unit (LoadState
+    not-found), which then reads inactive, Result=success, with no invocation and no main process
+    (systemd 252 in the test bed). Systemd.state reads a unit with GetUnit, then a Get per property,
+    so a unit collected between them reads so; an operator's `systemctl status` on a gone unit loads
+    one too. Taken for an ended unit, it settled the attempt `lost` (its run retried, though it may
+    have succeeded); taken for a loaded unit, a start "again" would create the unit anew."""
+    return (unit.has_ended and not unit.invocation_id and unit.result == "success" and unit.exec_main_code == 0
+            and not unit.exec_main_start_usec)
+
+
 def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
-    """What to do about one open attempt, given its unit's state (None: not loaded)."""
+    """What to do about one open attempt, given its unit's state (None: not loaded, or a stub)."""
     name = attempt.unit_name
     cancelled = run.cancel_requested_at is not None
+    if unit is not None and is_stub(unit):
+        unit = None  # the unit is gone: what is left to say how it ended is the journal
     if unit is None:
         if attempt.started_at is None:
             if cancelled:
@@ -319,8 +333,13 @@ class Reconciler:
         if decision.action is not Action.START:
             return decision
         history = self.journal.unit_history(attempt.unit_name, self._claimed_since(attempt))
-        loaded_now = history is not History.UNKNOWN and self.systemd.state(attempt.unit_name) is not None
+        loaded_now = history is not History.UNKNOWN and self._loaded(attempt.unit_name)
         return decide_unstarted(run, attempt, history, loaded_now)
+
+    def _loaded(self, unit_name: str) -> bool:
+        """Whether a unit of that name is loaded now, and is one (not a stub: is_stub)."""
+        state = self.systemd.state(unit_name)
+        return state is not None and not is_stub(state)
 
     def _claimed_since(self, attempt: Attempt) -> datetime | None:
         """When the attempt was claimed, on this host's clock: claimed_at is the database's, and the
@@ -472,6 +491,9 @@ class Reconciler:
             self.apply(run, attempt, gone(run, attempt.unit_name, "its unit existed and is gone"))
             return
         decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
+        if decision.action is Action.START:
+            # Read as no unit (a stub) although PID 1 said it exists and we hold it: it ran; never again.
+            decision = gone(run, attempt.unit_name, "its unit existed and is gone")
         if decision.action is Action.ADOPT:
             decision = Decision(Action.ADOPT, attempt.unit_name, f"unit {attempt.unit_name} existed: adopted",
                                 invocation_id=decision.invocation_id, unit=decision.unit)

@@ -997,3 +997,48 @@ def test_tails_a_database_refuses_are_not_kept_for_ever(rec, st):
     with pytest.raises(psycopg.errors.CheckViolation):
         rec.write_output_tails()
     assert rec.output_tails.take() == []
+
+
+# -- issue 21: nothing in the batch path invents an outcome ------------------------------------------------
+
+def stub(name):
+    """What PID 1 answers on the D-Bus path of a unit it has just collected: it loads a new object for the
+    name (LoadState not-found), inactive, Result=success, no invocation, no main process (seen in the test
+    bed, systemd 252). Systemd.state reads a unit with a GetUnit and then one Get per property: a unit
+    collected between them is read as this."""
+    return UnitState(name, "inactive", "dead", "success", 0, 0, "", False)
+
+
+@pytest.mark.parametrize("kind", [{"started": True}, {"started": False}, {"cancelled": True},
+                                  {"started": False, "cancelled": True}])
+def test_a_stub_is_no_unit(kind):
+    from supervisor.reconciler import decide
+    run, attempt = pair(1, **kind)
+    assert decide(run, attempt, stub(attempt.unit_name)) == decide(run, attempt, None)
+
+
+def test_a_unit_read_as_a_stub_is_settled_from_the_journal_not_lost(rec, st, systemd):
+    """0.5.1 settled it `lost` ("unit ended with result success and no exit status"): its run retried
+    and ran twice, though the journal said it had succeeded."""
+    run, attempt = pair(1, max_attempts=3)
+    systemd.state.return_value = stub(attempt.unit_name)
+    rec.journal.outcome.return_value = JOURNAL_SUCCESS
+    decision = rec.reconcile_one(run, attempt)
+    assert decision.action is Action.GONE
+    ((_, outcome, state),) = recorded(st)
+    assert (outcome, state) == (JOURNAL_SUCCESS.outcome, "succeeded")
+    systemd.release.assert_not_called()  # nothing of ours is loaded: the stub is PID 1's to collect
+
+
+def test_a_stub_is_not_a_loaded_unit_to_adopt(rec, st, systemd):
+    """The journal knows the unit (it ran) and the live check finds a stub (an operator's `systemctl
+    status` on the gone unit loads one): 0.5.1 took it for a loaded unit and started it "again", which,
+    on a stub, is a second start of the command."""
+    run, attempt = pair(1, started=False)
+    rec.journal.unit_history.return_value = journal_mod.History.KNOWN
+    rec.journal.outcome.return_value = JOURNAL_SUCCESS
+    systemd.state.return_value = stub(attempt.unit_name)
+    st.open_attempts.return_value = [(run, attempt)]
+    (done,) = rec.reconcile_pass()
+    assert done.decision.action is Action.GONE
+    systemd.start_transient.assert_not_called()
