@@ -207,9 +207,31 @@ def outcome_from_records(records: list[dict[str, str]]) -> Outcome | None:
 
 
 class Journal:
+    # After a journalctl that timed out, the reads that decide outcomes and starts answer "unreadable"
+    # at once for this long. They run in the daemon's loop, which also renews the heartbeat: a pass
+    # over twenty attempts whose journal hangs would otherwise wait 200 s, past host_dead_after, and
+    # peers would declare this host dead and run its runs again. Shorter than the reconcile interval
+    # (30 s by default) would let every pass pay one timeout; this lets about every other pass try.
+    QUIET_AFTER_TIMEOUT = 30.0
+
     def __init__(self, timeout: float = 10.0, settle_wait: float = 1.0) -> None:
         self.timeout = timeout
         self.settle_wait = settle_wait
+        self._quiet_until = 0.0
+
+    def _journalctl(self, args: list[str]) -> str | None:
+        """journalctl's standard output (text), or None when it failed, timed out or could not run."""
+        if time.monotonic() < self._quiet_until:
+            return None
+        try:
+            done = subprocess.run(["journalctl", *args], capture_output=True, text=True, timeout=self.timeout,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            self._quiet_until = time.monotonic() + self.QUIET_AFTER_TIMEOUT
+            return None
+        except OSError:
+            return None
+        return done.stdout if done.returncode == 0 else None
 
     def _records(self, unit_name: str, invocation_id: str | None) -> list[dict[str, str]] | None:
         """PID 1's records about the unit, and its forked child's spawn failure; None when unreadable."""
@@ -218,15 +240,11 @@ class Journal:
             scope.append(f"INVOCATION_ID={invocation_id}")
         # journalctl ORs the groups around "+": PID 1's own records, or the child's spawn failure.
         matches = ["_PID=1", *scope, "+", f"MESSAGE_ID={MSG_SPAWN_FAILED}", *scope]
-        try:
-            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", *matches],
-                                  capture_output=True, text=True, timeout=self.timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if done.returncode != 0:
+        stdout = self._journalctl(["--no-pager", "-q", "-o", "json", *matches])
+        if stdout is None:
             return None
         records = []
-        for line in done.stdout.split("\n"):
+        for line in stdout.split("\n"):
             if not line:
                 continue
             # Anything but journalctl's own JSON records means the read went wrong somewhere: what is
@@ -363,15 +381,11 @@ class Journal:
         that has run anything its records are a fair clock of how far back the journal goes."""
         # Whole seconds, rounded down: the record asked for may only be older than that, never newer.
         until = math.floor(since.timestamp())
-        try:
-            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", "--lines=1",
-                                   "--output-fields=_PID", f"--until=@{until}", "_PID=1"],
-                                  capture_output=True, text=True, timeout=self.timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired):
+        stdout = self._journalctl(["--no-pager", "-q", "-o", "json", "--lines=1", "--output-fields=_PID",
+                                   f"--until=@{until}", "_PID=1"])
+        if stdout is None:
             return None
-        if done.returncode != 0:
-            return None
-        lines = [line for line in done.stdout.split("\n") if line]
+        lines = [line for line in stdout.split("\n") if line]
         if not lines:
             return False
         try:

@@ -126,3 +126,28 @@ def test_an_unknown_claim_time_is_incomplete(jctl):
 def test_a_journalctl_that_fails_is_unreadable_never_unknown(jctl, failure, which):
     jctl.side_effect = [failure] if which == "records" else [completed(), failure]
     assert Journal().unit_history("u.service", SINCE) is History.UNREADABLE
+
+
+def test_after_a_timeout_the_journal_is_not_asked_again_for_a_while(jctl, mocker):
+    """A pass over many attempts whose journal hangs pays one timeout, not one each: the loop that
+    waits for it also renews the heartbeat, and peers declare a host dead after host_dead_after."""
+    clock = mocker.patch.object(journal.time, "monotonic", return_value=1000.0)
+    jctl.side_effect = subprocess.TimeoutExpired(["journalctl"], 10.0)
+    reader = Journal()
+    assert reader.unit_history("a.service", SINCE) is History.UNREADABLE
+    assert reader.unit_history("b.service", SINCE) is History.UNREADABLE
+    with pytest.raises(journal.Unreadable):
+        reader.outcome("c.service", None)
+    assert jctl.call_count == 1
+    clock.return_value = 1000.0 + Journal.QUIET_AFTER_TIMEOUT
+    jctl.side_effect = None
+    jctl.return_value = completed(json.dumps(UNIT_FIELDS) + "\n")
+    assert reader.unit_history("a.service", SINCE) is History.KNOWN
+
+
+def test_a_journalctl_that_fails_at_once_is_asked_again_next_time(jctl):
+    jctl.return_value = completed("", 1)
+    reader = Journal()
+    assert reader.unit_history("a.service", SINCE) is History.UNREADABLE
+    assert reader.unit_history("b.service", SINCE) is History.UNREADABLE
+    assert jctl.call_count == 2
