@@ -381,8 +381,11 @@ class Journal:
         that has run anything its records are a fair clock of how far back the journal goes."""
         # Whole seconds, rounded down: the record asked for may only be older than that, never newer.
         until = math.floor(since.timestamp())
-        stdout = self._journalctl(["--no-pager", "-q", "-o", "json", "--lines=1", "--output-fields=_PID",
-                                   f"--until=@{until}", "_PID=1"])
+        # --reverse with --until: read backwards from `until`, so the one record shown is the newest
+        # at or before it. Not --lines=1 alone: journalctl 252 applies that from the journal's tail,
+        # and shows nothing whenever PID 1 logged anything after `until` (as after every claim).
+        stdout = self._journalctl(["--no-pager", "-q", "-o", "json", "--reverse", "--lines=1",
+                                   "--output-fields=_PID", f"--until=@{until}", "_PID=1"])
         if stdout is None:
             return None
         lines = [line for line in stdout.split("\n") if line]

@@ -553,8 +553,8 @@ class Reconciler:
     @staticmethod
     def _wait(run: Run, attempt: Attempt, reason: str) -> None:
         """Leave an attempt open for a later pass: the journal could not be read. Said at every pass
-        that finds it so, since the attempt holds its slot until then (a journal broken for good,
-        say a corrupted file journalctl chokes on, needs an operator; `unitvisor doctor` reads it too)."""
+        that finds it so, as a warning: the attempt holds its slot until then, and a journal broken
+        for good (journalctl missing, or hanging on a dead disk) needs an operator."""
         event("journal-unreadable", level=logging.WARNING, run=run.id, attempt=attempt.attempt,
               unit=attempt.unit_name, detail=reason)
 

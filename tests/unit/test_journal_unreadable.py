@@ -89,7 +89,8 @@ def test_nothing_about_the_unit_in_a_journal_that_reaches_back_is_unknown(jctl):
     jctl.side_effect = [completed(), completed(old_record(SINCE - timedelta(hours=2)))]
     assert Journal().unit_history("u.service", SINCE) is History.UNKNOWN
     cmd = jctl.call_args.args[0]
-    assert cmd == ["journalctl", "--no-pager", "-q", "-o", "json", "--lines=1", "--output-fields=_PID",
+    # --reverse: the newest record at or before --until (--lines=1 alone counts from the journal's tail)
+    assert cmd == ["journalctl", "--no-pager", "-q", "-o", "json", "--reverse", "--lines=1", "--output-fields=_PID",
                    f"--until=@{int(SINCE.timestamp())}", "_PID=1"]
 
 
