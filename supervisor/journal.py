@@ -28,6 +28,11 @@ shutdown (seen once in about twenty reboots of the test bed: likely logged after
 units): a run stopped then has no end in the journal and is `lost`. What is lost that way is
 everything from some record on, so a kept success record keeps the stop job that came before it.
 
+It also says whether an attempt claimed here, whose start was never recorded, may be started
+(unit_history): only when the journal reaches back to its claim and knows no unit of that name. A
+journal rotated or vacuumed since the claim, or one that cannot be read, proves nothing either way,
+and the reconciler then never starts the attempt (issue 21).
+
 It also tells a command's own exit status of 200-243 from systemd's setup failure (see the note in
 supervisor/outcomes.py): the child PID 1 forked logs a spawn failure, PID 1 logs "Started" only once the
 command was exec'd.

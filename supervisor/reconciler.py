@@ -1,7 +1,8 @@
 """The one place that repairs state: it compares this host's open attempts with systemd's units and
 acts on each pair. `decide` is pure and holds the whole policy; `Reconciler` carries decisions out.
 
-Decision table (every row has a unit test in tests/unit/test_reconciler.py):
+Decision table (every row has a unit test in tests/unit/test_reconciler.py; decide_unstarted's rows,
+over every answer of the journal, in tests/unit/test_journal_unreadable.py):
 
 | attempt row                        | systemd has                 | action                                   |
 |------------------------------------|-----------------------------|------------------------------------------|
