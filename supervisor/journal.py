@@ -28,6 +28,11 @@ shutdown (seen once in about twenty reboots of the test bed: likely logged after
 units): a run stopped then has no end in the journal and is `lost`. What is lost that way is
 everything from some record on, so a kept success record keeps the stop job that came before it.
 
+It also says whether an attempt claimed here, whose start was never recorded, may be started
+(unit_history): only when the journal reaches back to its claim and knows no unit of that name. A
+journal rotated or vacuumed since the claim, or one that cannot be read, proves nothing either way,
+and the reconciler then never starts the attempt (issue 21).
+
 It also tells a command's own exit status of 200-243 from systemd's setup failure (see the note in
 supervisor/outcomes.py): the child PID 1 forked logs a spawn failure, PID 1 logs "Started" only once the
 command was exec'd.
@@ -35,8 +40,10 @@ command was exec'd.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
+import math
 import queue
 import subprocess
 import threading
@@ -96,6 +103,24 @@ def program_ran(records: list[dict[str, str]], trust_absence: bool) -> bool | No
     if trust_absence and MSG_PROCESS_EXIT in ids:
         return True
     return None
+
+
+class Unreadable(Exception):
+    """journalctl failed, timed out, or printed what is not its JSON: the journal said nothing either way."""
+
+
+class History(enum.Enum):
+    """What the journal says about whether a unit not loaded now was ever started (unit_history)."""
+
+    KNOWN = "known"  # PID 1 logged about it: it was started
+    UNKNOWN = "unknown"  # nothing about it, and the journal reaches back to its attempt's claim
+    INCOMPLETE = "incomplete"  # nothing about it, but the journal may have lost what it would say
+    UNREADABLE = "unreadable"  # journalctl failed, timed out, or printed what is not its JSON
+
+
+def _boot_started() -> float:
+    """When this boot began, on this host's realtime clock (seconds since the epoch)."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def _boot_id() -> str:
@@ -187,9 +212,31 @@ def outcome_from_records(records: list[dict[str, str]]) -> Outcome | None:
 
 
 class Journal:
+    # After a journalctl that timed out, the reads that decide outcomes and starts answer "unreadable"
+    # at once for this long. They run in the daemon's loop, which also renews the heartbeat: a pass
+    # over twenty attempts whose journal hangs would otherwise wait 200 s, past host_dead_after, and
+    # peers would declare this host dead and run its runs again. Shorter than the reconcile interval
+    # (30 s by default) would let every pass pay one timeout; this lets about every other pass try.
+    QUIET_AFTER_TIMEOUT = 30.0
+
     def __init__(self, timeout: float = 10.0, settle_wait: float = 1.0) -> None:
         self.timeout = timeout
         self.settle_wait = settle_wait
+        self._quiet_until = 0.0
+
+    def _journalctl(self, args: list[str]) -> str | None:
+        """journalctl's standard output (text), or None when it failed, timed out or could not run."""
+        if time.monotonic() < self._quiet_until:
+            return None
+        try:
+            done = subprocess.run(["journalctl", *args], capture_output=True, text=True, timeout=self.timeout,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            self._quiet_until = time.monotonic() + self.QUIET_AFTER_TIMEOUT
+            return None
+        except OSError:
+            return None
+        return done.stdout if done.returncode == 0 else None
 
     def _records(self, unit_name: str, invocation_id: str | None) -> list[dict[str, str]] | None:
         """PID 1's records about the unit, and its forked child's spawn failure; None when unreadable."""
@@ -198,19 +245,22 @@ class Journal:
             scope.append(f"INVOCATION_ID={invocation_id}")
         # journalctl ORs the groups around "+": PID 1's own records, or the child's spawn failure.
         matches = ["_PID=1", *scope, "+", f"MESSAGE_ID={MSG_SPAWN_FAILED}", *scope]
-        try:
-            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", *matches],
-                                  capture_output=True, text=True, timeout=self.timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if done.returncode != 0:
+        stdout = self._journalctl(["--no-pager", "-q", "-o", "json", *matches])
+        if stdout is None:
             return None
         records = []
-        for line in done.stdout.splitlines():
+        for line in stdout.split("\n"):
+            if not line:
+                continue
+            # Anything but journalctl's own JSON records means the read went wrong somewhere: what is
+            # missing from it may be the very record that matters (a "Started" that proves the unit
+            # ran, a stop job that spoils a success), so the whole read is unreadable, not a shorter one.
             try:
                 entry = json.loads(line)
             except ValueError:
-                continue
+                return None
+            if not isinstance(entry, dict):
+                return None
             records.append({k: v for k, v in entry.items() if isinstance(v, str)})
         return records
 
@@ -292,24 +342,67 @@ class Journal:
         A unit of this boot may be gone a moment before journald has written PID 1's last records
         about it (they travel on a datagram socket, the unit's removal on D-Bus): when this boot's
         records of it show no end yet, wait for one a little (`settle_wait`). Never for an earlier
-        boot's (nothing more will come), so a pass after a reboot does not wait per run."""
+        boot's (nothing more will come), so a pass after a reboot does not wait per run.
+
+        Raises Unreadable when journalctl fails, times out or prints what is not its JSON: "no
+        outcome proven" (None, the attempt is `lost`) is an answer, and an unreadable journal gives
+        none; settled `lost` then, a run that succeeded would run again by its retry policy."""
         deadline = time.monotonic() + self.settle_wait
         while True:
             records = self._records(unit_name, invocation_id)
             if records is None:
-                return None
+                raise Unreadable(f"the journal could not be read about {unit_name}")
             if (any(r.get("MESSAGE_ID") in _FINAL for r in records) or not _of_this_boot(records)
                     or time.monotonic() >= deadline):
                 return found_from_records(records)
             time.sleep(0.1)
 
-    def unit_seen(self, unit_name: str) -> bool | None:
-        """Whether PID 1 ever logged about this unit (it was started, in any boot the journal keeps);
-        None when the journal is unreadable."""
+    def unit_history(self, unit_name: str, since: datetime | None) -> History:
+        """What the journal can say about whether a unit was ever started, for an attempt claimed at
+        `since` (this host's clock; None: unknown) whose unit is not loaded now.
+
+        KNOWN: PID 1 logged about it, so it was started. UNKNOWN only when that absence proves
+        something: the journal holds PID 1's records from before `since` (journald deletes whole
+        files, oldest first, so everything after such a record is kept) and the claim is of this
+        boot. INCOMPLETE otherwise: the records of the claim's time were rotated or vacuumed away,
+        or the claim is older than this boot, whose journal a power cut may have left with a hole
+        (a later page kept, an earlier one lost). UNREADABLE: journalctl failed, timed out, or
+        printed what is not its JSON."""
         records = self._records(unit_name, None)
         if records is None:
+            return History.UNREADABLE
+        if records:
+            return History.KNOWN
+        if since is None or since.timestamp() < _boot_started():
+            return History.INCOMPLETE
+        reaches = self.reaches_back(since)
+        if reaches is None:
+            return History.UNREADABLE
+        return History.UNKNOWN if reaches else History.INCOMPLETE
+
+    def reaches_back(self, since: datetime) -> bool | None:
+        """Whether the journal holds a record of PID 1's written at or before `since` (this host's
+        clock); None when it cannot be read. PID 1 logs at every unit's start and end, so on a host
+        that has run anything its records are a fair clock of how far back the journal goes."""
+        # Whole seconds, rounded down: the record asked for may only be older than that, never newer.
+        until = math.floor(since.timestamp())
+        # --reverse with --until: read backwards from `until`, so the one record shown is the newest
+        # at or before it. Not --lines=1 alone: journalctl 252 applies that from the journal's tail,
+        # and shows nothing whenever PID 1 logged anything after `until` (as after every claim).
+        stdout = self._journalctl(["--no-pager", "-q", "-o", "json", "--reverse", "--lines=1",
+                                   "--output-fields=_PID", f"--until=@{until}", "_PID=1"])
+        if stdout is None:
             return None
-        return bool(records)
+        lines = [line for line in stdout.split("\n") if line]
+        if not lines:
+            return False
+        try:
+            record = json.loads(lines[-1])
+            written = int(record["__REALTIME_TIMESTAMP"])
+        except (ValueError, TypeError, KeyError):
+            return None
+        # Checked here too, not only by --until: a record that is not older proves nothing.
+        return written <= until * 1_000_000
 
     def exec_evidence(self, unit_name: str, invocation_id: str | None) -> bool | None:
         """For a loaded unit that just ended with an exit status of 200-243: did its command run?
@@ -406,6 +499,11 @@ class TailReader:
         with self._lock:
             done, self._done = self._done, []
         return done
+
+    def give_back(self, taken: list[tuple[uuid.UUID, int, str]]) -> None:
+        """Tails taken whose write failed (the database lost): the next take() returns them again."""
+        with self._lock:
+            self._done[:0] = taken
 
     def close(self, timeout: float) -> None:
         """Read what is queued, for at most `timeout` seconds (the rest is left unread), and stop."""

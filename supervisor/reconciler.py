@@ -1,21 +1,29 @@
 """The one place that repairs state: it compares this host's open attempts with systemd's units and
 acts on each pair. `decide` is pure and holds the whole policy; `Reconciler` carries decisions out.
 
-Decision table (every row has a unit test in tests/unit/test_reconciler.py):
+Decision table (every row has a unit test in tests/unit/test_reconciler.py; decide_unstarted's rows,
+over every answer of the journal, in tests/unit/test_journal_unreadable.py):
 
 | attempt row                        | systemd has                 | action                                   |
 |------------------------------------|-----------------------------|------------------------------------------|
-| not started, run not cancelled     | no unit, none in the journal| START it under the same name             |
+| not started, run not cancelled     | no unit, none in a journal  | START it under the same name             |
+|                                    | that reaches back to the    |                                          |
+|                                    | claim (decide_unstarted)    |                                          |
 | not started, run not cancelled     | no unit, but PID 1 logged it| GONE: started before a crash, then ended |
 |                                    | (started, then collected)   | and collected: the journal's outcome     |
+| not started, run not cancelled     | no unit, none in a journal  | GONE as lost: it may have run; never     |
+|                                    | that does not reach back to | started again (the run retries by its    |
+|                                    | the claim, or an older boot | policy, as a new attempt)                |
+| not started, run not cancelled     | no unit, journal unreadable | WAIT: nothing proves it never started;   |
+|                                    |                             | a later pass decides                     |
 | not started, cancel requested      | no unit                     | SETTLE as cancelled, start nothing       |
 | any                                | unit, process still running | ADOPT (record start and invocation id)   |
 | any, cancel requested              | unit, process still running | STOP it; it settles as cancelled         |
 | any, cancel requested              | unit, stopping              | NOTHING: the stop is on its way          |
 | any                                | unit, ended                 | SETTLE with the unit's outcome, release  |
 | started                            | no unit (reboot, reset, a   | GONE: cancelled if requested, else the   |
-|                                    | clean end collected while   | journal's outcome, else lost             |
-|                                    | no daemon held it)          |                                          |
+|                                    | clean end collected while   | journal's outcome, else lost; WAIT while |
+|                                    | no daemon held it)          | the journal cannot be read               |
 | outcome already recorded           | unit ended                  | RELEASE the unit (crash before release)  |
 | outcome already recorded           | unit still running          | STOP_STALE: taken over while this host   |
 |                                    |                             | was cut off, or cancelled; stop it       |
@@ -48,14 +56,14 @@ import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import psycopg
 
 from supervisor import faults, fleet, runenv, store, unitspec
 from supervisor.config import Settings, cut_off_after
-from supervisor.journal import Journal, TailReader
+from supervisor.journal import History, Journal, TailReader, Unreadable
 from supervisor.log import event
 from supervisor.model import Accounting, Attempt, Run
 from supervisor.outcomes import Outcome, classify, is_setup_exit, retry_delay, run_state_after
@@ -76,6 +84,7 @@ class Action(enum.Enum):
     STOP_ORPHAN = "stop-orphan"
     LEAVE_ORPHAN = "leave-orphan"
     STOP_STALE = "stop-stale"
+    WAIT = "wait"  # nothing can be decided until the journal can be read again: the next pass tries
 
 
 @dataclass(frozen=True)
@@ -89,12 +98,28 @@ class Decision:
     unit: UnitState | None = None
     # An orphan's ActiveState as listed (RELEASE: how to release it).
     unit_state: str | None = None
+    # RELEASE of a unit whose outcome this host recorded: its output tail is read (again) as well.
+    keep_output: bool = False
+
+
+def is_stub(unit: UnitState) -> bool:
+    """Whether a unit's state is that of an object PID 1 loaded afresh for a name it had just
+    collected, not of any invocation: a D-Bus call on a unit's path loads the unit (LoadState
+    not-found), which then reads inactive, Result=success, with no invocation and no main process
+    (systemd 252 in the test bed). Systemd.state reads a unit with GetUnit, then a Get per property,
+    so a unit collected between them reads so; an operator's `systemctl status` on a gone unit loads
+    one too. Taken for an ended unit, it settled the attempt `lost` (its run retried, though it may
+    have succeeded); taken for a loaded unit, a start "again" would create the unit anew."""
+    return (unit.has_ended and not unit.invocation_id and unit.result == "success" and unit.exec_main_code == 0
+            and not unit.exec_main_start_usec)
 
 
 def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
-    """What to do about one open attempt, given its unit's state (None: not loaded)."""
+    """What to do about one open attempt, given its unit's state (None: not loaded, or a stub)."""
     name = attempt.unit_name
     cancelled = run.cancel_requested_at is not None
+    if unit is not None and is_stub(unit):
+        unit = None  # the unit is gone: what is left to say how it ended is the journal
     if unit is None:
         if attempt.started_at is None:
             if cancelled:
@@ -131,6 +156,39 @@ def gone(run: Run, name: str, reason: str) -> Decision:
     if run.cancel_requested_at is not None:
         return Decision(Action.GONE, name, reason, Outcome("cancelled", None, "cancelled; the unit is gone"))
     return Decision(Action.GONE, name, reason, GONE_LOST)
+
+
+# An attempt claimed here whose unit is not loaded and that may have run: what the journal would say is lost.
+UNPROVEN_LOST = Outcome("lost", None, "its unit is gone and may have run (the daemon may have died between starting "
+                        "it and recording that): the journal no longer reaches back to its claim (rotated or "
+                        "vacuumed, or an earlier boot's), so nothing proves it never ran; not started again")
+
+
+def decide_unstarted(run: Run, attempt: Attempt, history: History, loaded_now: bool) -> Decision:
+    """For an attempt that decide() would START (claimed here, never marked started, run not cancelled,
+    no unit in the pass's view): whether it may be started. `history` is what the journal says about
+    its unit, `loaded_now` whether the unit is loaded when asked again, live.
+
+    A second start of the same attempt is the one move that is never undone, so START needs proof
+    that its unit never ran: a journal that reaches back to the claim and knows no unit of that name.
+    A daemon killed between StartTransientUnit and recording the start leaves exactly this row, with a
+    unit that a clean end lets PID 1 collect at once (no daemon holds it): only the journal remembers it.
+    The pure policy; Reconciler._unless_seen asks the journal and systemd."""
+    name = attempt.unit_name
+    if loaded_now:
+        # The pass's listing predates a unit another process started since (the daemon, beside
+        # `unitvisor reconcile` by hand). A unit loaded now is started "again", which is adoption.
+        return Decision(Action.START, name, "its unit is loaded now: adopted")
+    if history is History.UNKNOWN:
+        return Decision(Action.START, name, "claimed but no unit yet (the journal reaches back to the claim and "
+                        "knows none)")
+    if history is History.KNOWN:
+        return gone(run, name, "its unit was started before and is gone")
+    if history is History.INCOMPLETE:
+        return Decision(Action.GONE, name, "its unit is gone and the journal does not reach back to its claim",
+                        UNPROVEN_LOST)
+    return Decision(Action.WAIT, name, "the journal cannot be read, so nothing proves its unit never started; "
+                    "not started until a later pass can read it")
 
 
 def decide_on_change(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
@@ -174,8 +232,10 @@ def decide_orphan(unit_name: str, owner: store.UnitOwner | None, host_id: str, s
         if running:
             return Decision(Action.STOP_STALE, unit_name, f"its attempt already has an outcome ({owner.outcome}, "
                             f"recorded by {_holder(owner)}) but the unit still runs; stopping it")
+        # The release after an outcome's commit was cut short (the daemon killed, the bus lost, a
+        # refusal): so may its tail's read have been. Read again; an attempt that has one keeps it.
         return Decision(Action.RELEASE, unit_name, "outcome already recorded; releasing the unit",
-                        unit_state=active_state)
+                        unit_state=active_state, keep_output=owner.host_id == host_id)
     if awaiting_claim:
         # Stopping it would be the one wrong move: its run is still to be started, and the claim
         # that starts it will find this unit and adopt it instead of running the command twice.
@@ -205,6 +265,11 @@ class Planned:
     decision: Decision
     run: Run | None = None
     attempt: Attempt | None = None
+
+
+# How much earlier than its claim the journal must reach back (Reconciler._claimed_since): asking for
+# more only ever settles a never-started attempt `lost` instead of starting it, never the reverse.
+CLAIM_MARGIN = timedelta(seconds=1)
 
 
 class Reconciler:
@@ -267,18 +332,31 @@ class Reconciler:
             run, attempt, self.systemd.state(attempt.unit_name) if brief is not None else None))
 
     def _unless_seen(self, run: Run, attempt: Attempt, decision: Decision) -> Decision:
-        """START, unless PID 1's journal knows the unit: then it was started (by a daemon that died
-        before recording that) and is gone since, as a clean end is collected at once when no daemon
-        holds the unit. Starting it again would run the command twice; the journal says how it
-        ended, or it is lost. Unknown to the journal, or the journal unreadable: START."""
-        if decision.action is Action.START and self.journal.unit_seen(attempt.unit_name):
-            # Asked again, live: the pass's listing may predate a unit another process (the daemon,
-            # beside `unitvisor reconcile` by hand) started since, which the journal then already
-            # knows while it runs. A unit loaded now is started "again", which is adoption.
-            if self.systemd.state(attempt.unit_name) is not None:
-                return decision
-            return gone(run, attempt.unit_name, "its unit was started before and is gone")
-        return decision
+        """START only when the journal proves the unit never ran (decide_unstarted): a unit PID 1
+        logged about was started (by a daemon that died before recording that) and is gone since, as
+        a clean end is collected at once when no daemon holds the unit; a journal that cannot be read,
+        or no longer reaches back to the claim, proves nothing either way."""
+        if decision.action is not Action.START:
+            return decision
+        history = self.journal.unit_history(attempt.unit_name, self._claimed_since(attempt))
+        loaded_now = history is not History.UNKNOWN and self._loaded(attempt.unit_name)
+        return decide_unstarted(run, attempt, history, loaded_now)
+
+    def _loaded(self, unit_name: str) -> bool:
+        """Whether a unit of that name is loaded now, and is one (not a stub: is_stub)."""
+        state = self.systemd.state(unit_name)
+        return state is not None and not is_stub(state)
+
+    def _claimed_since(self, attempt: Attempt) -> datetime | None:
+        """When the attempt was claimed, on this host's clock: claimed_at is the database's, and the
+        two clocks may be far apart (issue 21 saw a host 30 s behind). Its age is measured on the
+        database's clock alone and taken from this host's now, so the skew drops out; CLAIM_MARGIN
+        more covers the two reads of now() not being one instant. A host clock stepped since the
+        claim is what this cannot see."""
+        if attempt.claimed_at is None:
+            return None
+        age = store.now(self.conn) - attempt.claimed_at
+        return datetime.now(UTC) - age - CLAIM_MARGIN
 
     def _orphans(self, units: dict[str, UnitBrief], owned: set[str]) -> list[Decision]:
         loaded = [name for name in units if name not in owned]
@@ -316,8 +394,16 @@ class Reconciler:
         return done
 
     def write_output_tails(self) -> int:
-        """Keep the output tails read since the last call with their attempts, in one statement."""
-        return store.record_output_tails(self.conn, self.fence, self.output_tails.take())
+        """Keep the output tails read since the last call with their attempts, in one statement. A
+        database lost (or this host fenced) in it gives them back to the reader, for the write after
+        the reconnect: they are read only once. A statement the database refuses drops them, or the
+        loop would fail on the same rows at every iteration."""
+        tails = self.output_tails.take()
+        try:
+            return store.record_output_tails(self.conn, self.fence, tails)
+        except (store.Fenced, *store.CONNECTION_LOST, psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable):
+            self.output_tails.give_back(tails)
+            raise
 
     def sweep_environment_files(self) -> list[str]:
         """Remove every environment file whose attempt is not open on this host: its outcome is
@@ -411,6 +497,9 @@ class Reconciler:
             self.apply(run, attempt, gone(run, attempt.unit_name, "its unit existed and is gone"))
             return
         decision = decide(run, attempt, self.systemd.state(attempt.unit_name))
+        if decision.action is Action.START:
+            # Read as no unit (a stub) although PID 1 said it exists and we hold it: it ran; never again.
+            decision = gone(run, attempt.unit_name, "its unit existed and is gone")
         if decision.action is Action.ADOPT:
             decision = Decision(Action.ADOPT, attempt.unit_name, f"unit {attempt.unit_name} existed: adopted",
                                 invocation_id=decision.invocation_id, unit=decision.unit)
@@ -439,7 +528,15 @@ class Reconciler:
             assert decision.outcome is not None
             outcome, ended_at, accounting = decision.outcome, None, None
             if outcome.outcome == "lost":
-                found = self.journal.outcome(attempt.unit_name, attempt.invocation_id)
+                try:
+                    found = self.journal.outcome(attempt.unit_name, attempt.invocation_id)
+                except Unreadable as exc:
+                    # `lost` now would retry a run that may have succeeded: it would run twice. A unit
+                    # this host stopped while cut off is lost whatever the journal says.
+                    if attempt.unit_name not in self.cut_off_units:
+                        self._wait(run, attempt, f"{exc}: its outcome is decided by a later pass")
+                        return
+                    found = None
                 if found is not None:
                     outcome, ended_at, accounting = found.outcome, found.ended_at, found.accounting
             # The unit is gone, and systemd's measurements with it (but for what PID 1's resource-usage
@@ -447,6 +544,8 @@ class Reconciler:
             # tail is read all the same.
             self.settle(run, attempt, self._cut_off(attempt, outcome), unit_exists=False, ended_at=ended_at,
                         accounting=accounting, keep_output=True)
+        elif action is Action.WAIT:
+            self._wait(run, attempt, decision.reason)
         elif action is Action.SETTLE:
             assert decision.outcome is not None
             unit = decision.unit
@@ -456,6 +555,14 @@ class Reconciler:
                         started_at=unit.started_at if unit else None, ended_at=unit.ended_at if unit else None,
                         accounting=unit.accounting if unit else None, keep_output=unit is not None,
                         unit_state=unit.active_state if unit else None)
+
+    @staticmethod
+    def _wait(run: Run, attempt: Attempt, reason: str) -> None:
+        """Leave an attempt open for a later pass: the journal could not be read. Said at every pass
+        that finds it so, as a warning: the attempt holds its slot until then, and a journal broken
+        for good (journalctl missing, or hanging on a dead disk) needs an operator."""
+        event("journal-unreadable", level=logging.WARNING, run=run.id, attempt=attempt.attempt,
+              unit=attempt.unit_name, detail=reason)
 
     def _proven(self, attempt: Attempt, decision: Decision) -> Outcome:
         """The decision's outcome, with an exit status of 200-243 that the unit's state left unproven
@@ -478,6 +585,8 @@ class Reconciler:
 
     def apply_orphan(self, decision: Decision) -> None:
         if decision.action is Action.RELEASE:
+            if decision.keep_output and (parsed := unitspec.parse_unit_name(decision.unit_name)) is not None:
+                self.output_tails.add(*parsed)
             self.systemd.release(decision.unit_name, decision.unit_state)
         elif decision.action in (Action.STOP_ORPHAN, Action.STOP_STALE):
             self.systemd.release(decision.unit_name)  # a stop job, reset-failed, and this daemon's reference
@@ -517,32 +626,62 @@ class Reconciler:
             endings, self._batch = self._batch, None
             self._record_batch(endings)
 
-    def _record_each(self, endings: list[_Ending]) -> None:
-        """Each outcome with a statement of its own, one attempt's trouble staying that attempt's."""
-        for ending in endings:
-            self.isolated(ending.run, ending.settling.attempt,
-                          lambda e=ending: self._after(e, self._record(e.run, e.settling)))
-
     def _record_batch(self, endings: list[_Ending]) -> None:
-        if len(endings) <= 1:
-            self._record_each(endings)
-            return
-        faults.point("before-outcome")
+        """Write the batch's outcomes, then do what follows each one written (_after_all), also when
+        the writes stop half way (the database lost after some of them). Every write comes before any
+        release: a bus lost at a release must not cost a later outcome its write, since its unit is the
+        only record of it until then, and PID 1 collects a clean one when this connection closes."""
+        written: list[bool | None] = []  # per ending, in order, once its write is over (None: not written)
         try:
-            taken = store.record_outcomes(self.conn, self.fence, [e.settling for e in endings])
-        except (store.Fenced, *store.CONNECTION_LOST):
-            raise
-        except psycopg.Error as exc:
-            # One row the database refuses fails the statement, and with it every outcome of the batch:
-            # each again on its own, so that one attempt's trouble stays that attempt's.
-            event("outcome-batch-refused", level=logging.WARNING, host=self.host_id, runs=len(endings),
-                  detail=f"{type(exc).__name__}: {exc}; recording each on its own")
-            self._record_each(endings)
-            return
-        for ending, took in zip(endings, taken, strict=True):
-            if took:
-                self._settled_event(ending.run, ending.settling)
-            self.isolated(ending.run, ending.settling.attempt, lambda e=ending, t=took: self._after(e, t))
+            self._write_outcomes(endings, written)
+        finally:
+            bus_lost = self._after_all(list(zip(endings, written, strict=False)))
+        if bus_lost is not None:
+            raise bus_lost  # the daemon reconnects; the next pass releases what was left
+
+    def _write_outcomes(self, endings: list[_Ending], written: list[bool | None]) -> None:
+        """The outcomes in one statement, or (one alone, or a batch the database refused) each with a
+        statement of its own, one attempt's trouble staying that attempt's. Appends to `written`, in
+        order, whether each took its outcome (None: its write failed, logged by isolated())."""
+        if len(endings) > 1:
+            faults.point("before-outcome")
+            try:
+                taken = store.record_outcomes(self.conn, self.fence, [e.settling for e in endings])
+            except (store.Fenced, *store.CONNECTION_LOST):
+                raise
+            except psycopg.Error as exc:
+                # One row the database refuses fails the statement, and with it every outcome of the
+                # batch: each again on its own, so that one attempt's trouble stays that attempt's.
+                event("outcome-batch-refused", level=logging.WARNING, host=self.host_id, runs=len(endings),
+                      detail=f"{type(exc).__name__}: {exc}; recording each on its own")
+            else:
+                for ending, took in zip(endings, taken, strict=True):
+                    if took:
+                        self._settled_event(ending.run, ending.settling)
+                written.extend(taken)
+                return
+        for ending in endings:
+            took: list[bool] = []
+            self.isolated(ending.run, ending.settling.attempt,
+                          lambda e=ending, t=took: t.append(self._record(e.run, e.settling)))
+            written.append(took[0] if took else None)
+
+    def _after_all(self, written: list[tuple[_Ending, bool | None]]) -> SystemdUnavailable | None:
+        """What follows the outcomes written, in two rounds: first what needs no systemd (each taken
+        outcome's tail scheduled and counted, the environment files removed), for every one of them;
+        then the releases. So a bus lost at the first release drops no committed outcome's tail (0.5.1
+        left the batch there, issue 21). The releases stop at a lost bus, which is returned for the
+        caller to raise: the units left are released by the next pass (RELEASE of a unit whose outcome
+        is recorded), which schedules their tails again too."""
+        done = [(ending, took) for ending, took in written if took is not None]
+        for ending, took in done:
+            self.isolated(ending.run, ending.settling.attempt, lambda e=ending, t=took: self._recorded(e, t))
+        for ending, _ in done:
+            try:
+                self.isolated(ending.run, ending.settling.attempt, lambda e=ending: self._release(e))
+            except SystemdUnavailable as exc:
+                return exc
+        return None
 
     def _settling(self, run: Run, attempt: Attempt, outcome: Outcome, invocation_id: str | None = None,
                   started_at: datetime | None = None, ended_at: datetime | None = None,
@@ -570,6 +709,12 @@ class Reconciler:
 
     def _after(self, ending: _Ending, recorded: bool) -> None:
         """What follows an outcome's write: counted once, if this write took it; the unit released."""
+        self._recorded(ending, recorded)
+        self._release(ending)
+
+    def _recorded(self, ending: _Ending, recorded: bool) -> None:
+        """What follows an outcome's write without systemd: its tail scheduled and its count, if this
+        write took it; its environment file removed."""
         attempt = ending.settling.attempt
         if recorded:
             if ending.keep_output:
@@ -581,7 +726,10 @@ class Reconciler:
         self.cut_off_units.discard(attempt.unit_name)
         # Its process has been spawned (PID 1 read the file then) or never will be.
         self.env_files.remove(attempt.unit_name)
-        # Released only once the outcome is committed: until then the unit is the only record of it.
+
+    def _release(self, ending: _Ending) -> None:
+        """Released only once the outcome is committed: until then the unit is the only record of it."""
+        attempt = ending.settling.attempt
         if ending.unit_exists:
             self.systemd.release(attempt.unit_name, ending.unit_state)
 

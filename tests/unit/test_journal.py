@@ -218,22 +218,22 @@ def test_the_match_on_pid_1_is_a_trusted_field():
     assert outcome_from_records([forged]).outcome == "success"  # the parser does not look at _PID
 
 
+def test_journalctl_that_finds_nothing_shows_nothing(run):
+    run.return_value = subprocess.CompletedProcess([], 0, stdout="", stderr="")  # -q and no entries
+    assert Journal().outcome(UNIT, INV) is None
+
+
 @pytest.mark.parametrize(("returncode", "stdout"), [
     (1, ""),  # "No journal files were found." on stderr
     (1, "Failed to add match 'INVOCATION_ID=x': Invalid argument\n"),
-    (0, ""),  # -q and no entries
+    # What it printed before failing may be cut short: a missing record would then prove nothing.
+    (1, json_lines(process_exit("killed", 9, "9/KILL"), failed("signal"))),
 ])
-def test_journalctl_that_finds_nothing_shows_nothing(run, returncode, stdout):
+def test_a_failed_journalctl_is_no_answer(run, returncode, stdout):
+    # Unreadable, not "nothing proven": settled `lost`, the run would retry though it may have succeeded.
     run.return_value = subprocess.CompletedProcess([], returncode, stdout=stdout, stderr="No journal files were found.")
-    assert Journal().outcome(UNIT, INV) is None
-
-
-def test_a_failed_journalctl_is_no_answer(run):
-    # What it printed before failing may be cut short: a missing record would then prove nothing, so
-    # the journal counts as unreadable (the attempt is `lost`, not guessed).
-    run.return_value = subprocess.CompletedProcess(
-        [], 1, stdout=json_lines(process_exit("killed", 9, "9/KILL"), failed("signal")), stderr="")
-    assert Journal().outcome(UNIT, INV) is None
+    with pytest.raises(journal.Unreadable):
+        Journal().outcome(UNIT, INV)
 
 
 @pytest.mark.parametrize("exc", [
@@ -241,20 +241,27 @@ def test_a_failed_journalctl_is_no_answer(run):
     FileNotFoundError(2, "No such file or directory", "journalctl"),
     PermissionError(13, "Permission denied"),
 ])
-def test_journalctl_that_hangs_or_is_missing_shows_nothing(run, exc):
+def test_journalctl_that_hangs_or_is_missing_is_no_answer(run, exc):
     run.side_effect = exc
-    assert Journal().outcome(UNIT, INV) is None
+    with pytest.raises(journal.Unreadable):
+        Journal().outcome(UNIT, INV)
 
 
-def test_garbage_lines_and_binary_fields_are_skipped(run):
+@pytest.mark.parametrize("garbage", ["-- Boot 3f1e... --", "{not json", json.dumps(failed("exit-code"))[:-5], "[1, 2]"],
+                         ids=["separator", "not-json", "cut-short", "not-a-record"])
+def test_a_line_that_is_not_a_record_makes_the_read_unreadable(run, garbage):
+    # Skipped, it might have been the stop job that spoils a success, or the "Started" that proves a start.
+    run.return_value.stdout = "\n".join([json.dumps(started()), garbage, json.dumps(deactivated())]) + "\n"
+    with pytest.raises(journal.Unreadable):
+        Journal().outcome(UNIT, INV)
+
+
+def test_blank_lines_and_binary_fields_are_skipped(run):
     exit_record = {**process_exit("exited", 2, "2/INVALIDARGUMENT"), "MESSAGE": [98, 105, 110, 0]}
     run.return_value.stdout = "\n".join([
-        "-- Boot 3f1e... --",
-        "{not json",
         json.dumps(started()),
         "",
         json.dumps(exit_record),
-        json.dumps(failed("exit-code"))[:-5],  # a line cut short
         json.dumps({**failed("exit-code"), "UNIT_RESULT": ["exit-code", "exit-code"]}),  # repeated field
     ]) + "\n"
     assert Journal().outcome(UNIT, INV).outcome == Outcome("exit-code", "exit:2", "exited with status 2" + SUFFIX)
@@ -323,7 +330,7 @@ def test_a_failures_resource_usage_is_kept_too():
     assert found.accounting.cpu_usage_nsec == 1_500_000_000
 
 
-# -- Journal.outcome waits for this boot's last record; unit_seen ---------------------------------------------
+# -- Journal.outcome waits for this boot's last record ---------------------------------------------
 
 BOOT = "0123456789abcdef0123456789abcdef"
 
@@ -355,15 +362,3 @@ def test_an_earlier_boots_unit_is_never_waited_for(run, this_boot):
     run.return_value.stdout = json_lines({**started(), "_BOOT_ID": "f" * 32})
     assert Journal(settle_wait=5.0).outcome(UNIT, None) is None
     assert run.call_count == 1
-
-
-@pytest.mark.parametrize(("stdout", "returncode", "seen"), [
-    (json_lines(started()), 0, True),
-    (json_lines({**process_exit("exited", 203, "203/EXEC"), "MESSAGE_ID": MSG_SPAWN_FAILED, "_PID": "812"}), 0, True),
-    ("", 0, False),
-    ("", 1, None),
-])
-def test_unit_seen_is_any_record_of_the_unit_in_any_boot(run, stdout, returncode, seen):
-    run.return_value = subprocess.CompletedProcess([], returncode, stdout=stdout, stderr="")
-    assert Journal().unit_seen(UNIT) is seen
-    assert run.call_args.args[0][-1] == f"UNIT={UNIT}"  # no invocation id: any of its invocations

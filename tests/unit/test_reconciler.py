@@ -293,7 +293,14 @@ def orphan(owner, stop_orphans=True, running=False, awaiting_claim=False):
 @pytest.mark.parametrize("stop_orphans", [True, False])
 def test_settled_attempts_ended_unit_is_released(stop_orphans):
     assert orphan(SETTLED, stop_orphans) == Decision(Action.RELEASE, NAME,
-                                                     "outcome already recorded; releasing the unit")
+                                                     "outcome already recorded; releasing the unit",
+                                                     keep_output=SETTLED.host_id == "me")
+
+
+@pytest.mark.parametrize(("recorder", "keep_output"), [("me", True), ("declarer", False)])
+def test_a_released_unit_has_its_tail_read_again_when_this_host_recorded_its_outcome(recorder, keep_output):
+    """The release after the outcome's commit was cut short, and the tail's read may have been too."""
+    assert orphan(store.UnitOwner(recorder, "success"), True).keep_output is keep_output
 
 
 @pytest.mark.parametrize("stop_orphans", [True, False])
@@ -358,7 +365,8 @@ def test_orphan_decisions_carry_no_outcome():
 def test_action_values():
     assert {a.name: a.value for a in Action} == {
         "NOTHING": "nothing", "START": "start", "ADOPT": "adopt", "STOP": "stop", "SETTLE": "settle", "GONE": "gone",
-        "RELEASE": "release", "STOP_ORPHAN": "stop-orphan", "LEAVE_ORPHAN": "leave-orphan", "STOP_STALE": "stop-stale"}
+        "RELEASE": "release", "STOP_ORPHAN": "stop-orphan", "LEAVE_ORPHAN": "leave-orphan", "STOP_STALE": "stop-stale",
+        "WAIT": "wait"}
 
 
 def test_unit_ahead_of_its_claim_is_left_for_adoption_even_when_orphans_are_stopped():

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
+import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
 from unittest import mock
@@ -24,7 +26,7 @@ from supervisor import journal as journal_mod
 from supervisor.config import RunSettings, Settings, cut_off_after
 from supervisor.model import Accounting, Attempt, Run
 from supervisor.outcomes import CLD_EXITED, CLD_KILLED, Outcome
-from supervisor.reconciler import Action, Decision, Reconciler
+from supervisor.reconciler import UNPROVEN_LOST, Action, Decision, Reconciler
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitBrief, UnitRefused, UnitState
 from supervisor.unitspec import unit_name
 
@@ -80,7 +82,8 @@ def st(mocker, log):
     patched = {}
     defaults = {"open_attempts": [], "unit_owners": {}, "unclaimed_attempts": set(), "record_outcome": True,
                 "mark_started": None, "record_event": None, "declare_dead_hosts": [], "explain_waiting": 0,
-                "expire_runs": 0, "record_outcomes": [True, True]}
+                "expire_runs": 0, "record_outcomes": [True, True], "now": T0 + timedelta(seconds=30),
+                "record_output_tails": 0}
     def logged(name, fake):
         def call(conn, *args, **kwargs):
             log.append((name, args, kwargs))
@@ -116,7 +119,7 @@ def rec(st, systemd, log):
     journal = mock.Mock()
     journal.outcome.return_value = None
     journal.exec_evidence.return_value = None
-    journal.unit_seen.return_value = False
+    journal.unit_history.return_value = journal_mod.History.UNKNOWN
     journal.output_tails.return_value = [None]  # the unthreaded TailReader reads one at a time
     return Reconciler(settings, FENCE, FakeConn(log), systemd, journal=journal, cut_off_units=set())
 
@@ -571,13 +574,13 @@ JOURNAL_SUCCESS = journal_mod.Found(Outcome("success", "exit:0", "exited 0 (from
 def test_an_unstarted_attempt_whose_unit_the_journal_knows_is_never_started_again(rec, st, systemd):
     # A daemon died between its StartTransientUnit and recording it; the unit ended and was collected.
     run, attempt = pair(1, started=False)
-    rec.journal.unit_seen.return_value = True
+    rec.journal.unit_history.return_value = journal_mod.History.KNOWN
     rec.journal.outcome.return_value = JOURNAL_SUCCESS
     st.open_attempts.return_value = [(run, attempt)]
     (done,) = rec.reconcile_pass()
     assert done.decision.action is Action.GONE
     systemd.start_transient.assert_not_called()
-    rec.journal.unit_seen.assert_called_once_with(attempt.unit_name)
+    rec.journal.unit_history.assert_called_once_with(attempt.unit_name, mock.ANY)
     rec.journal.outcome.assert_called_once_with(attempt.unit_name, None)
     ((_, outcome, state),) = recorded(st)
     assert (outcome, state) == (JOURNAL_SUCCESS.outcome, "succeeded")
@@ -586,13 +589,13 @@ def test_an_unstarted_attempt_whose_unit_the_journal_knows_is_never_started_agai
     systemd.release.assert_not_called()
 
 
-@pytest.mark.parametrize("seen", [False, None])  # None: the journal is unreadable, so nothing is known
-def test_an_unstarted_attempt_unknown_to_the_journal_is_started(rec, st, systemd, seen):
+def test_an_unstarted_attempt_unknown_to_a_journal_that_reaches_back_to_its_claim_is_started(rec, st, systemd):
     run, attempt = pair(1, started=False)
-    rec.journal.unit_seen.return_value = seen
+    rec.journal.unit_history.return_value = journal_mod.History.UNKNOWN
     st.open_attempts.return_value = [(run, attempt)]
     rec.reconcile_pass()
     systemd.start_transient.assert_called_once()
+    systemd.state.assert_not_called()  # nothing to adopt needs asking: it is started (or adopted) either way
 
 
 def test_a_unit_that_exists_but_is_collected_before_the_ref_is_gone_not_started_again(rec, st, systemd):
@@ -667,7 +670,7 @@ def test_a_unit_the_journal_knows_and_that_is_loaded_now_is_adopted_not_lost(rec
     """The pass's listing predates a unit the daemon started since (`unitvisor reconcile` by hand beside
     it): the journal knows it because it runs. Asked again, live, it is loaded: start, i.e. adopt."""
     run, attempt = pair(1, started=False)
-    rec.journal.unit_seen.return_value = True
+    rec.journal.unit_history.return_value = journal_mod.History.KNOWN
     systemd.list_units.return_value = {}
     systemd.state.return_value = UnitState(attempt.unit_name, "active", "running", "success", 0, 0, INV, False)
     systemd.start_transient.return_value = False  # UnitExists: adoption
@@ -752,3 +755,290 @@ def test_a_batch_cut_short_by_the_bus_still_records_what_was_read(rec, st, syste
         systemd.state.side_effect = SystemdUnavailable("bus gone")
         rec.isolated(*pair(3), lambda: rec.reconcile_one(*pair(3)))
     assert st.record_outcomes.call_count == 1 and len(st.record_outcomes.call_args.args[2]) == 2
+
+
+# -- issue 21: a journal that cannot be read never starts an attempt twice --------------------------------
+# A real Journal, journalctl failing at its boundary; the pure decision and Journal.unit_history are in
+# test_journal_unreadable.py.
+
+def completed(stdout: str = "", returncode: int = 0) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess([], returncode, stdout=stdout, stderr="")
+
+
+def old_record(at: datetime) -> str:
+    return json.dumps({"_PID": "1", "__REALTIME_TIMESTAMP": str(int(at.timestamp() * 1_000_000))}) + "\n"
+
+
+@pytest.fixture
+def real_journal(rec, mocker):
+    rec.journal = journal_mod.Journal(timeout=0.5, settle_wait=0.0)
+    mocker.patch.object(journal_mod, "_boot_started", return_value=(T0 - timedelta(days=1)).timestamp())
+    return rec
+
+
+@pytest.mark.parametrize("failure", [
+    subprocess.TimeoutExpired(["journalctl"], 0.5),
+    FileNotFoundError(2, "No such file or directory", "journalctl"),
+    completed("", 1),
+    completed("Journal file /var/log/journal/x/system.journal is truncated, ignoring file.\n", 0),
+], ids=["timeout", "missing", "failed", "garbage"])
+def test_an_unreadable_journal_never_starts_an_attempt_a_second_time(real_journal, st, systemd, mocker, events,
+                                                                     failure):
+    """The daemon died right after StartTransientUnit (kill point after-start); the unit ended cleanly and
+    PID 1 collected it; the database still says `starting`. On 0.5.1 this pass started it again."""
+    rec = real_journal
+    run, attempt = pair(1, started=False)
+    st.open_attempts.return_value = [(run, attempt)]
+    mocker.patch.object(journal_mod.subprocess, "run", side_effect=failure if isinstance(failure, Exception)
+                        else lambda *a, **k: failure)
+    (done,) = rec.reconcile_pass()
+    assert done.decision.action is Action.WAIT
+    systemd.start_transient.assert_not_called()
+    assert recorded(st) == [] and not st.record_outcomes.called  # nothing settled either: a later pass decides
+    assert "journal-unreadable" in names(events)
+    assert rec.in_flight == 1  # its slot stays taken
+
+
+def test_a_vacuumed_journal_never_starts_an_attempt_a_second_time_and_settles_it_lost(real_journal, st, systemd,
+                                                                                     mocker):
+    rec = real_journal
+    run, attempt = pair(1, started=False, max_attempts=2)
+    st.open_attempts.return_value = [(run, attempt)]
+    mocker.patch.object(journal_mod.subprocess, "run", return_value=completed())  # nothing at all, so nothing old
+    (done,) = rec.reconcile_pass()
+    assert done.decision.action is Action.GONE
+    systemd.start_transient.assert_not_called()
+    ((got, outcome, state),) = recorded(st)
+    assert (got, outcome, state) == (attempt, UNPROVEN_LOST, "queued")  # a retry is a new attempt number
+
+
+def test_a_journal_that_reaches_back_and_knows_nothing_lets_it_start(real_journal, st, systemd, mocker):
+    rec = real_journal
+    run, attempt = pair(1, started=False)
+    st.open_attempts.return_value = [(run, attempt)]
+    old = old_record(T0 - timedelta(hours=1))
+    fake = mocker.patch.object(journal_mod.subprocess, "run", side_effect=[completed(), completed(old)])
+    rec.reconcile_pass()
+    systemd.start_transient.assert_called_once()
+    # the claim on this host's clock: the database says 30 s have passed since it (st's now is T0 + 30 s)
+    until = int(fake.call_args.args[0][-2].removeprefix("--until=@"))
+    assert abs(until - (datetime.now(UTC) - timedelta(seconds=31)).timestamp()) < 5
+
+
+def test_the_claim_is_placed_on_this_hosts_clock_whatever_the_database_clock_says(real_journal, st, mocker):
+    """A database clock an hour ahead of this host's: the claim, 30 s ago by the database, is 30 s ago here."""
+    rec = real_journal
+    run, attempt = pair(1, started=False)
+    ahead = datetime.now(UTC) + timedelta(hours=1)
+    st.now.return_value = ahead
+    attempt = attempt.__class__(**{**attempt.__dict__, "claimed_at": ahead - timedelta(seconds=30)})
+    since = rec._claimed_since(attempt)
+    assert abs((datetime.now(UTC) - since).total_seconds() - 31) < 5
+
+
+@pytest.mark.parametrize("failure", [subprocess.TimeoutExpired(["journalctl"], 0.5), completed("", 1)],
+                         ids=["timeout", "failed"])
+def test_a_started_attempt_whose_unit_is_gone_waits_for_a_readable_journal(real_journal, st, systemd, mocker,
+                                                                           events, failure):
+    """Settled `lost` at once (0.5.1), a run that succeeded while the daemon was down was retried: it ran
+    twice. Its outcome waits for the journal instead."""
+    rec = real_journal
+    run, attempt = pair(1, max_attempts=3)
+    st.open_attempts.return_value = [(run, attempt)]
+    mocker.patch.object(journal_mod.subprocess, "run", side_effect=failure if isinstance(failure, Exception)
+                        else lambda *a, **k: failure)
+    rec.reconcile_pass()
+    assert recorded(st) == []
+    assert "journal-unreadable" in names(events)
+    systemd.start_transient.assert_not_called()
+
+
+def test_a_started_attempt_whose_unit_is_gone_takes_the_journals_outcome_once_readable(real_journal, st, mocker):
+    rec = real_journal
+    run, attempt = pair(1, max_attempts=3)
+    st.open_attempts.return_value = [(run, attempt)]
+    success = {"_PID": "1", "MESSAGE_ID": journal_mod.MSG_UNIT_SUCCESS, "INVOCATION_ID": attempt.invocation_id,
+               "__REALTIME_TIMESTAMP": "1714564805000000"}
+    mocker.patch.object(journal_mod.subprocess, "run", return_value=completed(json.dumps(success) + "\n"))
+    rec.reconcile_pass()
+    ((_, outcome, state),) = recorded(st)
+    assert (outcome.outcome, state) == ("success", "succeeded")
+
+
+def test_a_unit_stopped_while_cut_off_is_lost_even_with_an_unreadable_journal(real_journal, st, mocker):
+    rec = real_journal
+    run, attempt = pair(1)
+    rec.cut_off_units.add(attempt.unit_name)
+    st.open_attempts.return_value = [(run, attempt)]
+    mocker.patch.object(journal_mod.subprocess, "run", side_effect=subprocess.TimeoutExpired(["journalctl"], 0.5))
+    rec.reconcile_pass()
+    ((_, outcome, _),) = recorded(st)
+    assert outcome.outcome == "lost" and "stop_runs_when_cut_off" in outcome.reason
+
+
+def test_store_now_is_what_the_claim_is_measured_against(real_journal, st, mocker):
+    rec = real_journal
+    _, attempt = pair(1, started=False)
+    rec._claimed_since(attempt)
+    st.now.assert_called_once_with(rec.conn)
+
+
+# -- issue 21: a D-Bus loss mid-batch drops nothing that follows an outcome already committed ------------
+
+@pytest.fixture
+def tails(rec, mocker):
+    """The reader of output tails, to see which attempts' tails are asked for."""
+    rec.output_tails = mocker.Mock(spec=journal_mod.TailReader)
+    rec.output_tails.take.return_value = []
+    return rec.output_tails
+
+
+def _ended_in_batch(rec, systemd, count):
+    pairs = []
+    for n in range(1, count + 1):
+        run, attempt = with_env(n)
+        rec.env_files.write(attempt.unit_name, run.environment)
+        systemd.state.return_value = ended(attempt.unit_name, CLD_EXITED, 0, "success")
+        rec.reconcile_one(run, attempt)
+        pairs.append((run, attempt))
+    return pairs
+
+
+def test_a_bus_lost_at_the_first_release_still_schedules_every_committed_outcomes_tail(
+        rec, st, systemd, tails, environment_directory):
+    """Units that ended together: their outcomes committed in one statement, then the bus went away at
+    the first release. On 0.5.1 the release's SystemdUnavailable left the loop over the batch, so the
+    other attempts' tails were never read (nor were they counted, nor their environment files removed)."""
+    st.record_outcomes.return_value = [True, True, True]
+    systemd.release.side_effect = SystemdUnavailable("ResetFailedUnit: systemd is not reachable over D-Bus")
+    with pytest.raises(SystemdUnavailable), rec.batched_outcomes():  # the daemon reconnects on it
+        pairs = _ended_in_batch(rec, systemd, 3)
+    assert [c.args for c in tails.add.call_args_list] == [(run.id, attempt.attempt) for run, attempt in pairs]
+    assert rec.settled == 3
+    assert os.listdir(environment_directory) == []
+    # The release stops at the lost bus; the next pass, reconnected, releases the rest (RELEASE of an
+    # orphan whose outcome is recorded), and reads their tails again.
+    assert systemd.release.call_count == 1
+
+
+def test_a_bus_lost_mid_batch_in_the_one_by_one_path_records_the_rest_before_releasing(rec, st, systemd, tails):
+    """A row the database refused sends the batch one by one; each outcome is recorded before any unit is
+    released, so a bus lost at a release costs no outcome its write (the units are the only record of
+    them until then, and PID 1 collects a clean one when this connection closes)."""
+    st.record_outcomes.side_effect = psycopg.errors.CheckViolation("attempts_accounting_valid")
+    st.record_outcome.return_value = True
+    systemd.release.side_effect = SystemdUnavailable("gone")
+    with pytest.raises(SystemdUnavailable), rec.batched_outcomes():
+        pairs = _ended_in_batch(rec, systemd, 3)
+    assert [c.args[2] for c in st.record_outcome.call_args_list] == [a for _, a in pairs]
+    assert tails.add.call_count == 3 and rec.settled == 3
+
+
+def test_a_database_lost_mid_batch_keeps_what_follows_the_outcomes_already_written(rec, st, systemd, tails):
+    st.record_outcomes.side_effect = psycopg.errors.CheckViolation("attempts_accounting_valid")
+    st.record_outcome.side_effect = [True, psycopg.OperationalError("server closed the connection"), True]
+    with pytest.raises(psycopg.OperationalError), rec.batched_outcomes():
+        (first_run, first), *_ = _ended_in_batch(rec, systemd, 3)
+    tails.add.assert_called_once_with(first_run.id, first.attempt)
+    systemd.release.assert_called_once_with(first.unit_name, "active")
+    assert rec.settled == 1
+
+
+def test_a_release_that_fails_is_done_by_the_next_pass_and_counts_nothing_again(rec, st, systemd, tails, events):
+    """Released exactly once: a refused release leaves the unit (with its recorded outcome) to the next
+    pass, which releases it as an orphan; the outcome is neither written again nor counted twice."""
+    st.record_outcomes.return_value = [True, True]
+    systemd.release.side_effect = [SystemdError("ResetFailedUnit x: Access denied"), None]
+    with rec.batched_outcomes():
+        pairs = _ended_in_batch(rec, systemd, 2)
+    assert systemd.release.call_count == 2 and rec.settled == 2
+    assert names(events).count("systemd-error") == 1
+    (_, stuck) = pairs[0]
+    systemd.release.reset_mock(side_effect=True)
+    st.unit_owners.return_value = {stuck.unit_name: store.UnitOwner("me", "success")}
+    systemd.list_units.return_value = {stuck.unit_name: EXITED}
+    done = rec.reconcile_pass()
+    assert [(p.decision.action, p.decision.unit_name) for p in done] == [(Action.RELEASE, stuck.unit_name)]
+    systemd.release.assert_called_once_with(stuck.unit_name, "active")
+    assert rec.settled == 2 and st.record_outcomes.call_count == 1 and not st.record_outcome.called
+
+
+def test_an_orphan_released_with_this_hosts_outcome_has_its_tail_read(rec, st, systemd, tails):
+    """The outcome committed, then the daemon died (or the bus went) before the release: the next pass
+    releases the unit, and reads the tail that was never read (an attempt that has one keeps it)."""
+    mine, theirs = unit_name(rid(1), 1), unit_name(rid(2), 3)
+    st.unit_owners.return_value = {mine: store.UnitOwner("me", "exit-code"), theirs: store.UnitOwner("web-2", "lost")}
+    systemd.list_units.return_value = {mine: UnitBrief("failed", "failed", False), theirs: EXITED}
+    rec.reconcile_pass()
+    tails.add.assert_called_once_with(rid(1), 1)
+
+
+@pytest.mark.parametrize("error", [psycopg.OperationalError("server closed the connection"),
+                                   store.Fenced("host me is fenced: epoch 7 is over")])
+def test_tails_read_but_not_written_for_a_lost_database_are_written_after_the_reconnect(rec, st, error):
+    """0.5.1 took the tails out of the reader before the statement: a database lost in it dropped them."""
+    rec.output_tails = journal_mod.TailReader(rec.journal, 20, 4096, threaded=False)
+    rec.output_tails._done.extend([(rid(1), 1, "last line"), (rid(2), 1, "")])
+    st.record_output_tails.side_effect = error
+    with pytest.raises(type(error)):
+        rec.write_output_tails()
+    st.record_output_tails.side_effect = None
+    st.record_output_tails.return_value = 2
+    assert rec.write_output_tails() == 2
+    assert st.record_output_tails.call_args.args[2] == [(rid(1), 1, "last line"), (rid(2), 1, "")]
+    assert rec.output_tails.take() == []
+
+
+def test_tails_a_database_refuses_are_not_kept_for_ever(rec, st):
+    """A refusal is no reason to try again: the loop would fail on the same rows at every iteration."""
+    rec.output_tails = journal_mod.TailReader(rec.journal, 20, 4096, threaded=False)
+    rec.output_tails._done.append((rid(1), 1, "x"))
+    st.record_output_tails.side_effect = psycopg.errors.CheckViolation("output_tail")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        rec.write_output_tails()
+    assert rec.output_tails.take() == []
+
+
+# -- issue 21: nothing in the batch path invents an outcome ------------------------------------------------
+
+def stub(name):
+    """What PID 1 answers on the D-Bus path of a unit it has just collected: it loads a new object for the
+    name (LoadState not-found), inactive, Result=success, no invocation, no main process (seen in the test
+    bed, systemd 252). Systemd.state reads a unit with a GetUnit and then one Get per property: a unit
+    collected between them is read as this."""
+    return UnitState(name, "inactive", "dead", "success", 0, 0, "", False)
+
+
+@pytest.mark.parametrize("kind", [{"started": True}, {"started": False}, {"cancelled": True},
+                                  {"started": False, "cancelled": True}])
+def test_a_stub_is_no_unit(kind):
+    from supervisor.reconciler import decide
+    run, attempt = pair(1, **kind)
+    assert decide(run, attempt, stub(attempt.unit_name)) == decide(run, attempt, None)
+
+
+def test_a_unit_read_as_a_stub_is_settled_from_the_journal_not_lost(rec, st, systemd):
+    """0.5.1 settled it `lost` ("unit ended with result success and no exit status"): its run retried
+    and ran twice, though the journal said it had succeeded."""
+    run, attempt = pair(1, max_attempts=3)
+    systemd.state.return_value = stub(attempt.unit_name)
+    rec.journal.outcome.return_value = JOURNAL_SUCCESS
+    decision = rec.reconcile_one(run, attempt)
+    assert decision.action is Action.GONE
+    ((_, outcome, state),) = recorded(st)
+    assert (outcome, state) == (JOURNAL_SUCCESS.outcome, "succeeded")
+    systemd.release.assert_not_called()  # nothing of ours is loaded: the stub is PID 1's to collect
+
+
+def test_a_stub_is_not_a_loaded_unit_to_adopt(rec, st, systemd):
+    """The journal knows the unit (it ran) and the live check finds a stub (an operator's `systemctl
+    status` on the gone unit loads one): 0.5.1 took it for a loaded unit and started it "again", which,
+    on a stub, is a second start of the command."""
+    run, attempt = pair(1, started=False)
+    rec.journal.unit_history.return_value = journal_mod.History.KNOWN
+    rec.journal.outcome.return_value = JOURNAL_SUCCESS
+    systemd.state.return_value = stub(attempt.unit_name)
+    st.open_attempts.return_value = [(run, attempt)]
+    (done,) = rec.reconcile_pass()
+    assert done.decision.action is Action.GONE
+    systemd.start_transient.assert_not_called()
