@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -187,8 +188,10 @@ def invocations(records: Iterable[JournalRecord]) -> dict[tuple[str, str], Invoc
 
 
 def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: Sequence[Run],
-          samples: Sequence[Sample]) -> Report:
-    """Every broken promise in one history; `stats` counts what was looked at."""
+          samples: Sequence[Sample], settled: bool = True) -> Report:
+    """Every broken promise in one history; `stats` counts what was looked at. `settled`: the
+    history is complete (the fleet healed and every run had time to end), so a run that has not
+    ended is a violation; False audits a history still being written (runs still running)."""
     report = Report()
     invs = invocations(records)
     by_unit: dict[str, list[Invocation]] = defaultdict(list)
@@ -201,7 +204,7 @@ def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: S
     v += _check_journal_overlaps(invs.values())
     sampled, artifacts = _check_samples(samples, by_unit, runs_by_id)
     v += sampled
-    v += _check_states(runs, attempts)
+    v += _check_states([r for r in runs if settled or r.state in TERMINAL], attempts)
     v += _check_outcomes(attempts, by_unit)
     report.stats = {
         "runs": len(runs),
@@ -296,7 +299,7 @@ def _check_samples(samples: Sequence[Sample], by_unit: dict[str, list[Invocation
     out = []
     for (what, name, places), times in seen.items():
         where = ", ".join(f"{unit} on {machine}" for machine, unit in sorted(places))
-        span = f"in {len(times)} samples from t={times[0]:.0f} to t={times[-1]:.0f}"
+        span = f"in {len(times)} samples from {_clock(times[0])} to {_clock(times[-1])} UTC"
         if what == "run":
             out.append(Violation("live-copies", name, f"two live units {span}: {where}"))
         else:
@@ -304,6 +307,10 @@ def _check_samples(samples: Sequence[Sample], by_unit: dict[str, list[Invocation
             out.append(Violation("key-overlap", run_ids[0],
                                  f"concurrency key {name!r}: live units of {len(run_ids)} runs {span}: {where}"))
     return out, artifacts
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(at))
 
 
 def _disproved(places: set[tuple[str, str]], by_unit: dict[str, list[Invocation]]) -> bool:

@@ -194,12 +194,14 @@ class Nemesis:
             if delay > 0:
                 time.sleep(delay)
             self.log(f"[{time.monotonic() - self.started:6.1f}s] {action.describe()}")
+            began = time.monotonic()
             try:
                 getattr(self, f"_do_{action.name}")(action)
                 self.figures.actions_done[action.name] += 1
             except Exception as exc:  # an action that could not be done is reported, never fatal
                 self.figures.action_errors.append(f"{action.describe()}: {exc!r}"[:300])
                 self.log(f"    failed: {exc!r}"[:300])
+            self.log(f"    done in {time.monotonic() - began:.1f}s")
 
     # -- faults and operator actions --------------------------------------------------------------
 
@@ -343,9 +345,10 @@ class Nemesis:
         mostly through SQL and some through the CLI, until the schedule ends."""
         rng = self.runs_rng
         while not self.stop.wait(rng.uniform(0.3, 1.2)):
-            # Mostly short; one in six outlives host_dead_after, the runs a silent host's peers retry.
-            sleep = rng.choice((1, 2, 3, 5, 8, 25))
-            code = 3 if rng.random() < 0.15 else 0
+            # Mostly short; one in six outlives host_dead_after (the runs a silent host's peers retry)
+            # and always succeeds, so that its retries do not make the final wait long.
+            sleep = rng.choice((1, 2, 3, 5, 8, 20))
+            code = 3 if rng.random() < 0.15 and sleep < 20 else 0
             attempts = 3 if rng.random() < 0.6 else 1
             retry_on = ["exit-code"] if rng.random() < 0.3 else None  # at most once for `lost`
             key = rng.choice(("nem-a", "nem-b")) if rng.random() < 0.1 else None
@@ -384,11 +387,10 @@ class Nemesis:
         if not (member.tb.running and member.tb.leader):
             return None
         try:
-            out = member.tb.run("systemctl", "list-units", "--all", "--plain", "--no-legend", "unitvisor-run-*",
-                                check=False, timeout=10).stdout
+            units = list_live_units(member)
         except Exception:  # powered off between the check and the call
             return None
-        return Sample(number, time.time(), member.tb.name, self._host_id_of(member), live_units(out))
+        return Sample(number, time.time(), member.tb.name, self._host_id_of(member), units)
 
     def _host_id_of(self, member: Member) -> str:
         assert self.clone is not None
@@ -415,12 +417,14 @@ class Nemesis:
         for host_id in HOST_IDS:
             with contextlib.suppress(Exception):
                 self._cli("undrain", host_id)
+        waited = time.monotonic()
         try:
             wait_for(lambda: self._sql("SELECT count(*) FROM unitvisor.runs WHERE state NOT IN "
                                        "('succeeded', 'failed', 'cancelled', 'expired')")[0][0] == 0,
                      timeout=timeout, interval=1, what="every run to end")
         except AssertionError as exc:
             self.log(f"    {exc} (the checker reports what is unsettled)")
+        self.log(f"    every run ended after {time.monotonic() - waited:.0f}s")
         time.sleep(2)  # one more sample of a settled fleet
 
     def _collect(self) -> tuple[list[JournalRecord], list[Attempt], list[Run]]:
@@ -429,14 +433,7 @@ class Nemesis:
         machines = [*self.fleet] + ([self.clone[0]] if self.clone_booted else [])
         for member in machines:
             records += parse_journal(member.tb.name, self._host_id_of(member), read_journal(member).splitlines())
-        attempts = [Attempt(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in self._sql(
-            "SELECT run_id, attempt, host_id, unit_name, invocation_id, outcome, exit_status, reason "
-            "FROM unitvisor.attempts ORDER BY run_id, attempt")]
-        runs = [Run(str(r[0]), r[1], r[2], tuple(r[3]) if r[3] is not None else None, r[4], r[5], r[6])
-                for r in self._sql(
-                    "SELECT r.id, r.state, r.max_attempts, r.retry_on, r.cancel_requested_at IS NOT NULL, "
-                    "(SELECT count(*) FROM unitvisor.run_events e WHERE e.run_id = r.id "
-                    "AND e.reason LIKE 'resumed by an operator%%')::int, r.concurrency_key FROM unitvisor.runs r")]
+        attempts, runs = database_history(self.dsn)
         self.boots = {member.tb.name: len(member.boots()) for member in machines if member.tb.running}
         return records, attempts, runs
 
@@ -466,6 +463,26 @@ class Nemesis:
             "seed": self.seed, "schedule": self._schedule_text(),
             "journal": [asdict(r) for r in records], "attempts": [asdict(a) for a in attempts],
             "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in self.samples]}))
+
+
+def database_history(dsn: str) -> tuple[list[Attempt], list[Run]]:
+    """Every attempt row, and every run with what explains its state (policy, cancel, resumes)."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        attempts = [Attempt(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in conn.execute(
+            "SELECT run_id, attempt, host_id, unit_name, invocation_id, outcome, exit_status, reason "
+            "FROM unitvisor.attempts ORDER BY run_id, attempt")]
+        runs = [Run(str(r[0]), r[1], r[2], tuple(r[3]) if r[3] is not None else None, r[4], r[5], r[6])
+                for r in conn.execute(
+                    "SELECT r.id, r.state, r.max_attempts, r.retry_on, r.cancel_requested_at IS NOT NULL, "
+                    "(SELECT count(*) FROM unitvisor.run_events e WHERE e.run_id = r.id "
+                    "AND e.reason LIKE 'resumed by an operator%') ::int, r.concurrency_key FROM unitvisor.runs r")]
+    return attempts, runs
+
+
+def list_live_units(member: Member) -> tuple[str, ...]:
+    out = member.tb.run("systemctl", "list-units", "--all", "--plain", "--no-legend", "unitvisor-run-*",
+                        check=False, timeout=10).stdout
+    return live_units(out)
 
 
 def live_units(list_units_output: str) -> tuple[str, ...]:

@@ -204,6 +204,7 @@ def test_states_a_history_does_not_explain(run: Run, attempts: list[Attempt], wo
 def test_a_run_still_running_after_the_fleet_healed_is_unsettled() -> None:
     report = check([], [att(1, "h1", None)], [Run(RUN, "running", 1)], [])
     assert kinds(report) == ["unsettled"]
+    assert check([], [att(1, "h1", None)], [Run(RUN, "running", 1)], [], settled=False).violations == []
 
 
 @pytest.mark.parametrize("attempts", [
