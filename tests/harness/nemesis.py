@@ -81,20 +81,32 @@ def _duration(name: str, rng: random.Random) -> float:
 OVERHEAD = {"power_cut": 6, "reboot": 8, "clone": 10, "kill9": 2, "restart": 2, "stop_long": 2, "wrong_dsn": 4}
 
 
-def plan(seed: int, seconds: float, faults: dict[str, int] | None = None) -> list[Action]:
+def clone_target(seed: int) -> int:
+    """Which host the clone machine copies (its id), for the whole schedule: a machine's journal
+    records are mapped to one host id."""
+    return random.Random(seed ^ 0x5EED).randrange(len(HOST_IDS))
+
+
+def plan(seed: int, seconds: float, faults: dict[str, int] | None = None, compact: bool = False) -> list[Action]:
     """The schedule for `seconds`: every fault once first (in a seeded order, so that even a short
-    schedule covers them all), then weighted random draws; a pause of 2 to 6 s after each."""
+    schedule covers them all), then weighted random draws; a pause of 2 to 6 s after each.
+    `compact` (CI's): every fault exactly once, whatever `seconds`, none lasting longer than
+    host_dead_after + 3 s, with pauses of 1 to 2 s."""
     weights = dict(faults or FAULTS)
     rng = random.Random(seed)
     names = sorted(weights)
     rng.shuffle(names)
     actions: list[Action] = []
     at = 3.0
-    while at < seconds:
+    while (names if compact else at < seconds):
         name = names.pop(0) if names else rng.choices(list(weights), list(weights.values()))[0]
-        action = Action(round(at, 1), name, rng.randrange(len(HOST_IDS)), _duration(name, rng), rng.random())
+        target = clone_target(seed) if name == "clone" else rng.randrange(len(HOST_IDS))
+        lasting = _duration(name, rng)
+        if compact:
+            lasting = min(lasting, DEAD_AFTER + 3)
+        action = Action(round(at, 1), name, target, lasting, rng.random())
         actions.append(action)
-        at += action.seconds + OVERHEAD.get(name, 1) + rng.uniform(2, 6)
+        at += action.seconds + OVERHEAD.get(name, 1) + (rng.uniform(1, 2) if compact else rng.uniform(2, 6))
     return actions
 
 
@@ -111,14 +123,14 @@ class Nemesis:
     """One schedule on one fleet: setup, faults, quiesce, collection, audit."""
 
     def __init__(self, seed: int, seconds: float, faults: dict[str, int] | None = None,
-                 out: Path | None = None, log: Callable[[str], None] = print) -> None:
+                 out: Path | None = None, log: Callable[[str], None] = print, compact: bool = False) -> None:
         self.seed = seed
-        self.seconds = seconds
-        self.schedule = plan(seed, seconds, faults)
+        self.schedule = plan(seed, seconds, faults, compact)
+        self.seconds = self.schedule[-1].at + self.schedule[-1].seconds if compact and self.schedule else seconds
         self.out = out
         self.log = log
         self.runs_rng = random.Random(seed * 7919 + 1)  # the submitted runs' shapes
-        self.clone_of = random.Random(seed).randrange(len(HOST_IDS))
+        self.clone_of = clone_target(seed)
         self.figures = Figures()
         self.samples: list[Sample] = []
         self.stop = threading.Event()          # no more actions, no more submits

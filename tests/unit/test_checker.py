@@ -292,3 +292,11 @@ def test_the_report_prints_the_seed_the_schedule_and_every_violation() -> None:
     text = format_report(42, [a.describe() for a in plan(42, 30)], report, {"submitted": 1})
     assert "nemesis seed 42" in text and "schedule (" in text
     assert "violations: 1 ({'started-twice': 1})" in text and RUN in text
+
+
+def test_ci_s_compact_schedule_does_every_fault_once_and_the_clone_keeps_one_target() -> None:
+    actions = plan(21, 0, compact=True)
+    assert sorted(a.name for a in actions) == sorted(FAULTS)
+    assert max(a.seconds for a in actions) <= 13
+    clones = [a.target for seed in range(20) for a in plan(seed, 900) if a.name == "clone" and seed == 3]
+    assert len(set(clones)) == 1
