@@ -193,7 +193,7 @@ class Nemesis:
                                configs={clone_id: configs[clone_id]})
             stack.callback(self.clone.destroy)
             for member in self.fleet:
-                member.host.start(configure=False)
+                self._start_daemon(member)
             self.log(f"nemesis seed {self.seed}: {len(self.schedule)} actions in {self.seconds:.0f}s; "
                      f"fleet booted in {self.fleet.boot_seconds:.1f}s; the clone is {clone_id}'s")
             yield
@@ -221,9 +221,14 @@ class Nemesis:
         assert self.fleet is not None
         return self.fleet[action.target]
 
-    def _start_daemon(self, member: Member) -> None:
+    def _start_daemon(self, member: Member, timeout: float = 300) -> None:
+        """Start the daemon and wait until it is up. Without blocking on the start job: on this
+        shared 2-core machine a start once took longer than the harness's 120 s bound for a call."""
         member.tb.run("systemctl", "reset-failed", "unitvisor.service", check=False)
-        member.host.start(configure=False)
+        member.host.install_units()
+        member.tb.run("systemctl", "start", "--no-block", "unitvisor.service")
+        wait_for(lambda: member.tb.run("systemctl", "is-active", "unitvisor.service", check=False).stdout.strip()
+                 in ("active", "failed"), timeout=timeout, interval=0.5, what=f"{member.host_id}'s daemon to start")
 
     def _do_kill9(self, action: Action) -> None:
         member = self._member(action)
