@@ -23,6 +23,8 @@ from tests.harness.nemesis import FAULTS, Nemesis, database_history, list_live_u
 # CI's short schedule: every fault once, in a seeded order, none longer than host_dead_after + 3 s;
 # about 3 minutes in all (boot, about 2 minutes of faults, the fleet's quiesce, the audit).
 CI_SEED = int(os.environ.get("NEMESIS_SEED", "21"))
+# A subset, to run by hand (e.g. without the faults a fix is pending for): NEMESIS_FAULTS=kill9,reboot
+CI_FAULTS = [name for name in os.environ.get("NEMESIS_FAULTS", "").split(",") if name]
 
 
 def audit(fleet: Fleet, dsn: str, samples: list[Sample], settled: bool = True) -> Report:
@@ -93,9 +95,10 @@ def test_a_short_nemesis_schedule_breaks_no_promise() -> None:
     reason = testbed_mod.available()
     if reason:
         _unavailable(reason)
-    nemesis = Nemesis(CI_SEED, 0, compact=True)
+    faults = {name: FAULTS[name] for name in CI_FAULTS} if CI_FAULTS else None
+    nemesis = Nemesis(CI_SEED, 0, faults, compact=True)
     report, text = nemesis.run()
     print(text)
-    assert set(nemesis.figures.actions_done) == set(FAULTS), text  # every fault was done, none failed
+    assert set(nemesis.figures.actions_done) == set(faults or FAULTS), text  # every fault done, none failed
     assert report.stats["runs"] > 20 and report.stats["journal_starts"] > 20, text
     assert report.violations == [], text
