@@ -290,8 +290,8 @@ def _check_samples(samples: Sequence[Sample], by_unit: dict[str, list[Invocation
                     groups[("key", key)].add((sample.machine, unit))
         at = min(s.at for s in rounds[number])
         for (what, name), places in groups.items():
-            if len(places) < 2:
-                continue
+            if len(places) < 2 or (what == "key" and len({parse_unit(u)[0] for _, u in places}) < 2):  # type: ignore[index]
+                continue  # two attempts of one run under one key are live-copies, reported as such
             if _disproved(places, by_unit):
                 artifacts += 1
                 continue

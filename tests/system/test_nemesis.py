@@ -17,7 +17,7 @@ from tests.conftest import _unavailable
 from tests.harness import testbed as testbed_mod
 from tests.harness.checker import Report, Sample, check, parse_journal
 from tests.harness.fleet import Fleet, Member, fleet_config, submit_many
-from tests.harness.host import wait_for
+from tests.harness.host import REPO, wait_for
 from tests.harness.nemesis import FAULTS, Nemesis, database_history, list_live_units, read_journal
 
 # CI's short schedule: every fault once, in a seeded order, none longer than host_dead_after + 3 s;
@@ -96,7 +96,7 @@ def test_a_short_nemesis_schedule_breaks_no_promise() -> None:
     if reason:
         _unavailable(reason)
     faults = {name: FAULTS[name] for name in CI_FAULTS} if CI_FAULTS else None
-    nemesis = Nemesis(CI_SEED, 0, faults, compact=True)
+    nemesis = Nemesis(CI_SEED, 0, faults, compact=True, out=REPO / "build" / "nemesis" / f"ci-seed-{CI_SEED}")
     report, text = nemesis.run()
     print(text)
     assert set(nemesis.figures.actions_done) == set(faults or FAULTS), text  # every fault done, none failed

@@ -148,6 +148,14 @@ def test_two_runs_of_one_concurrency_key_live_together_are_reported() -> None:
     assert kinds(check(records, attempts, runs, samples)) == ["key-overlap"]
 
 
+def test_two_attempts_of_one_run_with_a_key_are_live_copies_not_a_key_overlap() -> None:
+    records = life("m1", "h1", 10, 30, signal=15) + life("m2", "h2", 20, 40, attempt=2)
+    attempts = [att(1, "h1", "lost"), att(2, "h2", "success", "exit:0")]
+    samples = [Sample(1, 25, "m1", "h1", (unit(RUN, 1),)), Sample(1, 25, "m2", "h2", (unit(RUN, 2),))]
+    report = check(records, attempts, [Run(RUN, "succeeded", 2, concurrency_key="k")], samples)
+    assert kinds(report) == ["live-copies", "overlap-in-journal"]
+
+
 def test_runs_of_different_keys_may_run_together() -> None:
     records = life("m1", "h1", 10, 30) + life("m2", "h2", 20, 40, run_id=OTHER)
     attempts = [att(1, "h1", "success", "exit:0"), att(1, "h2", "success", "exit:0", run_id=OTHER)]
