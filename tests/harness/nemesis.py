@@ -301,7 +301,8 @@ class Nemesis:
             self.fleet[self.clone_of].tb.run("systemctl", "restart", "unitvisor.service", timeout=120)
             time.sleep(action.seconds)
         finally:
-            clone.power_cut()
+            if clone.tb.running:
+                clone.power_cut()
 
     def _do_wrong_dsn(self, action: Action) -> None:
         """The daemon restarted with a DSN that names a port nobody listens on, fixed later."""
