@@ -337,7 +337,15 @@ class Nemesis:
             self.log(f"    no run to {verb}")
             return
         run_id = str(rows[int(action.pick * len(rows))][0])
-        self._cli(verb, run_id)
+        try:
+            self._cli(verb, run_id)
+        except RuntimeError as exc:
+            # The run moved on between the choice and the command (it ended; it was retried): the
+            # CLI refuses, which is its documented answer, not a failed action.
+            if "already" not in str(exc) and "nothing to" not in str(exc):
+                raise
+            self.log(f"    {verb} {run_id}: refused, the run moved on: {exc}"[:300])
+            return
         self.log(f"    {verb} {run_id}")
 
     def _cli(self, *args: str) -> str:
