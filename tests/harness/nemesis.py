@@ -536,13 +536,29 @@ def read_journal(member: Member) -> str:
     return ""
 
 
+def audit_history(history: dict) -> tuple[Report, str]:
+    """The checker again over a history.json that a nemesis wrote."""
+    report = check([JournalRecord(**r) for r in history["journal"]],
+                   [Attempt(**a) for a in history["attempts"]],
+                   [Run(**{**r, "retry_on": tuple(r["retry_on"]) if r["retry_on"] is not None else None})
+                    for r in history["runs"]],
+                   [Sample(**{**s, "units": tuple(s["units"])}) for s in history["samples"]])
+    return report, format_report(history["seed"], history["schedule"], report)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument("--seed", type=int, default=None, help="default: a new one, printed")
     parser.add_argument("--faults", default="", help="comma-separated fault names (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="where to write report.txt and history.json")
+    parser.add_argument("--audit", type=Path, default=None, metavar="HISTORY",
+                        help="audit a history.json again (no fleet, no root) and exit")
     args = parser.parse_args(argv)
+    if args.audit:
+        report, text = audit_history(json.loads(args.audit.read_text()))
+        print(text)
+        return 1 if report.violations else 0
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     faults = {name: FAULTS[name] for name in args.faults.split(",") if name} if args.faults else None
 

@@ -309,3 +309,21 @@ def test_ci_s_compact_schedule_does_every_fault_once_and_the_clone_keeps_one_tar
     for seed in range(5):
         clones = {a.target for a in plan(seed, 1800) if a.name == "clone"}
         assert len(clones) == 1, (seed, clones)
+
+
+def test_a_written_history_audits_again_to_the_same_violations() -> None:
+    from dataclasses import asdict
+
+    from tests.harness.nemesis import audit_history
+
+    records = life("m1", "h1", 10, 30) + life("clone", "h1", 20, 40)
+    attempts = [att(1, "h1", "success", "exit:0")]
+    runs = [Run(RUN, "succeeded", 3, retry_on=("exit-code",))]
+    samples = [Sample(1, 25, "m1", "h1", (unit(),)), Sample(1, 25, "clone", "h1", (unit(),))]
+    history = json.loads(json.dumps({"seed": 9, "schedule": ["t+ 3s clone nem-1 for 5s"],
+                                     "journal": [asdict(r) for r in records], "attempts": [asdict(a) for a in attempts],
+                                     "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in samples]}))
+    report, text = audit_history(history)
+    assert report.violations == check(records, attempts, runs, samples).violations
+    assert kinds(report) == ["live-copies", "overlap-in-journal", "started-twice"]
+    assert "nemesis seed 9" in text
