@@ -141,6 +141,7 @@ class Nemesis:
         self.clone: Fleet | None = None
         self.clone_booted = False
         self.dsn = ""
+        self.boots: dict[str, int] = {}  # machine -> boots its journal knows, for the figures
 
     # -- the whole thing --------------------------------------------------------------------------
 
@@ -477,7 +478,7 @@ class Nemesis:
             "submit_errors": self.figures.submit_errors,
             "states": dict(Counter(r.state for r in runs)),
             "outcomes": dict(Counter(a.outcome for a in attempts)),
-            "boots": getattr(self, "boots", {}),
+            "boots": self.boots,
         }
 
     def _dump(self, records: list[JournalRecord], attempts: list[Attempt], runs: list[Run], text: str) -> None:

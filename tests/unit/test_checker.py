@@ -277,6 +277,13 @@ def test_parse_journal_reads_systemds_records_and_skips_the_rest() -> None:
         ("started", 10.0, "", ""), ("exited", 11.0, "3", ""), ("failed", 11.000001, "", "exit-code")]
 
 
+def test_a_records_time_is_when_pid_1_wrote_it_not_when_journald_received_it() -> None:
+    entry = {"UNIT": unit(), "INVOCATION_ID": "i1", "_BOOT_ID": "b", "MESSAGE_ID": MSG_STARTED, "JOB_RESULT": "done",
+             "_SOURCE_REALTIME_TIMESTAMP": "48000000", "__REALTIME_TIMESTAMP": "70000000"}
+    [record] = parse_journal("m1", "h1", [json.dumps(entry)])
+    assert record.at == 48.0
+
+
 def test_live_units_keeps_only_units_whose_process_may_run() -> None:
     out = (f"{unit(RUN, 1)} loaded active running x\n{unit(RUN, 2)} loaded failed failed x\n"
            f"{unit(OTHER, 1)} loaded active exited x\n{unit(OTHER, 2)} loaded deactivating stop-sigterm x\n"
