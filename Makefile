@@ -126,5 +126,16 @@ test-system-stress: venv
 	for round in 1 2 3; do echo "round $$round"; $(VENV)/bin/pytest -q -p no:cacheprovider -m system || { kill $$stress; exit 1; }; done; \
 	kill $$stress
 
+# The nemesis (docs/fleet.md, "Nemesis"): three test bed hosts on one PostgreSQL under a random, seeded
+# schedule of faults and operator actions while runs flow, then an audit of the whole history. Not part
+# of `make test` (CI runs a short schedule, tests/system/test_nemesis.py). NEMESIS_MINUTES (default 30),
+# NEMESIS_SEED (default: a new one, printed); the report and the history go to build/nemesis/seed-N/.
+# Exits 1 when the checker found a violation.
+NEMESIS_MINUTES ?= 30
+NEMESIS_SEED    ?=
+.PHONY: nemesis
+nemesis: venv
+	$(VENV)/bin/python -m tests.harness.nemesis --minutes $(NEMESIS_MINUTES) $(if $(NEMESIS_SEED),--seed $(NEMESIS_SEED))
+
 clean:
 	rm -rf $(VENV) .venv-debian .venv-bench-peers build *.egg-info .pytest_cache .ruff_cache

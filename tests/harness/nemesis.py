@@ -1,0 +1,578 @@
+"""The nemesis: a fleet of three test bed hosts on one PostgreSQL under a random, seeded schedule of
+faults and operator actions while runs flow, then an audit of the whole history by the checker
+(tests/harness/checker.py). docs/fleet.md, "Nemesis", says what it does and what it found.
+
+    python -m tests.harness.nemesis --minutes 30 --seed 7      # make nemesis NEMESIS_MINUTES=30 NEMESIS_SEED=7
+
+The seed fixes the schedule (which fault, on which host, for how long, in which order) and the shape
+of every submitted run (its command, retries, concurrency key); the interleaving of threads, and so
+the exact history, is the machine's. Every container, proxy and PostgreSQL is removed on the way out,
+also on a failure or Ctrl-C (SIGTERM is turned into KeyboardInterrupt for that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from supervisor import store
+from tests.harness import testbed as testbed_mod
+from tests.harness.checker import Attempt, JournalRecord, Report, Run, Sample, check, format_report, parse_journal
+from tests.harness.fleet import Fleet, Member, fleet_config
+from tests.harness.host import VENV_BIN, wait_for
+from tests.harness.postgres import Postgres, free_port
+
+POLL = 1
+DEAD_AFTER = 10      # host_dead_after; cut-off stop at 10 - 1 - 2 = 7 s of silence
+STOP_GRACE = 1
+DB = "unitvisor_nemesis"
+HOST_IDS = ("nem-1", "nem-2", "nem-3")
+MAX_IN_FLIGHT = 12   # the submitter waits while this many runs are not finished (a short quiesce)
+
+# Faults and operator actions: name -> weight in the random part of a schedule. `clone`, `stop_long`
+# and `wrong_dsn` break promises on 0.5.1 (issue 21: a clone takes a restarting host's id; self-fencing
+# is armed only by a running, registered daemon).
+FAULTS: dict[str, int] = {
+    "kill9": 3, "restart": 2, "stop_long": 1, "power_cut": 2, "reboot": 1, "partition_reset": 2,
+    "partition_blackhole": 2, "pg_restart": 1, "clone": 1, "wrong_dsn": 1, "drain": 2, "cancel": 2, "resume": 2,
+}
+ON_ONE_HOST = frozenset(FAULTS) - {"pg_restart", "cancel", "resume"}
+
+
+@dataclass(frozen=True)
+class Action:
+    at: float            # planned offset from the start of the schedule, seconds
+    name: str
+    target: int          # 0-based member index (ignored by fleet-wide actions)
+    seconds: float       # how long the fault lasts (0 for instant actions)
+    pick: float          # a draw in [0, 1) for actions that choose a run
+
+    def describe(self) -> str:
+        where = f" {HOST_IDS[self.target]}" if self.name in ON_ONE_HOST else ""
+        lasting = f" for {self.seconds:.0f}s" if self.seconds else ""
+        return f"t+{self.at:4.0f}s {self.name}{where}{lasting}"
+
+
+def _duration(name: str, rng: random.Random) -> float:
+    """How long a fault lasts: around host_dead_after where that is what decides."""
+    spans = {
+        "kill9": (0.5, 4), "stop_long": (DEAD_AFTER + 4, DEAD_AFTER + 8), "power_cut": (2, DEAD_AFTER + 8),
+        "partition_reset": (3, DEAD_AFTER + 10), "partition_blackhole": (3, DEAD_AFTER + 10),
+        "pg_restart": (0, 6), "clone": (4, 10), "wrong_dsn": (DEAD_AFTER + 4, DEAD_AFTER + 8), "drain": (3, 12),
+    }
+    low, high = spans.get(name, (0, 0))
+    return round(rng.uniform(low, high), 1) if high else 0.0
+
+
+OVERHEAD = {"power_cut": 6, "reboot": 8, "clone": 10, "kill9": 2, "restart": 2, "stop_long": 2, "wrong_dsn": 4}
+
+
+def clone_target(seed: int) -> int:
+    """Which host the clone machine copies (its id), for the whole schedule: a machine's journal
+    records are mapped to one host id."""
+    return random.Random(seed ^ 0x5EED).randrange(len(HOST_IDS))
+
+
+def plan(seed: int, seconds: float, faults: dict[str, int] | None = None, compact: bool = False) -> list[Action]:
+    """The schedule for `seconds`: every fault once first (in a seeded order, so that even a short
+    schedule covers them all), then weighted random draws; a pause of 2 to 6 s after each.
+    `compact` (CI's): every fault exactly once, whatever `seconds`, none lasting longer than
+    host_dead_after + 3 s, with pauses of 1 to 2 s."""
+    weights = dict(faults or FAULTS)
+    rng = random.Random(seed)
+    names = sorted(weights)
+    rng.shuffle(names)
+    actions: list[Action] = []
+    at = 3.0
+    while (names if compact else at < seconds):
+        name = names.pop(0) if names else rng.choices(list(weights), list(weights.values()))[0]
+        target = clone_target(seed) if name == "clone" else rng.randrange(len(HOST_IDS))
+        lasting = _duration(name, rng)
+        if compact:
+            lasting = min(lasting, DEAD_AFTER + 3)
+        action = Action(round(at, 1), name, target, lasting, rng.random())
+        actions.append(action)
+        at += action.seconds + OVERHEAD.get(name, 1) + (rng.uniform(1, 2) if compact else rng.uniform(2, 6))
+    return actions
+
+
+@dataclass
+class Figures:
+    submitted: int = 0
+    submitted_by_cli: int = 0
+    submit_errors: int = 0
+    actions_done: Counter = field(default_factory=Counter)
+    action_errors: list[str] = field(default_factory=list)
+
+
+class Nemesis:
+    """One schedule on one fleet: setup, faults, quiesce, collection, audit."""
+
+    def __init__(self, seed: int, seconds: float, faults: dict[str, int] | None = None,
+                 out: Path | None = None, log: Callable[[str], None] = print, compact: bool = False) -> None:
+        self.seed = seed
+        self.schedule = plan(seed, seconds, faults, compact)
+        self.seconds = self.schedule[-1].at + self.schedule[-1].seconds if compact and self.schedule else seconds
+        self.out = out
+        self.log = log
+        self.runs_rng = random.Random(seed * 7919 + 1)  # the submitted runs' shapes
+        self.clone_of = clone_target(seed)
+        self.figures = Figures()
+        self.samples: list[Sample] = []
+        self.stop = threading.Event()          # no more actions, no more submits
+        self.stop_sampling = threading.Event()
+        self.started = 0.0
+        self.pg: Postgres | None = None
+        self.fleet: Fleet | None = None
+        self.clone: Fleet | None = None
+        self.clone_booted = False
+        self.dsn = ""
+        self.boots: dict[str, int] = {}  # machine -> boots its journal knows, for the figures
+
+    # -- the whole thing --------------------------------------------------------------------------
+
+    def run(self) -> tuple[Report, str]:
+        with self.environment():
+            threads = [threading.Thread(target=self._submitter, name="submitter", daemon=True),
+                       threading.Thread(target=self._sampler, name="sampler", daemon=True)]
+            self.started = time.monotonic()
+            for thread in threads:
+                thread.start()
+            try:
+                self._execute()
+                self._quiesce()
+            finally:
+                self.stop.set()
+                self.stop_sampling.set()
+                for thread in threads:
+                    thread.join(timeout=60)
+            records, attempts, runs = self._collect()
+        report = check(records, attempts, runs, self.samples)
+        text = format_report(self.seed, self._schedule_text(), report, self._figures(attempts, runs))
+        if self.out:
+            self._dump(records, attempts, runs, text)
+        return report, text
+
+    @contextlib.contextmanager
+    def environment(self) -> Iterator[None]:
+        """PostgreSQL, the fleet of three (each behind its own proxy) and the clone's machine; all of
+        it removed on the way out, whatever happened."""
+        reason = testbed_mod.available()
+        if reason:
+            raise RuntimeError(reason)
+        testbed_mod.cleanup_stale()
+        with contextlib.ExitStack() as stack:
+            self.pg = Postgres()
+            stack.callback(self.pg.stop)
+            self.pg.init()
+            self.pg.start()
+            with store.connect(self.pg.dsn) as conn:
+                conn.execute(f"CREATE DATABASE {DB}")
+            self.dsn = self.pg.dsn_for(DB)
+            with store.connect(self.dsn) as conn:
+                store.migrate(conn)
+            configs = {h: fleet_config(h, poll=POLL, dead_after=DEAD_AFTER, stop_grace=STOP_GRACE, cut_off=True)
+                       for h in HOST_IDS}
+            self.fleet = stack.enter_context(Fleet(self.dsn, size=3, prefix="uv-nem", host_ids=HOST_IDS,
+                                                   proxied=True, configs=configs))
+            clone_id = HOST_IDS[self.clone_of]
+            self.clone = Fleet(self.dsn, size=1, prefix="uv-nemclone", host_ids=[clone_id],
+                               configs={clone_id: configs[clone_id]})
+            stack.callback(self.clone.destroy)
+            for member in self.fleet:
+                self._start_daemon(member)
+            self.log(f"nemesis seed {self.seed}: {len(self.schedule)} actions in {self.seconds:.0f}s; "
+                     f"fleet booted in {self.fleet.boot_seconds:.1f}s; the clone is {clone_id}'s")
+            yield
+
+    def _execute(self) -> None:
+        for action in self.schedule:
+            if self.stop.is_set():
+                break
+            delay = action.at - (time.monotonic() - self.started)
+            if delay > 0:
+                time.sleep(delay)
+            self.log(f"[{time.monotonic() - self.started:6.1f}s] {action.describe()}")
+            began = time.monotonic()
+            try:
+                getattr(self, f"_do_{action.name}")(action)
+                self.figures.actions_done[action.name] += 1
+            except Exception as exc:  # an action that could not be done is reported, never fatal
+                self.figures.action_errors.append(f"{action.describe()}: {exc!r}"[:300])
+                self.log(f"    failed: {exc!r}"[:300])
+            self.log(f"    done in {time.monotonic() - began:.1f}s")
+
+    # -- faults and operator actions --------------------------------------------------------------
+
+    def _member(self, action: Action) -> Member:
+        assert self.fleet is not None
+        return self.fleet[action.target]
+
+    def _start_daemon(self, member: Member, timeout: float = 300) -> None:
+        """Start the daemon and wait until it is up. Without blocking on the start job: on this
+        shared 2-core machine a start once took longer than the harness's 120 s bound for a call."""
+        member.tb.run("systemctl", "reset-failed", "unitvisor.service", check=False)
+        member.host.install_units()
+        member.tb.run("systemctl", "start", "--no-block", "unitvisor.service")
+        wait_for(lambda: member.tb.run("systemctl", "is-active", "unitvisor.service", check=False).stdout.strip()
+                 in ("active", "failed"), timeout=timeout, interval=0.5, what=f"{member.host_id}'s daemon to start")
+
+    def _do_kill9(self, action: Action) -> None:
+        member = self._member(action)
+        member.host.kill()
+        time.sleep(action.seconds)
+        self._start_daemon(member)
+
+    def _do_restart(self, action: Action) -> None:
+        self._member(action).tb.run("systemctl", "restart", "unitvisor.service", timeout=120)
+
+    def _do_stop_long(self, action: Action) -> None:
+        """`systemctl stop unitvisor` for longer than host_dead_after, runs in flight."""
+        member = self._member(action)
+        member.host.stop()
+        try:
+            time.sleep(action.seconds)
+        finally:
+            self._start_daemon(member)
+
+    def _do_power_cut(self, action: Action) -> None:
+        member = self._member(action)
+        member.power_cut()
+        try:
+            time.sleep(action.seconds)
+        finally:
+            member.boot()
+            self._start_daemon(member)
+
+    def _do_reboot(self, action: Action) -> None:
+        member = self._member(action)
+        member.tb.reboot(timeout=120)
+        self._start_daemon(member)
+
+    def _partition(self, action: Action, how: str) -> None:
+        member = self._member(action)
+        member.cut(how)  # type: ignore[arg-type]
+        try:
+            time.sleep(action.seconds)
+        finally:
+            member.heal()
+
+    def _do_partition_reset(self, action: Action) -> None:
+        self._partition(action, "reset")
+
+    def _do_partition_blackhole(self, action: Action) -> None:
+        self._partition(action, "blackhole")
+
+    def _do_pg_restart(self, action: Action) -> None:
+        assert self.pg is not None
+        self.pg.stop_server()
+        try:
+            time.sleep(action.seconds)
+        finally:
+            self.pg.start()
+
+    def _do_clone(self, action: Action) -> None:
+        """A second machine with the same host id comes up, and meanwhile the operator restarts the
+        real host's daemon (the moment 0.5.1 lets a clone take the id); then the clone is unplugged."""
+        assert self.clone is not None and self.fleet is not None
+        clone = self.clone[0]
+        if not clone.tb.running:
+            if self.clone_booted:
+                clone.boot()
+            else:
+                self.clone.boot()
+                self.clone_booted = True
+        try:
+            self._start_daemon(clone)
+            time.sleep(2)
+            self.fleet[self.clone_of].tb.run("systemctl", "restart", "unitvisor.service", timeout=120)
+            time.sleep(action.seconds)
+        finally:
+            if clone.tb.running:
+                clone.power_cut()
+
+    def _do_wrong_dsn(self, action: Action) -> None:
+        """The daemon restarted with a DSN that names a port nobody listens on, fixed later."""
+        member = self._member(action)
+        wrong = member.dsn.replace(f"port={member.proxy.port}", f"port={free_port()}")
+        member.tb.write("/etc/unitvisor/dsn", wrong + "\n")
+        member.tb.run("systemctl", "restart", "unitvisor.service", check=False, timeout=120)
+        try:
+            time.sleep(action.seconds)
+        finally:
+            member.configure()
+            member.tb.run("systemctl", "reset-failed", "unitvisor.service", check=False)
+            member.tb.run("systemctl", "restart", "unitvisor.service", timeout=120)
+
+    def _do_drain(self, action: Action) -> None:
+        host_id = HOST_IDS[action.target]
+        self._cli("drain", host_id)
+        try:
+            time.sleep(action.seconds)
+        finally:
+            self._cli("undrain", host_id)
+
+    def _do_cancel(self, action: Action) -> None:
+        self._act_on_a_run(action, "cancel", ("queued", "starting", "running"))
+
+    def _do_resume(self, action: Action) -> None:
+        self._act_on_a_run(action, "resume", ("failed", "cancelled"))
+
+    def _act_on_a_run(self, action: Action, verb: str, states: tuple[str, ...]) -> None:
+        rows = self._sql("SELECT id FROM unitvisor.runs WHERE state = ANY(%s) ORDER BY created_at, id", (list(states),))
+        if not rows:
+            self.log(f"    no run to {verb}")
+            return
+        run_id = str(rows[int(action.pick * len(rows))][0])
+        try:
+            self._cli(verb, run_id)
+        except RuntimeError as exc:
+            # The run moved on between the choice and the command (it ended; it was retried): the
+            # CLI refuses, which is its documented answer, not a failed action.
+            if "already" not in str(exc) and "nothing to" not in str(exc):
+                raise
+            self.log(f"    {verb} {run_id}: refused, the run moved on: {exc}"[:300])
+            return
+        self.log(f"    {verb} {run_id}")
+
+    def _cli(self, *args: str) -> str:
+        """The unitvisor command, run by an operator on a host that is up, straight to PostgreSQL."""
+        assert self.fleet is not None
+        for member in self.fleet:
+            if member.tb.running and member.tb.leader:
+                result = member.tb.run(str(VENV_BIN / "unitvisor"), "--dsn", self.dsn, *args, check=False, timeout=60)
+                if result.returncode != 0:
+                    raise RuntimeError(f"unitvisor {' '.join(args)}: {result.stderr.strip()[:200]}")
+                return result.stdout
+        raise RuntimeError("no host is up to run the CLI on")
+
+    def _sql(self, query: str, params: object = None) -> list[tuple]:
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    # -- runs flow ----------------------------------------------------------------------------------
+
+    def _submitter(self) -> None:
+        """Short runs, some failing, some with retries, some at most once, some with a concurrency key,
+        mostly through SQL and some through the CLI, until the schedule ends."""
+        rng = self.runs_rng
+        while not self.stop.wait(rng.uniform(0.3, 1.2)):
+            # Mostly short; one in six outlives host_dead_after (the runs a silent host's peers retry)
+            # and always succeeds, so that its retries do not make the final wait long.
+            sleep = rng.choice((1, 2, 3, 5, 8, 20))
+            code = 3 if rng.random() < 0.15 and sleep < 20 else 0
+            attempts = 3 if rng.random() < 0.6 else 1
+            retry_on = ["exit-code"] if rng.random() < 0.3 else None  # at most once for `lost`
+            key = rng.choice(("nem-a", "nem-b")) if rng.random() < 0.1 else None
+            by_cli = rng.random() < 0.1
+            argv = ["/bin/sh", "-c", f"sleep {sleep}; exit {code}"]
+            try:
+                if self._sql("SELECT count(*) FROM unitvisor.runs WHERE state NOT IN "
+                             "('succeeded', 'failed', 'cancelled', 'expired')")[0][0] >= MAX_IN_FLIGHT:
+                    continue
+                if by_cli:
+                    args = ["submit", "--max-attempts", str(attempts)]
+                    args += ["--concurrency-key", key] if key else []
+                    self._cli(*args, "--", *argv)
+                    self.figures.submitted_by_cli += 1
+                else:
+                    self._sql("SELECT unitvisor.submit_run(%s, max_attempts => %s, retry_on => %s, "
+                              "concurrency_key => %s, retry_backoff_sec => 2, retry_backoff_max_sec => 4)",
+                              (argv, attempts, retry_on, key))
+                self.figures.submitted += 1
+            except Exception:  # PostgreSQL restarting, no host up for the CLI: the next one
+                self.figures.submit_errors += 1
+
+    def _sampler(self) -> None:
+        """Every second, the live run units of every machine that is up, listed in parallel."""
+        assert self.fleet is not None and self.clone is not None
+        machines = [*self.fleet, self.clone[0]]
+        with ThreadPoolExecutor(max_workers=len(machines)) as pool:
+            number = 0
+            while not self.stop_sampling.wait(1.0):
+                number += 1
+                for sample in pool.map(lambda m, n=number: self._sample(m, n), machines):
+                    if sample is not None:
+                        self.samples.append(sample)
+
+    def _sample(self, member: Member, number: int) -> Sample | None:
+        if not (member.tb.running and member.tb.leader):
+            return None
+        try:
+            units = list_live_units(member)
+        except Exception:  # powered off between the check and the call
+            return None
+        return Sample(number, time.time(), member.tb.name, self._host_id_of(member), units)
+
+    def _host_id_of(self, member: Member) -> str:
+        assert self.clone is not None
+        return HOST_IDS[self.clone_of] if member is self.clone[0] else member.host_id
+
+    # -- the end ---------------------------------------------------------------------------------------
+
+    def _quiesce(self, timeout: float = 150) -> None:
+        """Undo every fault, stop submitting, let every run end."""
+        assert self.fleet is not None and self.pg is not None and self.clone is not None
+        self.log(f"[{time.monotonic() - self.started:6.1f}s] quiesce: heal, boot, fix, start; wait for every run")
+        self.stop.set()
+        if not self.pg.running:
+            self.pg.start()
+        if self.clone[0].tb.running:
+            self.clone[0].power_cut()
+        for member in self.fleet:
+            member.heal()
+            if not member.tb.running:
+                member.boot()
+            member.configure()
+            if member.tb.run("systemctl", "is-active", "unitvisor.service", check=False).stdout.strip() != "active":
+                self._start_daemon(member)
+        for host_id in HOST_IDS:
+            with contextlib.suppress(Exception):
+                self._cli("undrain", host_id)
+        waited = time.monotonic()
+        try:
+            wait_for(lambda: self._sql("SELECT count(*) FROM unitvisor.runs WHERE state NOT IN "
+                                       "('succeeded', 'failed', 'cancelled', 'expired')")[0][0] == 0,
+                     timeout=timeout, interval=1, what="every run to end")
+        except AssertionError as exc:
+            self.log(f"    {exc} (the checker reports what is unsettled)")
+        self.log(f"    every run ended after {time.monotonic() - waited:.0f}s")
+        time.sleep(2)  # one more sample of a settled fleet
+
+    def _collect(self) -> tuple[list[JournalRecord], list[Attempt], list[Run]]:
+        assert self.fleet is not None and self.clone is not None
+        records: list[JournalRecord] = []
+        machines = [*self.fleet] + ([self.clone[0]] if self.clone_booted else [])
+        for member in machines:
+            records += parse_journal(member.tb.name, self._host_id_of(member), read_journal(member).splitlines())
+        attempts, runs = database_history(self.dsn)
+        self.boots = {member.tb.name: len(member.boots()) for member in machines if member.tb.running}
+        return records, attempts, runs
+
+    def _schedule_text(self) -> list[str]:
+        return [a.describe() for a in self.schedule] + [f"not done: {e}" for e in self.figures.action_errors]
+
+    def _figures(self, attempts: list[Attempt], runs: list[Run]) -> dict[str, object]:
+        done = self.figures.actions_done
+        return {
+            "seconds": round(time.monotonic() - self.started),
+            "actions": sum(done.values()),
+            "by_kind": dict(sorted(done.items())),
+            "submitted": self.figures.submitted,
+            "by_cli": self.figures.submitted_by_cli,
+            "submit_errors": self.figures.submit_errors,
+            "states": dict(Counter(r.state for r in runs)),
+            "outcomes": dict(Counter(a.outcome for a in attempts)),
+            "boots": self.boots,
+        }
+
+    def _dump(self, records: list[JournalRecord], attempts: list[Attempt], runs: list[Run], text: str) -> None:
+        """Everything the checker read, so that it can be audited again without a fleet."""
+        assert self.out is not None
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "report.txt").write_text(text + "\n")
+        (self.out / "history.json").write_text(json.dumps({
+            "seed": self.seed, "schedule": self._schedule_text(),
+            "journal": [asdict(r) for r in records], "attempts": [asdict(a) for a in attempts],
+            "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in self.samples]}))
+
+
+def database_history(dsn: str) -> tuple[list[Attempt], list[Run]]:
+    """Every attempt row, and every run with what explains its state (policy, cancel, resumes)."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        attempts = [Attempt(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in conn.execute(
+            "SELECT run_id, attempt, host_id, unit_name, invocation_id, outcome, exit_status, reason "
+            "FROM unitvisor.attempts ORDER BY run_id, attempt")]
+        runs = [Run(str(r[0]), r[1], r[2], tuple(r[3]) if r[3] is not None else None, r[4], r[5], r[6])
+                for r in conn.execute(
+                    "SELECT r.id, r.state, r.max_attempts, r.retry_on, r.cancel_requested_at IS NOT NULL, "
+                    "(SELECT count(*) FROM unitvisor.run_events e WHERE e.run_id = r.id "
+                    "AND e.reason LIKE 'resumed by an operator%') ::int, r.concurrency_key FROM unitvisor.runs r")]
+    return attempts, runs
+
+
+def list_live_units(member: Member) -> tuple[str, ...]:
+    out = member.tb.run("systemctl", "list-units", "--all", "--plain", "--no-legend", "unitvisor-run-*",
+                        check=False, timeout=10).stdout
+    return live_units(out)
+
+
+def live_units(list_units_output: str) -> tuple[str, ...]:
+    """Run units whose process may run now (`systemctl list-units` lines; an exited, dead or failed
+    unit is not live, nor a unit of 0.3.0 kept `active/exited`)."""
+    live = []
+    for line in list_units_output.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[0].startswith("unitvisor-run-") and parts[3] not in ("exited", "dead", "failed"):
+            live.append(parts[0])
+    return tuple(sorted(live))
+
+
+def read_journal(member: Member) -> str:
+    """PID 1's records of every boot of a machine, read from its disk (the overlay's upper layer is on
+    the harness's tmpfs), so that a machine that is powered off is read too."""
+    journal_dir = member.tb.root / "var/log/journal"
+    if journal_dir.is_dir():
+        result = subprocess.run(["journalctl", "-D", str(journal_dir), "-o", "json", "--no-pager", "_PID=1"],
+                                capture_output=True, text=True, timeout=120, check=False)
+        if result.stdout:
+            return result.stdout
+    if member.tb.running:
+        return member.tb.run("journalctl", "-o", "json", "--no-pager", "_PID=1", check=False, timeout=120).stdout
+    return ""
+
+
+def audit_history(history: dict) -> tuple[Report, str]:
+    """The checker again over a history.json that a nemesis wrote."""
+    report = check([JournalRecord(**r) for r in history["journal"]],
+                   [Attempt(**a) for a in history["attempts"]],
+                   [Run(**{**r, "retry_on": tuple(r["retry_on"]) if r["retry_on"] is not None else None})
+                    for r in history["runs"]],
+                   [Sample(**{**s, "units": tuple(s["units"])}) for s in history["samples"]])
+    return report, format_report(history["seed"], history["schedule"], report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument("--seed", type=int, default=None, help="default: a new one, printed")
+    parser.add_argument("--faults", default="", help="comma-separated fault names (default: all)")
+    parser.add_argument("--out", type=Path, default=None, help="where to write report.txt and history.json")
+    parser.add_argument("--audit", type=Path, default=None, metavar="HISTORY",
+                        help="audit a history.json again (no fleet, no root) and exit")
+    args = parser.parse_args(argv)
+    if args.audit:
+        report, text = audit_history(json.loads(args.audit.read_text()))
+        print(text)
+        return 1 if report.violations else 0
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
+    faults = {name: FAULTS[name] for name in args.faults.split(",") if name} if args.faults else None
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    out = args.out or Path("build/nemesis") / f"seed-{seed}"
+    report, text = Nemesis(seed, args.minutes * 60, faults, out=out, log=lambda s: print(s, flush=True)).run()
+    print(text)
+    print(f"(history and report in {out})")
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
