@@ -1037,6 +1037,23 @@ def daemon(ctx: Context) -> None:
     sys.exit(Daemon(settings, lambda: config.resolve_dsn(settings, ctx.dsn_override)).run())
 
 
+@cli.command("fence")
+@pass_ctx
+def fence_command(ctx: Context) -> None:
+    """Stop this host's runs once its daemon's heartbeat lease expires (as unitvisor-fence.service does).
+
+    With [fleet] stop_runs_when_cut_off, the daemon writes /run/unitvisor/lease at each heartbeat; when
+    it expires (the daemon stopped, crash-looping or cut off from the database) this stops every
+    unitvisor-run-* unit before another host may declare this one dead. Needs no database.
+    """
+    from supervisor import fence, log
+
+    log.setup(ctx.debug)
+    # The configuration is read only when runs exist without a lease, and again each time: a fence
+    # must not fail to start, or stop fencing, because of a configuration the daemon rejects too.
+    sys.exit(fence.Fence(lambda: config.load(ctx.config_path)).run())
+
+
 @cli.command()
 def version() -> None:
     """Print the version."""

@@ -74,7 +74,7 @@ def make(boundaries):
     def build() -> Daemon:
         d = Daemon(settings(), lambda: DSN)
         d.is_root = True
-        d.guard = mock.MagicMock(cut_off=False, cut_off_units=set())  # the thread is never started
+        d.guard = mock.MagicMock()  # the thread is never started
         return d
     return build
 
