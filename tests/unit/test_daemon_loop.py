@@ -8,6 +8,7 @@ never started. The loop is driven by the mocks: a test ends it by setting `stopp
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from unittest import mock
 
@@ -395,3 +396,22 @@ def test_a_host_with_every_slot_taken_ignores_spawn_hints(listening):
     listening.reconciler.in_flight -= 1  # one run ended: room again
     listening._on_notify(psycopg.Notify(store.SPAWN_CHANNEL, "", 4242))
     assert listening.notified == {store.SPAWN_CHANNEL}
+
+
+@pytest.mark.parametrize(("fencing", "said"), [
+    (False, "if this daemon is not back within 60s (host_dead_after) they are declared lost and may run again"),
+    (True, "unless this daemon is back within 48s, unitvisor-fence stops them"),
+])
+def test_a_stop_with_runs_in_flight_warns_what_becomes_of_them(make, clock, mocker, fencing, said):
+    """`systemctl stop` longer than host_dead_after breaks a promise unless the fence keeps it: the
+    daemon says which, in the journal, as it stops (issue 21)."""
+    d = make()
+    d.settings = dataclasses.replace(d.settings, fleet=dataclasses.replace(d.settings.fleet,
+                                                                           stop_runs_when_cut_off=fencing))
+    mocker.patch.object(store, "mark_host_stopped")
+    d.reconciler = mock.Mock(in_flight=3)
+    d.stopping = True
+    d.run()
+    [stopping] = [c for c in daemon_mod.event.call_args_list if c.args[0] == "stopping"]
+    assert stopping.kwargs["level"] == logging.WARNING
+    assert "3 run(s) in flight keep running" in stopping.kwargs["detail"] and said in stopping.kwargs["detail"]
