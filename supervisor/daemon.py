@@ -396,8 +396,22 @@ class Daemon:
         began = time.monotonic()
         self.fenced.refresh()
         self.reconciler.reconcile_pass()
+        self._forget_fenced_settled_elsewhere()
         self.metrics.reconciled(time.monotonic() - began)
         self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
+
+    def _forget_fenced_settled_elsewhere(self) -> None:
+        """Drop the fence's record of units whose attempt is no longer open on this host: a peer
+        settled it when it declared this host dead (the pass then stops nothing: `stop-stale`), so no
+        settlement of ours would ever remove it, and STATUS= would say "being settled" for ever."""
+        if not self.fenced:
+            return
+        names = sorted(self.fenced)
+        pairs = store.open_attempts(self.conn, self.host_id, unit_names=names)
+        still_open = {attempt.unit_name for _, attempt in pairs}
+        for name in names:
+            if name not in still_open:
+                self.fenced.discard(name)
 
     def _fleet_upkeep(self) -> None:
         """Declare silent hosts dead and take over their runs; expire runs past their start deadline; say

@@ -664,3 +664,29 @@ def test_listen_is_issued_again_on_every_new_connection_after_its_handler(make, 
     for conn in (first, second):  # the handler before the LISTEN: nothing heard before it is dropped
         conn.add_notify_handler.assert_called_once_with(d._on_notify)
         assert conn.method_calls.index(mock.call.add_notify_handler(d._on_notify)) == 0
+
+
+# -- what the fence stopped (supervisor/fence.py) ------------------------------------------------------
+
+def test_a_reconcile_pass_reads_what_the_fence_stopped_first_and_forgets_what_a_peer_settled(make, mocker):
+    d = make()
+    fence.record_fenced("unitvisor-run-a-1.service")  # its attempt is still open here: settled by the pass
+    fence.record_fenced("unitvisor-run-b-1.service")  # taken over by the peer that declared this host dead
+    seen = []
+    d.reconciler = mock.Mock()
+    d.reconciler.reconcile_pass.side_effect = lambda: seen.append(set(d.fenced))
+    open_attempts = mocker.patch.object(store, "open_attempts", return_value=[(mock.Mock(), mock.Mock(
+        unit_name="unitvisor-run-a-1.service"))])
+    d._reconcile()
+    assert seen == [{"unitvisor-run-a-1.service", "unitvisor-run-b-1.service"}]
+    open_attempts.assert_called_once_with(d.conn, "h1", unit_names=["unitvisor-run-a-1.service",
+                                                                     "unitvisor-run-b-1.service"])
+    assert d.fenced == {"unitvisor-run-a-1.service"} and fence.fenced_units() == {"unitvisor-run-a-1.service"}
+
+
+def test_a_reconcile_pass_with_nothing_fenced_asks_nothing_more(make, mocker):
+    d = make()
+    d.reconciler = mock.Mock()
+    open_attempts = mocker.patch.object(store, "open_attempts")
+    d._reconcile()
+    open_attempts.assert_not_called()
