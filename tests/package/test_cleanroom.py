@@ -258,8 +258,8 @@ def test_remove_refuses_while_a_run_is_in_flight(host: Host, long_run: dict) -> 
     is declared dead (issue 21): the prerm refuses, in one line that says how to drain and wait, and
     leaves the package and the daemon as they were. (Failed on the old package: the remove went
     through.)"""
-    result = host.run("apt-get", "-y", "-q", "remove", "unitvisor", check=False, timeout=300,
-                      env={"DEBIAN_FRONTEND": "noninteractive"})
+    result = host.room.run("apt-get", "-y", "-q", "remove", "unitvisor", check=False, timeout=300,
+                           env={"DEBIAN_FRONTEND": "noninteractive"})
     assert result.returncode != 0, result.stdout
     refusal = [line for line in (result.stdout + result.stderr).splitlines() if "refusing to remove" in line]
     assert len(refusal) == 1 and "unitvisor drain" in refusal[0] and "UNITVISOR_REMOVE_WITH_RUNS=1" in refusal[0], \
@@ -273,8 +273,8 @@ def test_remove_refuses_while_a_run_is_in_flight(host: Host, long_run: dict) -> 
 def test_remove_keeps_the_configuration_and_purge_leaves_no_file_behind(host: Host, long_run: dict) -> None:
     files = host.run("dpkg", "-L", "unitvisor").stdout.split()
     # Forced, as the refusal says: the run is left running, unrecorded (asserted at the end).
-    host.run("apt-get", "-y", "-q", "remove", "unitvisor", timeout=300,
-             env={"DEBIAN_FRONTEND": "noninteractive", "UNITVISOR_REMOVE_WITH_RUNS": "1"})
+    host.room.run("apt-get", "-y", "-q", "remove", "unitvisor", timeout=300,
+                  env={"DEBIAN_FRONTEND": "noninteractive", "UNITVISOR_REMOVE_WITH_RUNS": "1"})
     assert f"allowed_executables = {ALLOWED}" in host.run("cat", "/etc/unitvisor/unitvisor.toml").stdout
     assert host.run("stat", "-c", "%a", "/etc/unitvisor/dsn").stdout.strip() == "600"
     assert host.run("test", "-e", "/usr/bin/unitvisor", check=False).returncode != 0
