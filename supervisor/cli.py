@@ -841,13 +841,16 @@ def forget(ctx: Context, host: str) -> None:
 @click.option("--connection-limit", type=click.IntRange(1, 10000), metavar="N",
               help=f"How many sessions the role may hold at once [default: {store.DEFAULT_HOST_CONNECTION_LIMIT} for "
                    "a new role; with --new-password, unchanged unless given].")
+@click.option("--force", is_flag=True,
+              help="With --new-password: rotate even while NAME's daemon is live (it is locked out at its next "
+                   "reconnect until its /etc/unitvisor/dsn has the new password).")
 @click.option("--db-host", metavar="HOST",
               help="The database server the printed DSN names [default: the one this command connects to], "
                    "e.g. when this command comes in over the local socket.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def add(ctx: Context, name: str, role_name: str | None, new_password: bool, connection_limit: int | None,
-        db_host: str | None, as_json: bool) -> None:
+        force: bool, db_host: str | None, as_json: bool) -> None:
     """Give host NAME its own database role, bound to the host id NAME.
 
     Creates a login role with a random password, a member of unitvisor_host, bound to NAME, in one
@@ -856,7 +859,10 @@ def add(ctx: Context, name: str, role_name: str | None, new_password: bool, conn
     daemon may then act only as NAME. Needs unitvisor_admin and the right to create roles (a
     superuser, or CREATEROLE). A NAME that has a role already is an error (exit 1); --new-password
     rotates its password. The role may hold --connection-limit sessions at once: the daemon needs one,
-    and a moment after a lost network up to two more, plus one per command run with its DSN.
+    and a moment after a lost network up to two more, plus one per command run with its DSN. A live
+    daemon keeps its session, but is locked out at its next reconnect until its DSN file has the new
+    password (it reads the file again before each attempt, no restart needed); so --new-password
+    refuses while NAME is live (heartbeat within its host_dead_after) unless --force.
 
     \b
     Example:
@@ -869,10 +875,13 @@ def add(ctx: Context, name: str, role_name: str | None, new_password: bool, conn
         raise click.BadParameter("a role name is 1 to 63 bytes", param_hint="--role")
     if new_password and role_name is not None:
         raise click.UsageError("--new-password keeps the role bound to NAME; leave out --role")
+    if force and not new_password:
+        raise click.UsageError("--force goes with --new-password")
     password = secrets.token_urlsafe(24)
     dsn = ctx.dsn()
     with ctx.connect() as conn:
         if new_password:
+            _refuse_rotation_of_a_live_host(conn, name, force)
             role = store.set_host_role_password(conn, name, password, connection_limit)
             if role is None:
                 raise Failure(f"host id {name} has no role yet: run `unitvisor hosts add {name}` "
@@ -892,6 +901,24 @@ def add(ctx: Context, name: str, role_name: str | None, new_password: bool, conn
     click.echo(host_dsn)
     click.echo(f"# /etc/unitvisor/unitvisor.toml on {name}:")
     click.echo(config_lines)
+
+
+def _refuse_rotation_of_a_live_host(conn: store.Connection, name: str, force: bool) -> None:
+    """A live host's daemon is locked out at its next reconnect (a failover, a network blip) until its
+    DSN file has the new password: its runs go unrecorded and, after host_dead_after, run again
+    elsewhere (or are stopped by its fence). Refused unless forced, and warned about when forced."""
+    row = next((r for r in store.list_hosts(conn) if r["id"] == name), None)
+    if row is None or row["state"] not in ("active", "draining"):
+        return
+    dead_after = row["dead_after_sec"] or 60.0
+    if row["heartbeat_age"] >= dead_after:
+        return
+    what = (f"host {name} is live (heartbeat {format_duration(row['heartbeat_age'])} ago): its daemon keeps its "
+            "session but is locked out at its next reconnect until /etc/unitvisor/dsn on it has the new password, "
+            f"and after {dead_after:g}s (host_dead_after) its runs may run again elsewhere")
+    if not force:
+        raise Failure(f"{what}; drain and stop it first, or give --force and write the new DSN on it at once")
+    click.echo(f"unitvisor: warning: {what}: write the new DSN on it now", err=True)
 
 
 def _toml_string(value: str) -> str:
@@ -1041,6 +1068,23 @@ def daemon(ctx: Context) -> None:
     log.setup(ctx.debug)
     settings = ctx.settings
     sys.exit(Daemon(settings, lambda: config.resolve_dsn(settings, ctx.dsn_override)).run())
+
+
+@cli.command("fence")
+@pass_ctx
+def fence_command(ctx: Context) -> None:
+    """Stop this host's runs once its daemon's heartbeat lease expires (as unitvisor-fence.service does).
+
+    With [fleet] stop_runs_when_cut_off, the daemon writes /run/unitvisor/lease at each heartbeat; when
+    it expires (the daemon stopped, crash-looping or cut off from the database) this stops every
+    unitvisor-run-* unit before another host may declare this one dead. Needs no database.
+    """
+    from supervisor import fence, log
+
+    log.setup(ctx.debug)
+    # The configuration is read only when runs exist without a lease, and again each time: a fence
+    # must not fail to start, or stop fencing, because of a configuration the daemon rejects too.
+    sys.exit(fence.Fence(lambda: config.load(ctx.config_path)).run())
 
 
 @cli.command()

@@ -23,8 +23,8 @@ from types import FrameType
 import psycopg
 import sdnotify
 
-from supervisor import __version__, faults, fleet, store, unitspec
-from supervisor.config import UNIT_PREFIX, ConfigError, Settings, cut_off_after, machine_id
+from supervisor import __version__, faults, fence, fleet, store, unitspec
+from supervisor.config import UNIT_PREFIX, ConfigError, Settings, machine_id
 from supervisor.guard import Guard, GuardedConnection
 from supervisor.journal import Journal, TailReader
 from supervisor.log import event
@@ -78,8 +78,11 @@ class Daemon:
         self.boot_id = fleet.boot_id()
         self.instance = fleet.instance_id(machine_id(), self.boot_id)
         self.connected_since = 0.0
-        self.guard = Guard(STALL_AFTER, cut_off_after(settings) if settings.fleet.stop_runs_when_cut_off else None,
-                           _stop_running_units)
+        self.guard = Guard(STALL_AFTER)
+        # Units unitvisor-fence stopped when this host's lease expired (supervisor/fence.py), read from
+        # /run/unitvisor/fenced before each reconcile pass; the reconciler settles them as `lost`.
+        self.fenced = fence.FencedUnits()
+        self.lease_error = ""
         self.systemd = Systemd()
         self.watcher = Watcher(UNIT_PREFIX)
         # The one database connection of this host: every query, and the LISTEN for wake-ups. One, not
@@ -143,7 +146,7 @@ class Daemon:
                 # After every (re)connect, before anything else: repair what changed while we
                 # were not looking.
                 self.reconciler = Reconciler(self.settings, self.fence, self.conn, self.systemd,
-                                             cut_off_units=self.guard.cut_off_units)
+                                             cut_off_units=self.fenced)
                 self.reconciler.tick = self._feed_watchdog
                 self.reconciler.metrics = self.metrics
                 self.reconciler.output_tails = self.output_tails
@@ -156,7 +159,11 @@ class Daemon:
             if self._guard(self._iteration):
                 self.error_backoff = 1.0
         self.notifier.notify("STOPPING=1")
-        event("stopping", host=self.host_id, detail="runs keep running; they are adopted on the next start")
+        in_flight = self.reconciler.in_flight if self.reconciler else 0
+        # Said at the stop, in the journal, because a stop longer than host_dead_after breaks a promise
+        # unless the fence keeps it (issue 21); a restart comes back long before either matters.
+        event("stopping", level=logging.WARNING if in_flight else logging.INFO, host=self.host_id,
+              detail=fence.cut_off_status(self.settings, in_flight) + "; a restart adopts them")
         # The tails of runs that ended just before: read (for a moment at most) and kept.
         self.output_tails.close(TailReader.DELAY + 2.0)
         self._guard(lambda: self.reconciler.write_output_tails() if self.conn and self.reconciler else None)
@@ -240,7 +247,7 @@ class Daemon:
         # the timer; only what the client sends does.
         store.set_idle_session_timeout(self.conn, self.settings.fleet.host_dead_after)
         profile = fleet.host_profile(self.settings, __version__, self.instance, self.boot_id, self.is_root)
-        sent = time.monotonic()
+        sent, sent_boot = time.monotonic(), fence.boottime()
         registration = store.register_host(self.conn, profile)
         if not registration.registered:
             event("host-id-conflict", level=logging.ERROR, host=self.host_id, instance=self.instance,
@@ -249,10 +256,24 @@ class Daemon:
         assert registration.state is not None and registration.epoch is not None
         self.fence = store.Fence(self.host_id, registration.epoch)
         self.host_state = registration.state
-        self.guard.renewed(sent)
+        self._renewed(sent, sent_boot)
         self.connected_since = time.monotonic()
         event("registered", host=self.host_id, epoch=registration.epoch, state=registration.state,
               detail=registration.detail)
+
+    def _renewed(self, sent: float, sent_boot: float) -> None:
+        """The heartbeat sent at monotonic `sent` (boottime `sent_boot`) was committed: renew the
+        guard's clock and the fence's lease. A lease that cannot be written is not fatal: the old one
+        expires and the fence stops the runs (the safe side), so it is said, once, and the loop goes on."""
+        self.guard.renewed(sent)
+        try:
+            fence.write_lease(fence.daemon_lease(self.settings, sent_boot, self.boot_id))
+        except OSError as exc:
+            if str(exc) != self.lease_error:
+                event("lease-not-written", level=logging.ERROR, path=str(fence.LEASE), detail=str(exc))
+            self.lease_error = str(exc)
+        else:
+            self.lease_error = ""
 
     def _trouble(self, message: str) -> None:
         message = " ".join(message.split())
@@ -350,9 +371,9 @@ class Daemon:
         if now >= self.timers.reclaim:
             wake_claim, self.timers.reclaim = True, math.inf
         if now >= self.timers.claim:
-            sent = time.monotonic()
+            sent, sent_boot = time.monotonic(), fence.boottime()
             probe = store.probe(self.conn, self.fence, fleet.explain_after(self.settings))
-            self.guard.renewed(sent)
+            self._renewed(sent, sent_boot)
             # Read before the claim: a drain takes effect before the next claim, not at the next poll.
             self.host_state = probe.host_state
             wake_claim, wake_cancel = wake_claim or probe.claimable, wake_cancel or probe.cancels
@@ -373,9 +394,24 @@ class Daemon:
 
     def _reconcile(self) -> None:
         began = time.monotonic()
+        self.fenced.refresh()
         self.reconciler.reconcile_pass()
+        self._forget_fenced_settled_elsewhere()
         self.metrics.reconciled(time.monotonic() - began)
         self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
+
+    def _forget_fenced_settled_elsewhere(self) -> None:
+        """Drop the fence's record of units whose attempt is no longer open on this host: a peer
+        settled it when it declared this host dead (the pass then stops nothing: `stop-stale`), so no
+        settlement of ours would ever remove it, and STATUS= would say "being settled" for ever."""
+        if not self.fenced:
+            return
+        names = sorted(self.fenced)
+        pairs = store.open_attempts(self.conn, self.host_id, unit_names=names)
+        still_open = {attempt.unit_name for _, attempt in pairs}
+        for name in names:
+            if name not in still_open:
+                self.fenced.discard(name)
 
     def _fleet_upkeep(self) -> None:
         """Declare silent hosts dead and take over their runs; expire runs past their start deadline; say
@@ -407,6 +443,7 @@ class Daemon:
     def _reconcile_attempts(self, pairs: list[tuple[Run, Attempt]]) -> None:
         if not pairs:
             return
+        self.fenced.refresh()  # a unit the fence stopped may be among them: settled as cut off, not as killed
         with self.reconciler.batched_outcomes():
             for run, attempt in pairs:
                 self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.reconcile_one(r, a))
@@ -458,8 +495,8 @@ class Daemon:
             text += "; draining"
         if not self.is_root:
             text += "; not root: claiming nothing"
-        if self.guard.cut_off:
-            text += "; cut off from the database: runs stopped (stop_runs_when_cut_off)"
+        if self.fenced:
+            text += "; runs stopped by unitvisor-fence (stop_runs_when_cut_off), being settled"
         if self.problem:
             text = f"{self.problem}; retrying. {text}"
         self.notifier.notify(f"STATUS={text}")
@@ -521,28 +558,6 @@ class Daemon:
         once, as before. If this said True for a host that a peer may already declare dead, a whole
         batch of runs could run twice."""
         return self.guard.renewed_within(self.settings.fleet.host_dead_after / 2, time.monotonic())
-
-
-def _stop_running_units() -> list[str]:
-    """Stop every unit of ours whose process still runs, on a bus connection of its own (the guard's
-    thread calls it while the loop may be blocked on the other). Ended units keep their outcome."""
-    systemd = Systemd()
-    try:
-        units = systemd.list_units(unitspec.UNIT_GLOB)
-        stopped = []
-        for name, brief in units.items():
-            if not brief.process_running:
-                continue
-            try:
-                if systemd.stop(name):
-                    stopped.append(name)
-            except SystemdUnavailable:
-                raise  # the bus is gone: the guard tries the whole stop again at its next check
-            except SystemdError as exc:  # one unit's refusal must not keep the others running
-                event("cut-off-stop-failed", level=logging.ERROR, unit=name, detail=str(exc))
-        return stopped
-    finally:
-        systemd.close()
 
 
 def _drain_pipe(fd: int) -> None:

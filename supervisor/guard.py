@@ -1,4 +1,4 @@
-"""Two timeouts the daemon's loop cannot enforce on itself, kept by one small thread beside it.
+"""A timeout the daemon's loop cannot enforce on itself, kept by one small thread beside it.
 
 The loop is single-threaded and every call in it is synchronous. A database reached through a
 network that silently drops packets (a black hole: a dead NAT entry, a partition behind a proxy)
@@ -9,12 +9,12 @@ it keeps could not fire. So:
   server's statement_timeout, so only a silent network trips it) gets its socket shut down: the call
   fails as a lost connection, and the loop reconnects. TCP keepalives alone do not catch a peer that
   still acknowledges, such as a proxy.
-- **Dead man's switch** (`[fleet] stop_runs_when_cut_off`). When the heartbeat has not been renewed
-  for `cut_off_after` seconds, this thread stops every running unit of ours through its own bus
-  connection, whatever the loop is blocked on, so that they are dead before any other host may
-  declare this one dead and run them again. The loop settles them as `lost` once it is back.
+- (0.5.x also kept a dead man's switch here: the cut-off stop of `stop_runs_when_cut_off`. It moved
+  to unitvisor-fence.service, supervisor/fence.py, which outlives this process: a switch inside the
+  daemon could not stop runs while the daemon was stopped, crash-looping or never registered. This
+  thread still records when the heartbeat was last renewed, for the daemon's own batch starts.)
 
-The thread shares two floats and a set with the loop, and takes a lock only around closing or shutting
+The thread shares two floats with the loop, and takes a lock only around closing or shutting
 down a connection, so that it never shuts down a socket number that was closed and reused.
 """
 
@@ -24,7 +24,6 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -54,19 +53,12 @@ class GuardedConnection(psycopg.Connection):
 
 
 class Guard:
-    def __init__(self, stall_after: float, cut_off_after: float | None,
-                 stop_units: Callable[[], list[str]]) -> None:
-        """`stop_units` stops every running unit of ours and returns their names (it must use a bus
-        connection of its own: the loop's may be in use)."""
+    def __init__(self, stall_after: float) -> None:
         self.stall_after = stall_after
-        self.cut_off_after = cut_off_after
-        self._stop_units = stop_units
         self._lock = threading.Lock()
         self._busy: GuardedConnection | None = None
         self._busy_since = 0.0
         self._renewed_at: float | None = None
-        self.cut_off = False
-        self.cut_off_units: set[str] = set()  # stopped for a cut-off, not yet settled
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -114,7 +106,7 @@ class Guard:
                 event("guard-error", level=logging.ERROR, detail=f"{type(exc).__name__}: {exc}")
 
     def check(self, now: float) -> None:
-        """One round of both timeouts (the thread calls it every CHECK_EVERY seconds)."""
+        """One round of the stall breaker (the thread calls it every CHECK_EVERY seconds)."""
         with self._lock:
             conn = self._busy
             if conn is not None and now - self._busy_since > self.stall_after and not conn.closed:
@@ -123,17 +115,6 @@ class Guard:
                              "connection to reconnect")
                 _shutdown(conn)
                 self._busy = None
-        renewed = self._renewed_at
-        if (self.cut_off_after is not None and renewed is not None and not self.cut_off
-                and now - renewed >= self.cut_off_after):
-            # Marked done only once the stop went through: a bus that is briefly unreachable makes
-            # the stop fail, and the next check (CHECK_EVERY later) tries again.
-            names = self._stop_units()
-            self.cut_off = True
-            self.cut_off_units.update(names)
-            event("cut-off", level=logging.ERROR, runs=len(names),
-                  detail=f"heartbeat not renewed for {now - renewed:.0f}s: stopped this host's runs before any "
-                         "other host may declare it dead (stop_runs_when_cut_off)")
 
 
 def _shutdown(conn: psycopg.Connection) -> None:

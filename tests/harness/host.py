@@ -66,7 +66,7 @@ class Host:
         (self.tb.root / "etc/unitvisor/dsn").chmod(0o600)
 
     def install_units(self, environment: dict[str, str] | None = None, user: str | None = None) -> None:
-        for name in ("unitvisor.service", "unitvisor.slice"):
+        for name in ("unitvisor.service", "unitvisor-fence.service", "unitvisor.slice"):
             self.tb.write(f"/etc/systemd/system/{name}", (REPO / "units" / name).read_text())
         env_lines = "".join(f'Environment="{k}={v}"\n' for k, v in (environment or {}).items())
         if user:
@@ -78,6 +78,10 @@ class Host:
         self.tb.write("/etc/systemd/system/unitvisor.service.d/test.conf",
                       f"[Service]\nExecStart=\nExecStart={VENV_BIN}/unitvisor daemon\nRestart=no\n"
                       f"BindReadOnlyPaths={REPO}\n{env_lines}")
+        # The fence (supervisor/fence.py) as shipped, but for the same stand-in for the package; it keeps
+        # its Restart=always: a drill stops the daemon, never the fence.
+        self.tb.write("/etc/systemd/system/unitvisor-fence.service.d/test.conf",
+                      f"[Service]\nExecStart=\nExecStart={VENV_BIN}/unitvisor fence\nBindReadOnlyPaths={REPO}\n")
         self.tb.run("systemctl", "daemon-reload")
 
     def start(self, environment: dict[str, str] | None = None, configure: bool = True, user: str | None = None) -> None:
@@ -96,6 +100,10 @@ class Host:
         self.tb.run("systemctl", "kill", "--signal=SIGKILL", "unitvisor.service", check=False)
         wait_for(lambda: self.tb.run("systemctl", "is-active", "unitvisor.service", check=False).stdout.strip()
                  in ("failed", "inactive"), what="the daemon to die")
+
+    def fence_log(self) -> str:
+        return self.tb.run("journalctl", "-u", "unitvisor-fence.service", "--no-pager", "-o", "cat", "-n", "200",
+                           check=False).stdout
 
     def daemon_log(self) -> str:
         return self.tb.run("journalctl", "-u", "unitvisor.service", "--no-pager", "-o", "cat", "-n", "200",
@@ -148,10 +156,12 @@ class Host:
     def reset(self) -> None:
         """Back to a clean host between tests: daemon stopped, no run unit left."""
         self.stop()
+        self.tb.run("systemctl", "stop", "unitvisor-fence.service", check=False, timeout=60)
         self.tb.run("systemctl", "stop", "unitvisor-run-*", check=False, timeout=60)
         self.tb.run("systemctl", "reset-failed", check=False)
         # /run/unitvisor outlives the daemon (RuntimeDirectoryPreserve=): no test sees another's files.
-        self.tb.run("rm", "-rf", "/etc/unitvisor", "/etc/systemd/system/unitvisor.service.d", GATES, "/run/unitvisor",
+        self.tb.run("rm", "-rf", "/etc/unitvisor", "/etc/systemd/system/unitvisor.service.d",
+                    "/etc/systemd/system/unitvisor-fence.service.d", GATES, "/run/unitvisor",
                     check=False)
 
 

@@ -12,7 +12,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from supervisor import store
 from tests.harness.postgres import Postgres
-from tests.integration.conftest import TEST_SUBMITTER, ensure_login_role
+from tests.integration.conftest import TEST_SUBMITTER, ensure_login_role, register
 from tests.integration.test_cli_db import assert_one_line_error
 
 
@@ -122,6 +122,30 @@ def test_hosts_add_refuses_a_connection_limit_that_is_not_a_positive_number(cli,
                                                                             value: str) -> None:
     result = add(cli, dsn, host_id, "--connection-limit", value)
     assert result.returncode == 2 and "--connection-limit" in result.stderr
+
+
+def test_hosts_add_new_password_refuses_while_the_host_is_live_unless_forced(cli, dsn: str, conn: psycopg.Connection,
+                                                                           host_id: str) -> None:
+    """A live daemon is locked out at its next reconnect (issue 21): refused before acting, in one line
+    that says why and what to do; --force rotates, with a warning. (Failed on the old code: the rotation
+    went through without a word.)"""
+    role = json.loads(add(cli, dsn, host_id).stdout)["role"]
+    before = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,)).fetchone()[0]
+    with store.connect(dsn) as daemon:
+        register(daemon, host_id)  # heartbeat: now
+        line = assert_one_line_error(add(cli, dsn, host_id, "--new-password"), 1)
+        assert f"host {host_id} is live" in line and "locked out at its next reconnect" in line
+        assert "--force" in line and "drain and stop it first" in line
+        assert conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,)).fetchone()[0] == before
+        forced = add(cli, dsn, host_id, "--new-password", "--force")
+        assert forced.returncode == 0, forced.stderr
+        assert "warning: host" in forced.stderr and "write the new DSN on it now" in forced.stderr
+        assert json.loads(forced.stdout)["new_password"] is True
+        assert conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,)).fetchone()[0] != before
+
+
+def test_hosts_add_force_goes_only_with_new_password(cli, dsn: str, host_id: str) -> None:
+    assert_one_line_error(add(cli, dsn, host_id, "--force"), 2)
 
 
 def test_hosts_add_new_password_of_an_unbound_host_id_is_an_error(cli, dsn: str, host_id: str) -> None:

@@ -255,9 +255,28 @@ def test_it_lives_side_by_side_with_debians_supervisor(host: Host, long_run: dic
     assert_still_running_and_adopted(host, long_run, daemon)
 
 
+def test_remove_refuses_while_a_run_is_in_flight(host: Host, long_run: dict) -> None:
+    """A removal would leave the run unrecorded, and another host would run it again once this one
+    is declared dead (issue 21): the prerm refuses, in one line that says how to drain and wait, and
+    leaves the package and the daemon as they were. (Failed on the old package: the remove went
+    through.)"""
+    result = host.room.run("apt-get", "-y", "-q", "remove", "unitvisor", check=False, timeout=300,
+                           env={"DEBIAN_FRONTEND": "noninteractive"})
+    assert result.returncode != 0, result.stdout
+    refusal = [line for line in (result.stdout + result.stderr).splitlines() if "refusing to remove" in line]
+    assert len(refusal) == 1 and "unitvisor drain" in refusal[0] and "UNITVISOR_REMOVE_WITH_RUNS=1" in refusal[0], \
+        result.stdout + result.stderr
+    assert host.run("dpkg-query", "-W", "-f=${Status}", "unitvisor").stdout.strip() == "install ok installed"
+    assert host.prop(SERVICE, "ActiveState") == "active"
+    assert host.prop("unitvisor-fence.service", "ActiveState") == "active"
+    assert host.prop(long_run["unit"], "ActiveState") == "active"
+
+
 def test_remove_keeps_the_configuration_and_purge_leaves_no_file_behind(host: Host, long_run: dict) -> None:
     files = host.run("dpkg", "-L", "unitvisor").stdout.split()
-    host.room.apt_get("remove", "unitvisor")
+    # Forced, as the refusal says: the run is left running, unrecorded (asserted at the end).
+    host.room.run("apt-get", "-y", "-q", "remove", "unitvisor", timeout=300,
+                  env={"DEBIAN_FRONTEND": "noninteractive", "UNITVISOR_REMOVE_WITH_RUNS": "1"})
     assert f"allowed_executables = {ALLOWED}" in host.run("cat", "/etc/unitvisor/unitvisor.toml").stdout
     assert host.run("stat", "-c", "%a", "/etc/unitvisor/dsn").stdout.strip() == "600"
     assert host.run("test", "-e", "/usr/bin/unitvisor", check=False).returncode != 0
@@ -270,5 +289,6 @@ def test_remove_keeps_the_configuration_and_purge_leaves_no_file_behind(host: Ho
                  "/etc/systemd/system/multi-user.target.wants/unitvisor.service"):
         assert host.run("test", "-e", path, check=False).returncode != 0, f"{path} is left after purge"
     assert host.prop(SERVICE, "LoadState") == "not-found"
+    assert host.prop("unitvisor-fence.service", "LoadState") == "not-found"
     # The runs are not the daemon's: removing it stops none (they end on their own, or by systemctl stop).
     assert host.prop(long_run["unit"], "ActiveState") == "active"

@@ -11,7 +11,7 @@ from supervisor import __version__, runenv
 from tests.conftest import _unavailable
 from tests.harness.host import REPO
 
-UNITS = ("unitvisor.service", "unitvisor.slice")
+UNITS = ("unitvisor.service", "unitvisor-fence.service", "unitvisor.slice")
 
 
 def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:
@@ -88,3 +88,20 @@ def test_the_runtime_directory_holds_the_runs_environment_files_root_only() -> N
     assert unit["RuntimeDirectoryMode"] == ["0700"]
     assert unit["RuntimeDirectoryPreserve"] == ["yes"]
     assert runenv.DIRECTORY.parent == Path("/run") / unit["RuntimeDirectory"][0]
+
+
+def test_the_fence_outlives_the_daemon_and_shares_its_runtime_directory() -> None:
+    """unitvisor-fence.service (supervisor/fence.py) keeps stop_runs_when_cut_off's promise while the
+    daemon is down: started with the daemon and at boot, never stopped with it, always restarted, and
+    reading the lease where the daemon writes it."""
+    fence, daemon = unit_settings("unitvisor-fence.service"), unit_settings("unitvisor.service")
+    assert "unitvisor-fence.service" in " ".join(daemon["Wants"])
+    assert fence["WantedBy"] == ["multi-user.target"]
+    for key in ("PartOf", "BindsTo", "Requisite", "StopWhenUnneeded"):
+        assert key not in fence, f"{key}= would stop the fence with the daemon"
+    assert fence["Restart"] == ["always"]
+    assert not start_limit_can_trip(seconds(fence.get("StartLimitIntervalSec", ["10s"])[-1]),
+                                    int(fence.get("StartLimitBurst", ["5"])[-1]), seconds(fence["RestartSec"][-1]))
+    for key in ("RuntimeDirectory", "RuntimeDirectoryMode", "RuntimeDirectoryPreserve"):
+        assert fence[key] == daemon[key]
+    assert fence["ExecStart"] == ["/usr/bin/unitvisor fence"]

@@ -1,4 +1,5 @@
-"""Unit tests never touch the machine: a run's environment files go to a temporary directory."""
+"""Unit tests never touch the machine: a run's environment files, the fence's lease and its record of
+stopped units go to a temporary directory."""
 
 from __future__ import annotations
 
@@ -6,11 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import runenv
+from supervisor import fence, runenv
 
 
 @pytest.fixture(autouse=True)
 def environment_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     directory = tmp_path / "run-unitvisor" / "environment"
     monkeypatch.setattr(runenv, "DIRECTORY", directory)
+    return directory
+
+
+@pytest.fixture(autouse=True)
+def runtime_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the daemon writes its lease and reads what the fence stopped (supervisor/fence.py)."""
+    directory = tmp_path / "run-unitvisor"
+    monkeypatch.setattr(fence, "LEASE", directory / "lease")
+    monkeypatch.setattr(fence, "FENCED", directory / "fenced")
     return directory

@@ -16,14 +16,14 @@ from unittest import mock
 import psycopg
 import pytest
 
-from supervisor import __version__, fleet, store
+from supervisor import __version__, fence, fleet, store
 from supervisor import daemon as daemon_mod
 from supervisor.config import DaemonSettings, FleetSettings, HostSettings, RetentionSettings, RunSettings, Settings
 from supervisor.daemon import Conflict, Daemon
 from supervisor.guard import GuardedConnection
 from supervisor.model import Attempt, Pruned, Run
 from supervisor.reconciler import Reconciler
-from supervisor.systemd import SystemdError, SystemdUnavailable, UnitBrief
+from supervisor.systemd import SystemdError, SystemdUnavailable
 from supervisor.unitspec import unit_name
 
 DSN = "host=db.example port=5433 dbname=unitvisor user=uv password=secret"
@@ -84,11 +84,11 @@ def test_construction_touches_no_bus_and_no_database(make, boundaries):
     assert d.guard._thread is None
 
 
-def test_the_guard_cuts_off_only_when_configured(make):
-    assert make().guard.cut_off_after is None
-    assert make(make_settings(stop_runs_when_cut_off=True)).guard.cut_off_after == 48.0
-    assert make().guard.stall_after == daemon_mod.STALL_AFTER
-    assert make().guard._stop_units is daemon_mod._stop_running_units
+def test_the_guard_only_breaks_stalls_the_fence_owns_the_cut_off(make):
+    """The dead man's switch moved to unitvisor-fence (supervisor/fence.py): the guard has no stop."""
+    guard = make(make_settings(stop_runs_when_cut_off=True)).guard
+    assert guard.stall_after == daemon_mod.STALL_AFTER
+    assert not hasattr(guard, "cut_off_after") and not hasattr(daemon_mod, "_stop_running_units")
 
 
 # -- _guard: nothing that goes wrong ends the daemon ------------------------------------------------
@@ -262,11 +262,30 @@ def test_register_tells_the_database_a_daemon_without_root_cannot_start(make, st
     assert profile.can_start is False and "not root" in profile.cannot_start_reason
 
 
-def test_register_clears_a_cut_off(make, st):
-    d = make(make_settings(stop_runs_when_cut_off=True))
-    d.guard.cut_off = True
+@pytest.mark.parametrize("fencing", [True, False])
+def test_register_writes_the_lease_from_the_boottime_before_the_statement(make, st, mocker, fencing):
+    """The fence's deadline (supervisor/fence.py): the heartbeat's send time by CLOCK_BOOTTIME plus
+    cut_off_after (60 - 10 - 2 = 48 s), and whether fencing is on."""
+    d = make(make_settings(stop_runs_when_cut_off=fencing))
+    mocker.patch.object(fence, "boottime", side_effect=[500.0, 501.0])
     d._register()
-    assert d.guard.cut_off is False
+    assert fence.read_lease(d.boot_id) == fence.Lease(548.0, fencing, d.boot_id, "daemon")
+
+
+def test_a_refused_registration_writes_no_lease(make, st):
+    d = make(make_settings(stop_runs_when_cut_off=True))
+    st.register_host.return_value = store.Registration(False, None, None, "held")
+    with pytest.raises(Conflict):
+        d._register()
+    assert fence.read_lease(d.boot_id) is None
+
+
+def test_a_lease_that_cannot_be_written_is_said_once_and_the_loop_goes_on(make, st, events, runtime_directory):
+    d = make(make_settings(stop_runs_when_cut_off=True))
+    runtime_directory.write_text("a file where the directory should be")
+    d._register()
+    d._register()
+    assert event_names(events).count("lease-not-written") == 1
 
 
 def test_connect_on_conflict_waits_a_poll_interval_and_does_nothing(make, st, events):
@@ -466,12 +485,12 @@ def test_status_says_draining_cut_off_and_the_problem(make):
     d.reconciler = mock.Mock(in_flight=4, settled=9)
     d.claimed = 12
     d.host_state = "draining"
-    d.guard.cut_off = True
+    d.fenced.add("unitvisor-run-a-1.service")
     d.problem = "database at db.example:5433 unreachable: gone"
     d._status()
     assert statuses(d) == [
         "STATUS=database at db.example:5433 unreachable: gone; retrying. runs in flight: 4, claimed: 12, settled: 9; "
-        "draining; not root: claiming nothing; cut off from the database: runs stopped (stop_runs_when_cut_off)"]
+        "draining; not root: claiming nothing; runs stopped by unitvisor-fence (stop_runs_when_cut_off), being settled"]
 
 
 # -- fleet upkeep -----------------------------------------------------------------------------------
@@ -532,43 +551,6 @@ def test_a_retention_batch_is_in_the_loop_when_due(make, mocker, prune):
     d.timers = daemon_mod.Timers(claim=math.inf, reconcile=math.inf, retention=0.0)
     d._iteration()
     d._prune.assert_called_once_with()
-
-
-# -- the guard's stop: on a bus connection of its own ------------------------------------------------
-
-def test_stop_running_units_stops_only_units_whose_process_runs(boundaries):
-    bus = boundaries.Systemd.return_value
-    bus.list_units.return_value = {
-        "unitvisor-run-a-1.service": UnitBrief("active", "running", False),
-        "unitvisor-run-b-1.service": UnitBrief("active", "exited", False),
-        "unitvisor-run-c-1.service": UnitBrief("activating", "start", True),
-        "unitvisor-run-d-1.service": UnitBrief("failed", "failed", False),
-        "unitvisor-run-e-1.service": UnitBrief("active", "running", False),
-    }
-    bus.stop.side_effect = lambda name: name != "unitvisor-run-e-1.service"  # e vanished meanwhile
-    assert daemon_mod._stop_running_units() == ["unitvisor-run-a-1.service", "unitvisor-run-c-1.service"]
-    bus.list_units.assert_called_once_with("unitvisor-run-*.service")
-    assert [c.args[0] for c in bus.stop.call_args_list] == [
-        "unitvisor-run-a-1.service", "unitvisor-run-c-1.service", "unitvisor-run-e-1.service"]
-    bus.close.assert_called_once_with()
-
-
-def test_stop_running_units_closes_its_bus_when_listing_fails(boundaries):
-    bus = boundaries.Systemd.return_value
-    bus.list_units.side_effect = SystemdUnavailable("not reachable")
-    with pytest.raises(SystemdUnavailable):
-        daemon_mod._stop_running_units()
-    bus.close.assert_called_once_with()
-
-
-def test_stop_running_units_goes_on_after_one_unit_fails(boundaries):
-    bus = boundaries.Systemd.return_value
-    bus.list_units.return_value = {f"unitvisor-run-{x}-1.service": UnitBrief("active", "running", False)
-                                   for x in "abc"}
-    bus.stop.side_effect = [True, SystemdError("StopUnit: Transaction is destructive"), True]
-    stopped = daemon_mod._stop_running_units()
-    assert bus.stop.call_count == 3
-    assert stopped == ["unitvisor-run-a-1.service", "unitvisor-run-c-1.service"]
 
 
 # -- output tails -----------------------------------------------------------------------------------
@@ -682,3 +664,29 @@ def test_listen_is_issued_again_on_every_new_connection_after_its_handler(make, 
     for conn in (first, second):  # the handler before the LISTEN: nothing heard before it is dropped
         conn.add_notify_handler.assert_called_once_with(d._on_notify)
         assert conn.method_calls.index(mock.call.add_notify_handler(d._on_notify)) == 0
+
+
+# -- what the fence stopped (supervisor/fence.py) ------------------------------------------------------
+
+def test_a_reconcile_pass_reads_what_the_fence_stopped_first_and_forgets_what_a_peer_settled(make, mocker):
+    d = make()
+    fence.record_fenced("unitvisor-run-a-1.service")  # its attempt is still open here: settled by the pass
+    fence.record_fenced("unitvisor-run-b-1.service")  # taken over by the peer that declared this host dead
+    seen = []
+    d.reconciler = mock.Mock()
+    d.reconciler.reconcile_pass.side_effect = lambda: seen.append(set(d.fenced))
+    open_attempts = mocker.patch.object(store, "open_attempts", return_value=[(mock.Mock(), mock.Mock(
+        unit_name="unitvisor-run-a-1.service"))])
+    d._reconcile()
+    assert seen == [{"unitvisor-run-a-1.service", "unitvisor-run-b-1.service"}]
+    open_attempts.assert_called_once_with(d.conn, "h1", unit_names=["unitvisor-run-a-1.service",
+                                                                     "unitvisor-run-b-1.service"])
+    assert d.fenced == {"unitvisor-run-a-1.service"} and fence.fenced_units() == {"unitvisor-run-a-1.service"}
+
+
+def test_a_reconcile_pass_with_nothing_fenced_asks_nothing_more(make, mocker):
+    d = make()
+    d.reconciler = mock.Mock()
+    open_attempts = mocker.patch.object(store, "open_attempts")
+    d._reconcile()
+    open_attempts.assert_not_called()

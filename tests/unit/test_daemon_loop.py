@@ -8,6 +8,7 @@ never started. The loop is driven by the mocks: a test ends it by setting `stopp
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from unittest import mock
 
@@ -74,7 +75,7 @@ def make(boundaries):
     def build() -> Daemon:
         d = Daemon(settings(), lambda: DSN)
         d.is_root = True
-        d.guard = mock.MagicMock(cut_off=False, cut_off_units=set())  # the thread is never started
+        d.guard = mock.MagicMock()  # the thread is never started
         return d
     return build
 
@@ -427,3 +428,22 @@ def test_a_forged_notification_only_wakes_the_daemon(make, clock, mocker):
     d.systemd.stop.assert_not_called()
     for called in (open_attempts, claim, d.reconciler, d.systemd):
         assert FORGED_RUN not in repr(called.mock_calls)
+
+
+@pytest.mark.parametrize(("fencing", "said"), [
+    (False, "if this daemon is not back within 60s (host_dead_after) they are declared lost and may run again"),
+    (True, "unless this daemon is back within 48s, unitvisor-fence stops them"),
+])
+def test_a_stop_with_runs_in_flight_warns_what_becomes_of_them(make, clock, mocker, fencing, said):
+    """`systemctl stop` longer than host_dead_after breaks a promise unless the fence keeps it: the
+    daemon says which, in the journal, as it stops (issue 21)."""
+    d = make()
+    d.settings = dataclasses.replace(d.settings, fleet=dataclasses.replace(d.settings.fleet,
+                                                                           stop_runs_when_cut_off=fencing))
+    mocker.patch.object(store, "mark_host_stopped")
+    d.reconciler = mock.Mock(in_flight=3)
+    d.stopping = True
+    d.run()
+    [stopping] = [c for c in daemon_mod.event.call_args_list if c.args[0] == "stopping"]
+    assert stopping.kwargs["level"] == logging.WARNING
+    assert "3 run(s) in flight keep running" in stopping.kwargs["detail"] and said in stopping.kwargs["detail"]

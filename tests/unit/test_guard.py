@@ -1,4 +1,4 @@
-"""supervisor.guard: the stall breaker and the dead man's switch, driven by hand through Guard.check(now).
+"""supervisor.guard: the stall breaker, driven by hand through Guard.check(now).
 
 The thread is never started here: `check` is called with chosen monotonic times, `_run` with a
 stopping event that says "go on" once, and the loop's clock (`busy`) is the patched `time` of the module.
@@ -17,7 +17,6 @@ import pytest
 
 from supervisor import guard as guard_mod
 from supervisor.guard import Guard, GuardedConnection
-from supervisor.systemd import SystemdUnavailable
 
 STALL = 20.0
 CUT_OFF = 48.0
@@ -53,9 +52,8 @@ def names(events):
     return [c.args[0] for c in events.call_args_list]
 
 
-def make_guard(cut_off_after=CUT_OFF, stopped=("unitvisor-run-a-1.service", "unitvisor-run-b-1.service")):
-    stop_units = mock.Mock(return_value=list(stopped))
-    return Guard(STALL, cut_off_after, stop_units), stop_units
+def make_guard():
+    return Guard(STALL), None
 
 
 # -- the stall breaker --------------------------------------------------------------------------
@@ -178,101 +176,17 @@ def test_shutdown_of_a_descriptor_that_is_not_a_socket_is_quiet(tmp_path):
         os.fstat(file.fileno())
 
 
-# -- the dead man's switch ----------------------------------------------------------------------
+# -- the dead man's switch moved out --------------------------------------------------------------
 
-def test_cut_off_stops_the_units_once_at_cut_off_after(events):
-    guard, stop_units = make_guard()
-    guard.renewed(1000.0)
-    guard.check(1000.0 + CUT_OFF - 0.1)
-    stop_units.assert_not_called()
-    assert guard.cut_off is False
-    guard.check(1000.0 + CUT_OFF)
-    stop_units.assert_called_once_with()
-    assert guard.cut_off is True
-    assert guard.cut_off_units == {"unitvisor-run-a-1.service", "unitvisor-run-b-1.service"}
-    assert names(events) == ["cut-off"]
-    assert events.call_args.kwargs["runs"] == 2
-    assert "heartbeat not renewed for 48s" in events.call_args.kwargs["detail"]
-    for later in (1049.0, 1100.0, 10_000.0):
-        guard.check(later)
-    stop_units.assert_called_once_with()
-    assert names(events) == ["cut-off"]
-
-
-def test_cut_off_fires_again_only_after_a_renewal(events):
-    guard, stop_units = make_guard()
-    guard.renewed(0.0)
-    guard.check(CUT_OFF)
-    assert guard.cut_off
-    stop_units.return_value = ["unitvisor-run-c-1.service"]
-    guard.renewed(500.0)
-    assert guard.cut_off is False
-    guard.check(500.0 + CUT_OFF - 1)
-    assert stop_units.call_count == 1
-    guard.check(500.0 + CUT_OFF)
-    assert stop_units.call_count == 2
-    assert guard.cut_off_units == {"unitvisor-run-a-1.service", "unitvisor-run-b-1.service",
-                                   "unitvisor-run-c-1.service"}
-
-
-def test_a_renewal_before_the_deadline_postpones_it():
-    guard, stop_units = make_guard()
-    guard.renewed(0.0)
-    guard.check(40.0)
-    guard.renewed(40.0)
-    guard.check(80.0)
-    stop_units.assert_not_called()
-    guard.check(88.0)
-    stop_units.assert_called_once()
-
-
-def test_cut_off_never_fires_when_the_switch_is_off():
-    guard, stop_units = make_guard(cut_off_after=None)
+def test_the_guard_stops_no_unit_however_long_the_heartbeat_is_old(clock, shutdown, events):
+    """The cut-off stop is unitvisor-fence's (supervisor/fence.py, tests/unit/test_fence.py): one owner
+    for one concern, and one that outlives this process. The guard only keeps the renewal time."""
+    guard, _ = make_guard()
     guard.renewed(0.0)
     for now in (CUT_OFF, 1e3, 1e9):
         guard.check(now)
-    stop_units.assert_not_called()
-    assert guard.cut_off is False and guard.cut_off_units == set()
-
-
-def test_cut_off_never_fires_before_a_first_renewal():
-    """Before the first registration nothing of this daemon's runs could be claimed elsewhere."""
-    guard, stop_units = make_guard()
-    for now in (CUT_OFF, 1e3, 1e9):
-        guard.check(now)
-    stop_units.assert_not_called()
-    assert guard.cut_off is False
-
-
-def test_cut_off_with_nothing_running_records_nothing(events):
-    guard, stop_units = make_guard(stopped=())
-    guard.renewed(0.0)
-    guard.check(CUT_OFF)
-    stop_units.assert_called_once()
-    assert guard.cut_off is True and guard.cut_off_units == set()
-    assert events.call_args.kwargs["runs"] == 0
-
-
-def test_stall_and_cut_off_in_one_check(clock, shutdown, events):
-    guard, stop_units = make_guard()
-    guard.renewed(50.0)
-    guard.busy(FakeConn())  # at 100
-    guard.check(125.0)  # stalled for 25 s, and 75 s since the heartbeat
-    shutdown.assert_called_once()
-    stop_units.assert_called_once()
-    assert names(events) == ["database-stalled", "cut-off"]
-
-
-def test_a_failed_cut_off_stop_is_tried_again_at_the_next_check():
-    guard, stop_units = make_guard()
-    stop_units.side_effect = [SystemdUnavailable("connecting to the system bus: systemd is not reachable"),
-                              ["unitvisor-run-a-1.service"]]
-    guard.renewed(0.0)
-    with pytest.raises(SystemdUnavailable):
-        guard.check(CUT_OFF)
-    guard.check(CUT_OFF + guard_mod.CHECK_EVERY)
-    assert stop_units.call_count == 2
-    assert guard.cut_off_units == {"unitvisor-run-a-1.service"}
+    assert names(events) == []
+    assert guard.renewed_within(10.0, 5.0) and not guard.renewed_within(10.0, 10.0)
 
 
 # -- the thread's loop --------------------------------------------------------------------------
@@ -291,17 +205,6 @@ def test_run_checks_with_the_monotonic_clock(clock, mocker):
     clock.monotonic.return_value = 1234.5
     run_once(guard)
     check.assert_called_once_with(1234.5)
-
-
-def test_an_exception_in_stop_units_is_contained_by_run(clock, events):
-    guard, stop_units = make_guard()
-    stop_units.side_effect = RuntimeError("bus gone")
-    guard.renewed(0.0)
-    clock.monotonic.return_value = 1000.0
-    run_once(guard)  # returns: the exception did not escape
-    stop_units.assert_called_once()
-    assert names(events) == ["guard-error"]
-    assert events.call_args.kwargs["detail"] == "RuntimeError: bus gone"
 
 
 def test_run_goes_on_after_an_error(clock, events, mocker):
