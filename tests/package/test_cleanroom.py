@@ -31,6 +31,8 @@ MAX_EXPOSURE = 1.9
 DB_PASSWORD = "clean-room-secret"
 ALLOWED = '["/bin/sh", "/bin/sleep", "/usr/bin/*"]'
 SERVICE = "unitvisor.service"
+# A file the run waits for (in /etc: a run has a private /tmp and a read-only root, but may read /etc).
+GATE = "/etc/unitvisor-test-gate"
 HOST_ID = "web-1"  # README's Install: `unitvisor hosts add web-1`, and [host] id = "web-1"
 # The admin's login role, the operator's DSN for submit (the host's own role may not submit).
 OPERATOR_DSN = "postgresql://unitvisor:" + DB_PASSWORD + "@localhost:{port}/unitvisor"
@@ -198,10 +200,12 @@ def test_configured_as_the_readme_says_it_runs_a_run(host: Host) -> None:
     assert refused.returncode == 1 and "it needs unitvisor_submitter" in refused.stderr, refused.stderr
 
     run_id = host.unitvisor("submit", "--dsn", OPERATOR_DSN.format(port=host.room.pg_port), "--memory", "64M",
-                            "--", "/bin/sh", "-c", "echo hello from the clean room; sleep 3").stdout.strip()
+                            "--", "/bin/sh", "-c", "echo hello from the clean room; "
+                            f"while [ ! -e {GATE} ]; do sleep 0.2; done").stdout.strip()
     unit = host.running(run_id)["attempts"][0]["unit"]
     status = host.run("systemctl", "status", unit, "--no-pager", check=False).stdout
     assert unit in status and "transient" in status and "Active: active" in status, status
+    host.run("touch", GATE)  # the run ends when the test says, not after a sleep a loaded machine outruns
     assert host.unitvisor("wait", run_id, "--timeout", "60s").returncode == 0
     assert run_id in host.daemon_log()
     runs = host.unitvisor("runs").stdout
