@@ -68,7 +68,7 @@ def profile(host: str) -> store.HostProfile:
         host_id=host, name=host, instance=f"inst-{host}", max_runs=MAX_RUNS, memory_budget=None,
         version="bench", boot_id="bench", allowed_executables=allowed,
         executable_patterns=tuple(globs.glob_regex(p) for p in allowed), run_user="", allowed_users=(),
-        environment_denied=envpolicy.denied_regexes(), environment_allowed=envpolicy.allowed_regexes(()),
+        environment_denied=envpolicy.denied_regexes(), environment_names=(), environment_patterns=(),
         can_start=True, cannot_start_reason=None, poll_interval=10.0, dead_after=3600.0)
 
 

@@ -426,7 +426,8 @@ class HostProfile:
     run_user: str
     allowed_users: tuple[str, ...]
     environment_denied: tuple[str, ...]  # regexes (supervisor/envpolicy.py)
-    environment_allowed: tuple[str, ...]
+    environment_names: tuple[str, ...]  # allowed_environment's plain names
+    environment_patterns: tuple[str, ...]  # its patterns, as regexes
     can_start: bool
     cannot_start_reason: str | None
     poll_interval: float
@@ -455,8 +456,9 @@ def register_host(conn: Connection, profile: HostProfile) -> Registration:
              p.can_start, p.cannot_start_reason, p.poll_interval, p.dead_after)).fetchone()
         if row[0]:
             # In the same transaction: no claim may see this host without its environment policy.
-            conn.execute("SELECT unitvisor.register_host_environment(%s, %s, %s, %s)",
-                         (p.host_id, row[2], list(p.environment_denied), list(p.environment_allowed)))
+            conn.execute("SELECT unitvisor.register_host_allowlist(%s, %s, %s, %s, %s)",
+                         (p.host_id, row[2], list(p.environment_denied), list(p.environment_names),
+                          list(p.environment_patterns)))
     return Registration(row[0], row[1], row[2], row[3])
 
 

@@ -28,8 +28,10 @@ NAME_1 = "unitvisor-run-12345678-9abc-4def-8123-456789abcdef-1.service"
 
 
 def settings(**runs):
-    """Settings with [runs] overridden; /usr/bin/* and /bin/sh allowed unless told otherwise."""
+    """Settings with [runs] overridden; /usr/bin/* and /bin/sh allowed unless told otherwise, and every
+    environment name but the denylist's (`*`): the tests of the allowlist's default say so."""
     runs.setdefault("allowed_executables", ("/bin/sh", "/usr/bin/*"))
+    runs.setdefault("allowed_environment", ("*",))
     return dataclasses.replace(Settings(), runs=RunSettings(**runs))
 
 
@@ -616,3 +618,14 @@ def test_a_run_that_cannot_become_root_gets_no_mount_namespace_for_it(runs, run_
     namespace, which halves systemd's start rate where the sandbox's namespaces are off."""
     props = props_for(cfg=settings(**runs), run_user=run_user)
     assert b"InaccessiblePaths" not in props and b"ReadOnlyPaths" not in props
+
+
+def test_a_host_with_the_default_allowlist_refuses_a_name_it_does_not_name():
+    """Issue 21: TAR_OPTIONS made an allowed backup script run the submitter's command; the denylist
+    let it through. The default opens the locale and the time zone only."""
+    cfg = dataclasses.replace(Settings(), runs=RunSettings(allowed_executables=("/bin/sh",)))
+    with pytest.raises(Refused, match=r"^environment name TAR_OPTIONS is not in this host's \[runs\] "
+                                      r"allowed_environment$"):
+        props_for(environment={"LANG": "C.UTF-8", "TAR_OPTIONS": "--checkpoint-action=exec=x"}, cfg=cfg)
+    assert env_of(cfg, environment={"LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC"}) == {
+        "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC"}
