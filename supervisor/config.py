@@ -324,7 +324,14 @@ def _section(cls: type, name: str, table: Any) -> Any:
     return cls(**values)
 
 
+# A run's host_pin holds at most this (unitvisor.check_run_sizes, sql/015): a longer id could not be pinned.
+HOST_ID_MAX = 255
+
+
 def _validate(settings: Settings) -> None:
+    if len(settings.host.id) > HOST_ID_MAX:
+        raise ConfigError(f"[host] id: {len(settings.host.id)} characters, over the limit of {HOST_ID_MAX} "
+                          "(a run's host_pin names a host id in at most that)")
     if not _SLICE_RE.match(settings.systemd.slice):
         raise ConfigError("[systemd] slice: expected a unit name ending in .slice")
     for user in (settings.runs.user, *settings.runs.allowed_users):

@@ -286,6 +286,10 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
         constraint = exc.diag.constraint_name
         raise DatabaseError(f"the database refused the run: {message} ({constraint})" if message and constraint
                             else f"the database refused the run: {constraint or message}") from None
+    except psycopg.errors.InvalidParameterValue as exc:
+        # An argument over its size bound (unitvisor.check_run_sizes, sql/015): the primary message names
+        # it, its size and the limit; the rest (PL/pgSQL's CONTEXT) says nothing to an operator.
+        raise DatabaseError(f"the database refused the run: {exc.diag.message_primary or one_line(exc)}") from None
     except psycopg.DataError as exc:
         raise DatabaseError(f"the database refused the run: {one_line(exc)}") from None
 

@@ -260,3 +260,19 @@ def test_a_name_the_allowlist_does_not_name_waits_through_submit_env(host: Host)
     host.start()
     assert host.wait_run(tar)["state"] == "succeeded"
     assert wait_for(lambda: f"tar={len(value)}" in run_output(host, tar), what="the run's output")
+
+
+def test_the_largest_environment_entry_submit_accepts_reaches_the_run(host: Host) -> None:
+    """The bound (sql/015: NAME=value at most 131071 bytes, the kernel's MAX_ARG_STRLEN with its NUL)
+    is one that exec and systemd's EnvironmentFile= take: a 1 MB value used to be accepted and then
+    failed at exec (203/EXEC). Every character of this one needs an escape in the env file ($)."""
+    host.configure(runs_extra='allowed_environment = ["BIG"]')
+    host.start()
+    value = "$" * (131071 - len("BIG="))
+    run_id = host.submit("--env", f"BIG={value}", "--", "/bin/sh", "-c",
+                         'echo "big=${#BIG}"; [ "$BIG" = "$(printf "%${#BIG}s" | tr " " "\\$")" ] && echo same')
+    data = host.wait_run(run_id)
+    lines = wait_for(lambda: (out := run_output(host, run_id)) and "same" in out and out,
+                     what="the run's output")
+    assert data["state"] == "succeeded", (data, lines)
+    assert f"big={len(value)}" in lines

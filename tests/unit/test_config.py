@@ -540,3 +540,9 @@ def test_allowed_environment_refuses_what_cannot_mean_what_it_says(entry, messag
     with pytest.raises(ConfigError) as info:
         parse(f'[runs]\nallowed_environment = ["{entry}"]\n', "u.toml")
     assert str(info.value).startswith(f"u.toml: [runs] allowed_environment: {message}")
+
+
+def test_a_host_id_longer_than_a_host_pin_may_be_is_refused():
+    assert parse(f'[host]\nid = "{"h" * 255}"\n').host.id == "h" * 255
+    with pytest.raises(ConfigError, match=r"^u.toml: \[host\] id: 256 characters, over the limit of 255"):
+        parse(f'[host]\nid = "{"h" * 256}"\n', "u.toml")
