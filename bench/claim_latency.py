@@ -68,7 +68,7 @@ def profile(host: str) -> store.HostProfile:
         host_id=host, name=host, instance=f"inst-{host}", max_runs=MAX_RUNS, memory_budget=None,
         version="bench", boot_id="bench", allowed_executables=allowed,
         executable_patterns=tuple(globs.glob_regex(p) for p in allowed), run_user="", allowed_users=(),
-        environment_denied=envpolicy.denied_regexes(), environment_allowed=envpolicy.allowed_regexes(()),
+        environment_denied=envpolicy.denied_regexes(), environment_names=(), environment_patterns=(),
         can_start=True, cannot_start_reason=None, poll_interval=10.0, dead_after=3600.0)
 
 
@@ -96,6 +96,13 @@ def fleet_database(pg: Postgres, name: str, upto: int | None, hosts: int, open_p
     conn.execute("SET statement_timeout = 0")
     with schema_dir(upto) as where:
         store.migrate(conn, where)
+    if upto is not None:
+        # The current store registers a host's environment allowlist with sql/015's function, which an
+        # older schema lacks: there, the denylist as the older daemons registered it (the runs here set
+        # no environment, so the claims compared do not depend on it).
+        conn.execute("""CREATE FUNCTION unitvisor.register_host_allowlist(h text, e bigint, denied text[],
+                            names text[], patterns text[]) RETURNS void LANGUAGE sql AS
+                        $$ SELECT unitvisor.register_host_environment(h, e, denied, '{}') $$""")
     # One session registers every host: register_host's lock is per host id, and nothing else here
     # contends for them.
     for i in range(hosts):

@@ -253,7 +253,8 @@ def _profile(host: str = HOST) -> store.HostProfile:
         host_id=host, name=host, instance=f"{host}-bench", max_runs=100_000, memory_budget=None,
         version=__version__, boot_id="history-bench", allowed_executables=("/bin/true",),
         executable_patterns=("^/bin/true$",), run_user="", allowed_users=(), environment_denied=(),
-        environment_allowed=(), can_start=True, cannot_start_reason=None, poll_interval=10.0, dead_after=3600.0)
+        environment_names=(), environment_patterns=(), can_start=True, cannot_start_reason=None,
+        poll_interval=10.0, dead_after=3600.0)
 
 
 def measure_side_by_side(empty: History, full: History) -> tuple[dict[str, Any], dict[str, Any]]:

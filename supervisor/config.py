@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from supervisor.envpolicy import NAME_PATTERN_RE
+from supervisor.envpolicy import DEFAULT_ALLOWED, NAME_PATTERN_RE, pattern_problem
 from supervisor.quantities import QuantityError, parse_duration, parse_size
 
 DEFAULT_PATH = Path("/etc/unitvisor/unitvisor.toml")
@@ -87,9 +87,11 @@ class RunSettings:
     # Empty: each run gets a DynamicUser of its own, the least privilege that still runs a command.
     user: str = ""
     allowed_users: tuple[str, ...] = ()
-    # Environment names (or globs: LD_*) a run may set although supervisor/envpolicy.py refuses them
-    # by default, because they change what an allowed program runs.
-    allowed_environment: tuple[str, ...] = ()
+    # The environment names a run may set (names, or globs such as APP_*); any other is refused, and
+    # the host never claims a run that sets one. A name on envpolicy.DENIED (it loads code: LD_*,
+    # PYTHON*, PATH, ...) is opened only by its exact name, never by a glob. Default: the locale and
+    # the time zone (envpolicy.DEFAULT_ALLOWED).
+    allowed_environment: tuple[str, ...] = DEFAULT_ALLOWED
     no_new_privileges: bool = True
     private_tmp: bool = True
     protect_system: str = "strict"
@@ -322,7 +324,14 @@ def _section(cls: type, name: str, table: Any) -> Any:
     return cls(**values)
 
 
+# A run's host_pin holds at most this (unitvisor.check_run_sizes, sql/015): a longer id could not be pinned.
+HOST_ID_MAX = 255
+
+
 def _validate(settings: Settings) -> None:
+    if len(settings.host.id) > HOST_ID_MAX:
+        raise ConfigError(f"[host] id: {len(settings.host.id)} characters, over the limit of {HOST_ID_MAX} "
+                          "(a run's host_pin names a host id in at most that)")
     if not _SLICE_RE.match(settings.systemd.slice):
         raise ConfigError("[systemd] slice: expected a unit name ending in .slice")
     for user in (settings.runs.user, *settings.runs.allowed_users):
@@ -342,8 +351,11 @@ def _validate(settings: Settings) -> None:
                               "supported; use * (any characters within one path component) or ?")
     for pattern in settings.runs.allowed_environment:
         if not NAME_PATTERN_RE.match(pattern):
-            raise ConfigError(f"[runs] allowed_environment: {pattern!r} is not an environment name "
-                              "(letters, digits, _; * and ? as wildcards)")
+            raise ConfigError(f"[runs] allowed_environment: {pattern!r} is not an environment name or pattern "
+                              "(letters, digits and _, not starting with a digit; * and ? as wildcards)")
+        problem = pattern_problem(pattern)
+        if problem:
+            raise ConfigError(f"[runs] allowed_environment: {problem}")
     _validate_sandbox(settings.runs)
     _validate_fleet(settings)
     _validate_retention(settings.retention)

@@ -71,7 +71,8 @@ def root_alias_check(runs: config.RunSettings,
                      getpwnam: Callable[[str], pwd.struct_passwd] = pwd.getpwnam) -> list[Check]:
     """A user of id 0 under another name than root is root to the kernel, but not to the daemon,
     which keys root runs on the name: they would run without the root warning, and without the
-    InaccessiblePaths= that keeps a root run out of other runs' environment files (unitspec)."""
+    confinement that keeps a root run off PID 1, the bus, the DSN and other runs' environment files
+    (unitspec.root_confinement)."""
     aliases = []
     for name in dict.fromkeys((runs.user, *runs.allowed_users)):
         if not name or name == config.ROOT:

@@ -1,15 +1,22 @@
 """Which environment names a run may set. Pure: no I/O.
 
-The executable allowlist says which programs a run may start; a name in this list would let the
-submitter change what such a program does once started (load a library, run a file, turn on a
-debugger), so an allowed /opt/jobs/report.sh could run anything. They are refused by default, each
-for the reason given, and `[runs] allowed_environment` opens those a host trusts. The anchors are
-glibc's own list of variables it ignores for setuid programs (elf/dl-unsecvars.h), sudo's env_reset,
-and what each interpreter documents it reads at start.
+An allowlist, not a denylist: a run may set a name only where the host's `[runs] allowed_environment`
+names it (names, or globs such as `APP_*`), and the default opens only the locale and the time zone
+(DEFAULT_ALLOWED). A denylist cannot be complete: a name that changes what an allowed program runs is
+whatever that program reads (TAR_OPTIONS made an allowed backup script run the submitter's command;
+GIT_CONFIG_*, RSYNC_RSH, LUA_INIT, MAKEFLAGS, LESSOPEN, DOTNET_STARTUP_HOOKS, OPENSSL_CONF passed
+0.5's list), and no list of every program's variables exists.
 
-This is the one place the list lives: the unit spec refuses by it (unitspec.py), and each host
-registers it as regular expressions (fleet.host_profile) that the claim in the database matches
-(unitvisor.host_refusal), so a host never claims a run it would refuse.
+DENIED stays, as the names known to load code (the dynamic loader's, the shells', the interpreters'),
+each with its reason: such a name is opened only by its exact name in allowed_environment, never by a
+pattern, so that `APP_*`, `*` or `L*` never opens LD_PRELOAD by accident. The anchors are glibc's own
+list of variables it ignores for setuid programs (elf/dl-unsecvars.h), sudo's env_reset, and what each
+interpreter documents it reads at start.
+
+This is the one place the rule lives: the unit spec refuses by it (unitspec.py), and each host
+registers its allowlist (exact names, pattern regexes) and DENIED's regexes (fleet.host_profile),
+which the claim in the database matches (unitvisor.refused_environment_name, sql/015), so a host
+never claims a run it would refuse.
 """
 
 from __future__ import annotations
@@ -58,18 +65,52 @@ DENIED: tuple[tuple[str, str], ...] = (
     ("LISTEN_*", "it would make the run take file descriptors for sockets it was not given"),
 )
 
+# What a host allows when its config does not say: the locale and the time zone, which every program
+# may read and none runs code from. A host that sets allowed_environment replaces this list (list these
+# again to keep them).
+DEFAULT_ALLOWED: tuple[str, ...] = ("LANG", "LANGUAGE", "LC_*", "TZ")
+
 # A name or a name glob, as `[runs] allowed_environment` accepts it.
 NAME_PATTERN_RE = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]{0,127}\Z")
 
 
-def refusal(name: str, allowed: tuple[str, ...]) -> str | None:
-    """Why a run may not set `name` on a host that trusts `allowed`; None when it may."""
-    if any(matches(name, pattern) for pattern in allowed):
-        return None
+def is_pattern(entry: str) -> bool:
+    return "*" in entry or "?" in entry
+
+
+def _denied(name: str) -> str | None:
     for pattern, why in DENIED:
         if matches(name, pattern):
-            return (f"environment name {name} is refused: {why} "
-                    "(a host that trusts it lists it in [runs] allowed_environment)")
+            return why
+    return None
+
+
+def refusal(name: str, allowed: tuple[str, ...]) -> str | None:
+    """Why a run may not set `name` on a host whose allowed_environment is `allowed`; None when it may.
+    Case-sensitive, as the environment is."""
+    if name in allowed:
+        return None
+    why = _denied(name)
+    if why:
+        return (f"environment name {name} is refused: {why} "
+                "(a host that trusts it lists the exact name in [runs] allowed_environment; a pattern never "
+                "opens it)")
+    if any(matches(name, pattern) for pattern in allowed if is_pattern(pattern)):
+        return None
+    return f"environment name {name} is not in this host's [runs] allowed_environment"
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why a pattern in allowed_environment can open nothing (every name it matches is on DENIED, which
+    only exact names open), so that a 0.5 config's `PYTHON*` is an error that says so rather than a
+    silent no-op; None for a pattern that can open something, or a plain name."""
+    if not is_pattern(pattern):
+        return None
+    literal = pattern[:min(i for i in (pattern.find("*"), pattern.find("?")) if i >= 0)]
+    for denied, _ in DENIED:
+        if denied.endswith("*") and literal.startswith(denied[:-1]):
+            return (f"{pattern!r} matches only names of {denied}, which a pattern never opens: list each name "
+                    f"you trust by its exact name (supervisor/envpolicy.py says why {denied} is refused)")
     return None
 
 
@@ -78,5 +119,12 @@ def denied_regexes() -> tuple[str, ...]:
     return tuple(glob_regex(pattern) for pattern, _ in DENIED)
 
 
-def allowed_regexes(allowed: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(glob_regex(pattern) for pattern in allowed)
+def allowed_names(allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """The entries of allowed_environment that are plain names: each opens exactly itself, DENIED too."""
+    return tuple(entry for entry in allowed if not is_pattern(entry))
+
+
+def allowed_pattern_regexes(allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """The entries that are patterns, as anchored regular expressions: each opens what it matches that
+    DENIED does not."""
+    return tuple(glob_regex(entry) for entry in allowed if is_pattern(entry))

@@ -48,7 +48,8 @@ def host_profile(settings: Settings, version: str, instance: str, boot: str, is_
         executable_patterns=tuple(globs.glob_regex(p) for p in runs.allowed_executables),
         run_user=runs.user, allowed_users=runs.allowed_users,
         environment_denied=envpolicy.denied_regexes(),
-        environment_allowed=envpolicy.allowed_regexes(runs.allowed_environment),
+        environment_names=envpolicy.allowed_names(runs.allowed_environment),
+        environment_patterns=envpolicy.allowed_pattern_regexes(runs.allowed_environment),
         can_start=is_root,
         cannot_start_reason=None if is_root else "the daemon is not root; systemd starts units only for root",
         poll_interval=settings.daemon.poll_interval, dead_after=settings.fleet.host_dead_after)

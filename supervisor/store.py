@@ -411,6 +411,10 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
         constraint = exc.diag.constraint_name
         raise DatabaseError(f"the database refused the run: {message} ({constraint})" if message and constraint
                             else f"the database refused the run: {constraint or message}") from None
+    except psycopg.errors.InvalidParameterValue as exc:
+        # An argument over its size bound (unitvisor.check_run_sizes, sql/015): the primary message names
+        # it, its size and the limit; the rest (PL/pgSQL's CONTEXT) says nothing to an operator.
+        raise DatabaseError(f"the database refused the run: {exc.diag.message_primary or one_line(exc)}") from None
     except psycopg.DataError as exc:
         raise DatabaseError(f"the database refused the run: {one_line(exc)}") from None
 
@@ -551,7 +555,8 @@ class HostProfile:
     run_user: str
     allowed_users: tuple[str, ...]
     environment_denied: tuple[str, ...]  # regexes (supervisor/envpolicy.py)
-    environment_allowed: tuple[str, ...]
+    environment_names: tuple[str, ...]  # allowed_environment's plain names
+    environment_patterns: tuple[str, ...]  # its patterns, as regexes
     can_start: bool
     cannot_start_reason: str | None
     poll_interval: float
@@ -580,8 +585,9 @@ def register_host(conn: Connection, profile: HostProfile) -> Registration:
              p.can_start, p.cannot_start_reason, p.poll_interval, p.dead_after)).fetchone()
         if row[0]:
             # In the same transaction: no claim may see this host without its environment policy.
-            conn.execute("SELECT unitvisor.register_host_environment(%s, %s, %s, %s)",
-                         (p.host_id, row[2], list(p.environment_denied), list(p.environment_allowed)))
+            conn.execute("SELECT unitvisor.register_host_allowlist(%s, %s, %s, %s, %s)",
+                         (p.host_id, row[2], list(p.environment_denied), list(p.environment_names),
+                          list(p.environment_patterns)))
     return Registration(row[0], row[1], row[2], row[3])
 
 

@@ -103,7 +103,8 @@ def _may_become_root(run: Run, runs: RunSettings) -> bool:
     """Whether the run's processes may have user id 0, and so read the environment files of other
     runs (root owns them: no capability is needed). A run as another user, under NoNewPrivileges
     (set-user-id bits and file capabilities ignored), can never get there, and the runtime directory's
-    mode (0700, root's) keeps it out; a run that can is shut out by InaccessiblePaths= as well.
+    mode (0700, root's) keeps it out; a run that can is kept off it, and off the host's controls, by
+    root_confinement().
 
     Chosen, not inherited: the path used to be in every unit. It is the one property that gives a
     unit a mount namespace by itself, and a host that turned the sandbox's namespaces off (a fixed
@@ -111,6 +112,45 @@ def _may_become_root(run: Run, runs: RunSettings) -> bool:
     started such units at half the rate (docs/benchmarks.md, "Sandbox off"). If this said False for a
     run that can become root, that run could read every other run's secrets."""
     return _run_user(run, runs) == ROOT or not runs.no_new_privileges
+
+
+# What a run that may become root must not reach. Without capabilities such a run is still user id 0
+# to every file and socket that root owns, and these turn that into the host: PID 1's own socket and
+# the system bus (systemctl or busctl there starts a transient unit as root with every capability and
+# no sandbox), PID 1's Varlink socket (systemd 257 and later), the answers to password prompts, the
+# host's DSN (its database role), and the daemon's runtime directory (every run's environment file).
+# "/var/run/...": the same paths on a host where /var/run is not the usual symlink to /run (on one
+# where it is, systemd resolves both to one mount). Not /run/systemd as a whole: systemd 252 fails a
+# unit with 226/NAMESPACE when it is inaccessible (seen in the test bed; systemd #27997 for /run), and
+# TemporaryFileSystem=/run/systemd, which 252 takes, would hide the journal's sockets too (syslog(3),
+# sd_journal_print) and rely on what each systemd version needs there while it sets up the namespace.
+ROOT_RUN_INACCESSIBLE = tuple(
+    prefix + path
+    for path in ("/run/systemd/private", "/run/systemd/io.systemd.Manager", "/run/systemd/ask-password",
+                 "/run/dbus/system_bus_socket", str(runenv.RUNTIME_DIRECTORY))
+    for prefix in ("", "/var")
+) + ("/etc/unitvisor",)
+# Read-only for such a run: /run is a tmpfs of its own, which ProtectSystem=strict alone did not keep
+# read-only in the test bed once ProtectProc= or ProtectKernelTunables= with ProtectControlGroups= were
+# set (systemd 252 in a container), and a drop-in written to /run/systemd/system/ runs as full root at
+# the next daemon-reload. Read-only does not stop connect() on a socket there: hence the list above.
+ROOT_RUN_READ_ONLY = ("/run", "/var/run")
+
+
+def root_confinement(settings: Settings) -> dict[bytes, Any]:
+    """The properties that keep a run that may become root off the host's controls. Not a key, and not
+    part of the sandbox one may turn off. It costs one mount namespace, which most such runs have anyway
+    (PrivateTmp, ProtectSystem). PID 1 reads the unit's environment file before it sets the namespace
+    up, so the run still gets its environment. "-": no error where a path does not exist (the Varlink
+    socket before systemd 257, /etc/unitvisor on a host configured by --dsn alone). A [database]
+    dsn_file outside /etc/unitvisor is kept out too: it is the same password."""
+    paths = list(ROOT_RUN_INACCESSIBLE)
+    if settings.database.dsn_file and not settings.database.dsn_file.startswith("/etc/unitvisor/"):
+        paths.append(settings.database.dsn_file)
+    return {
+        b"InaccessiblePaths": [b"-" + path.encode() for path in paths],
+        b"ReadOnlyPaths": [b"-" + path.encode() for path in ROOT_RUN_READ_ONLY],
+    }
 
 
 def _limits(run: Run) -> dict[bytes, Any]:
@@ -230,11 +270,7 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         props[b"WorkingDirectory"] = run.working_directory.encode()
     props.update(_user(run, runs))
     if _may_become_root(run, runs):
-        # Not a key, and not part of the sandbox one may turn off: the daemon's runtime directory holds
-        # every run's environment file, which a run as root could read (it owns them, capabilities or
-        # not). PID 1 reads a unit's own file before it sets up the unit's mount namespace, so the run
-        # still gets its environment. "-": no error on a host where the directory does not exist.
-        props[b"InaccessiblePaths"] = [b"-" + str(runenv.RUNTIME_DIRECTORY).encode()]
+        props.update(root_confinement(settings))
     props.update(_limits(run))
     props.update(_sandbox(runs, run))
     return props

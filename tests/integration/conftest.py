@@ -53,14 +53,17 @@ def host_profile(host: str = "h1", *, max_runs: int = 1000, budget: int | None =
                  instance: str | None = None, can_start: bool = True, cannot_start_reason: str | None = None,
                  poll_interval: float = 10.0, dead_after: float = 60.0, name: str | None = None,
                  version: str = "0.0-test", boot_id: str = "boot-test",
-                 allowed_environment: tuple[str, ...] = ()) -> store.HostProfile:
-    """What a daemon would register, with the allowlist's regexes made as the daemon makes them."""
+                 allowed_environment: tuple[str, ...] = ("*",)) -> store.HostProfile:
+    """What a daemon would register, with the allowlist's regexes made as the daemon makes them. The
+    default environment allowlist, `*`, opens every name but the denylist's: the tests of other behaviour
+    submit whatever names they like; those of the allowlist (test_environment_claims.py) name theirs."""
     return store.HostProfile(
         host_id=host, name=name or f"box-{host}", instance=instance or f"inst-{host}", max_runs=max_runs,
         memory_budget=budget, version=version, boot_id=boot_id, allowed_executables=tuple(allowed),
         executable_patterns=tuple(globs.glob_regex(p) for p in allowed), run_user=run_user,
         allowed_users=tuple(users), environment_denied=envpolicy.denied_regexes(),
-        environment_allowed=envpolicy.allowed_regexes(allowed_environment), can_start=can_start,
+        environment_names=envpolicy.allowed_names(allowed_environment),
+        environment_patterns=envpolicy.allowed_pattern_regexes(allowed_environment), can_start=can_start,
         cannot_start_reason=cannot_start_reason,
         poll_interval=poll_interval, dead_after=dead_after)
 

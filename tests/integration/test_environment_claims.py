@@ -1,6 +1,7 @@
-"""What a host refuses to claim, on the real schema: a run that sets an environment name the host
-refuses (supervisor/envpolicy.py, every pattern), and a run that asks for root where allowed_users
-does not name it. Such a run waits, and `unitvisor show` says why; a host that allows it claims it."""
+"""What a host refuses to claim, on the real schema: a run that sets an environment name the host's
+allowlist does not open (supervisor/envpolicy.py: any name it does not name, and a name on the
+denylist that it does not name exactly), and a run that asks for root where allowed_users does not
+name it. Such a run waits, and `unitvisor show` says why; a host that allows it claims it."""
 
 from __future__ import annotations
 
@@ -55,25 +56,79 @@ def test_a_host_that_allows_the_name_claims_the_run(conn: psycopg.Connection, na
     assert claim(conn, "h2", allowed_environment=(name,)) == {run_id}
 
 
+ALLOWLISTS = [("*",), ("LANG", "LANGUAGE", "LC_*", "TZ"), ("APP_*", "PATH"), ("L*",), ("LD_PRELOAD", "LD_AUDIT"), ()]
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_the_database_and_python_refuse_the_same_names(conn: psycopg.Connection, name: str) -> None:
-    """The claim matches the regexes a host registers (PostgreSQL's `~`); unitspec matches the globs
-    (Python): for the refused name, a name that merely contains it, and its lowercase, one answer."""
-    register(conn, "h1")
-    for candidate in (name, f"MY_{name}", f"{name}X", name.lower()):
-        row = conn.execute(
-            "SELECT %s ~ ANY (h.environment_denied) AND NOT %s ~ ANY (coalesce(h.environment_allowed, '{}')) "
-            "FROM unitvisor.hosts h WHERE h.id = 'h1'", (candidate, candidate)).fetchone()
-        assert row[0] == (envpolicy.refusal(candidate, ()) is not None), candidate
+    """The claim asks refused_environment_name (PostgreSQL's = and `~` over what the host registered);
+    unitspec asks envpolicy.refusal (the globs, in Python): for the refused name, names that merely
+    contain it, its lowercase, and names of the default set, under several allowlists, one answer."""
+    candidates = (name, f"MY_{name}", f"{name}X", name.lower(), "LANG", "LC_ALL", "APP_X", "TAR_OPTIONS")
+    runs = {c: store.submit_run(conn, argv=["/bin/true"], environment={c: "x"}) for c in candidates}
+    for i, allowed in enumerate(ALLOWLISTS):
+        register(conn, f"h{i}", allowed_environment=allowed)
+        for candidate, run_id in runs.items():
+            refused = conn.execute(
+                "SELECT unitvisor.refused_environment_name(h, r) FROM unitvisor.hosts h, unitvisor.runs r "
+                "WHERE h.id = %s AND r.id = %s", (f"h{i}", run_id)).fetchone()[0]
+            assert (refused is not None) == (envpolicy.refusal(candidate, allowed) is not None), (candidate, allowed)
 
 
-def test_allowing_one_name_opens_that_name_only(conn: psycopg.Connection) -> None:
+# What the issue found passing 0.5's denylist: each makes some allowed program run the submitter's code.
+ISSUE_NAMES = ("TAR_OPTIONS", "GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_0", "RSYNC_RSH", "LUA_INIT", "MAKEFLAGS",
+               "LESSOPEN", "DOTNET_STARTUP_HOOKS", "OPENSSL_CONF")
+
+
+@pytest.mark.parametrize("name", ISSUE_NAMES)
+def test_a_name_the_allowlist_does_not_name_is_never_claimed(conn: psycopg.Connection, name: str) -> None:
+    """Issue 21: the denylist let every one of these through. A host with the default allowlist (the
+    locale and the time zone) claims a run that sets only those, never one that sets a name it does
+    not name; a host that names it, or a pattern that matches it, claims it."""
+    defaults = ("LANG", "LANGUAGE", "LC_*", "TZ")  # envpolicy.DEFAULT_ALLOWED, written out
+    refused = store.submit_run(conn, argv=["/bin/true"], environment={"LANG": "C.UTF-8", name: "x"})
+    fine = store.submit_run(conn, argv=["/bin/true"], environment={"LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC"})
+    assert claim(conn, "h1", allowed_environment=defaults) == {fine}
+    assert claim(conn, "h1", allowed_environment=defaults) == set()
+    assert wait_reason(conn, refused) == f"no live host accepts it: environment name {name} is not allowed (h1)"
+    assert claim(conn, "h2", allowed_environment=(*defaults, name[:3] + "*")) == {refused}
+
+
+def test_a_pattern_never_opens_a_denied_name_an_exact_name_does(conn: psycopg.Connection) -> None:
     preload = store.submit_run(conn, argv=["/bin/true"], environment={"LD_PRELOAD": "/x.so"})
     library = store.submit_run(conn, argv=["/bin/true"], environment={"LD_LIBRARY_PATH": "/x"})
     both = store.submit_run(conn, argv=["/bin/true"], environment={"LD_PRELOAD": "/x.so", "BASH_ENV": "/x"})
-    assert claim(conn, "h1", allowed_environment=("LD_PRELOAD",)) == {preload}
-    assert claim(conn, "h2", allowed_environment=("LD_*",)) == {library}
-    assert claim(conn, "h3", allowed_environment=("LD_PRELOAD", "BASH_ENV")) == {both}
+    app = store.submit_run(conn, argv=["/bin/true"], environment={"APP_MODE": "x"})
+    assert claim(conn, "h1", allowed_environment=("*",)) == {app}
+    assert claim(conn, "h2", allowed_environment=("LD_*", "L*", "BASH_*")) == set()
+    assert claim(conn, "h3", allowed_environment=("LD_PRELOAD",)) == {preload}
+    assert claim(conn, "h4", allowed_environment=("LD_PRELOAD", "BASH_ENV", "LD_LIBRARY_PATH")) == {both, library}
+
+
+def test_a_daemon_that_registers_no_allowlist_keeps_its_denylist(conn: psycopg.Connection) -> None:
+    """A 0.5.x daemon calls register_host_environment only: until it is upgraded its host refuses by the
+    denylist, as that daemon's own check does (sql/015: chosen so that the previous release keeps
+    working between migrate and its upgrade). A 0.6 daemon's allowlist replaces it, and a 0.5.x daemon
+    registering again for the same id (a downgrade) clears that allowlist."""
+    tar = store.submit_run(conn, argv=["/bin/true"], environment={"TAR_OPTIONS": "x"})
+    preload = store.submit_run(conn, argv=["/bin/true"], environment={"LD_PRELOAD": "/x.so"})
+
+    def register_as_05(host: str) -> store.Fence:
+        fence = register(conn, host)
+        conn.execute("SELECT unitvisor.register_host_environment(%s, %s, %s, %s)",
+                     (host, fence.epoch, list(envpolicy.denied_regexes()), []))
+        return fence
+
+    fence = register_as_05("old")
+    names, patterns = conn.execute(
+        "SELECT environment_names, environment_patterns FROM unitvisor.hosts WHERE id = 'old'").fetchone()
+    assert (names, patterns) == (None, None)
+    assert {a.run_id for _, a in store.claim(conn, fence, 100, unitspec.UNIT_NAME_FORMAT)} == {tar}
+    assert wait_reason(conn, preload) == "no live host accepts it: environment name LD_PRELOAD is not allowed (old)"
+    register(conn, "new", allowed_environment=("LANG",))
+    register_as_05("new")
+    assert conn.execute("SELECT environment_names IS NULL AND environment_patterns IS NULL FROM unitvisor.hosts "
+                        "WHERE id = 'new'").fetchone()[0]
 
 
 def test_the_reason_names_each_host_and_its_refusal(conn: psycopg.Connection) -> None:
@@ -113,12 +168,13 @@ def test_a_run_asking_for_root_is_never_claimed_unless_allowed_users_names_it(
 
 
 def test_the_regexes_are_the_ones_a_daemon_registers(conn: psycopg.Connection) -> None:
-    register(conn, "h1", allowed_environment=("LD_PRELOAD",))
-    denied, allowed = conn.execute(
-        "SELECT environment_denied, environment_allowed FROM unitvisor.hosts WHERE id = 'h1'").fetchone()
+    register(conn, "h1", allowed_environment=("LD_PRELOAD", "APP_*", "TZ"))
+    denied, names, patterns, allowed = conn.execute(
+        "SELECT environment_denied, environment_names, environment_patterns, environment_allowed "
+        "FROM unitvisor.hosts WHERE id = 'h1'").fetchone()
     assert tuple(denied) == envpolicy.denied_regexes()
-    assert tuple(allowed) == envpolicy.allowed_regexes(("LD_PRELOAD",))
-    assert all(re.fullmatch(r"\^.*\$", rx) for rx in denied)
+    assert (names, patterns, allowed) == (["LD_PRELOAD", "TZ"], [r"^APP\_[^/]*$"], None)
+    assert all(re.fullmatch(r"\^.*\$", rx) for rx in denied + patterns)
 
 
 def test_a_row_whose_environment_is_not_an_object_does_not_break_the_claim(conn: psycopg.Connection) -> None:

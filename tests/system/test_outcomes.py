@@ -16,7 +16,7 @@ def only_attempt(data: dict) -> dict:
 
 @pytest.fixture
 def started(host: Host) -> Host:
-    host.configure(runs_extra='allowed_users = ["nobody", "no-such-user-here"]')
+    host.configure(runs_extra='allowed_users = ["nobody", "no-such-user-here"]\nallowed_environment = ["GREETING"]')
     host.start()
     return host
 

@@ -52,11 +52,16 @@ def as_nobody(host: Host, *cmd: str) -> str:
     return result.stdout + result.stderr
 
 
+# The names these tests set: a host opens only what [runs] allowed_environment names (envpolicy.py).
+ALLOW = 'allowed_environment = ["SECRET", "HOSTILE", "EMPTY", "A", "OTHER_SECRET", "MINE"]'
+
+
 def env_files(host: Host) -> list[str]:
     return host.tb.run("sh", "-c", f"ls -A {ENV_DIR} 2>/dev/null || true").stdout.split()
 
 
 def test_the_environment_reaches_the_run_exactly_and_no_other_user(host: Host) -> None:
+    host.configure(runs_extra=ALLOW)
     host.start()
     token = secrets.token_hex(16)
     environment = {"SECRET": token, "HOSTILE": hostile(token), "EMPTY": ""}
@@ -108,6 +113,7 @@ def test_the_environment_reaches_the_run_exactly_and_no_other_user(host: Host) -
 
 
 def test_a_daemon_killed_after_writing_the_file_leaves_none_behind(host: Host) -> None:
+    host.configure(runs_extra=ALLOW)
     host.start()
     done = submit(host, ["/bin/true"], {"A": "1"})
     assert host.wait_run(done)["state"] == "succeeded"
@@ -180,7 +186,7 @@ def test_a_root_run_reads_its_own_environment_and_no_other_runs(host: Host) -> N
     """A run as root owns the environment files (capabilities do not matter for the owner), so the
     daemon's runtime directory is inaccessible in every run's namespace; its own values still arrive,
     because PID 1 reads the file before it sets the namespace up."""
-    host.configure(runs_extra='allowed_users = ["root"]')
+    host.configure(runs_extra='allowed_users = ["root"]\n' + ALLOW)
     host.start()
     secret = secrets.token_hex(16)
     other = submit(host, checking_gated(host, "other-run", {"OTHER_SECRET": secret}), {"OTHER_SECRET": secret})
@@ -203,7 +209,7 @@ def test_a_run_that_cannot_become_root_is_kept_out_by_the_directorys_mode(host: 
     still reads its own environment and no other run's: /run/unitvisor is root's, mode 0700."""
     host.configure(runs_extra='user = "nobody"\nprivate_tmp = false\nprotect_system = "no"\nprotect_home = "no"\n'
                               'protect_kernel = false\nprotect_control_groups = false\nprivate_devices = false\n'
-                              'protect_proc = "default"\n')
+                              'protect_proc = "default"\n' + ALLOW)
     host.start()
     secret = secrets.token_hex(16)
     other = submit(host, checking_gated(host, "other-run", {"OTHER_SECRET": secret}), {"OTHER_SECRET": secret})
@@ -227,3 +233,46 @@ def test_a_run_that_cannot_become_root_is_kept_out_by_the_directorys_mode(host: 
     assert pid1_ns in logs.split(), f"the run's mount namespace is not PID 1's ({pid1_ns}): {logs!r}"
     host.open_gate("other-run")
     assert host.wait_run(other)["state"] == "succeeded"
+
+
+def run_output(host: Host, run_id: str) -> list[str]:
+    return host.tb.run("journalctl", f"UNITVISOR_RUN={run_id}", "--no-pager", "-o", "cat", check=False).stdout.split()
+
+
+def test_a_name_the_allowlist_does_not_name_waits_through_submit_env(host: Host) -> None:
+    """Issue 21: TAR_OPTIONS (not on 0.5's denylist) made an allowed backup script run the submitter's
+    command. With the default allowlist the host claims a run that sets the locale and the time zone,
+    never one that sets TAR_OPTIONS, until [runs] allowed_environment names it."""
+    host.start()
+    value = "--checkpoint=1 --checkpoint-action=exec=/x"
+    tar = host.submit("--env", "LANG=C.UTF-8", "--env", f"TAR_OPTIONS={value}",
+                      "--", "/bin/sh", "-c", 'echo "tar=${#TAR_OPTIONS}"')
+    locale = host.submit("--env", "LANG=C.UTF-8", "--env", "LC_ALL=C", "--env", "TZ=UTC",
+                         "--", "/bin/sh", "-c", 'echo "locale=$LANG,$LC_ALL,$TZ"')
+    assert host.wait_run(locale)["state"] == "succeeded"
+    assert wait_for(lambda: "locale=C.UTF-8,C,UTC" in run_output(host, locale), what="the run's output")
+    data = wait_for(lambda: (d := host.show(tar))["wait_reason"] and d, timeout=60, what="the reason it waits")
+    assert data["wait_reason"] == "no live host accepts it: environment name TAR_OPTIONS is not allowed (testhost-1)"
+    assert data["attempts"] == [] and data["state"] == "queued"
+
+    host.stop()
+    host.configure(runs_extra='allowed_environment = ["LANG", "TAR_OPTIONS"]')
+    host.start()
+    assert host.wait_run(tar)["state"] == "succeeded"
+    assert wait_for(lambda: f"tar={len(value)}" in run_output(host, tar), what="the run's output")
+
+
+def test_the_largest_environment_entry_submit_accepts_reaches_the_run(host: Host) -> None:
+    """The bound (sql/015: NAME=value at most 131071 bytes, the kernel's MAX_ARG_STRLEN with its NUL)
+    is one that exec and systemd's EnvironmentFile= take: a 1 MB value used to be accepted and then
+    failed at exec (203/EXEC). Every character of this one needs an escape in the env file ($)."""
+    host.configure(runs_extra='allowed_environment = ["BIG"]')
+    host.start()
+    value = "$" * (131071 - len("BIG="))
+    run_id = host.submit("--env", f"BIG={value}", "--", "/bin/sh", "-c",
+                         'echo "big=${#BIG}"; [ "$BIG" = "$(printf "%${#BIG}s" | tr " " "\\$")" ] && echo same')
+    data = host.wait_run(run_id)
+    lines = wait_for(lambda: (out := run_output(host, run_id)) and "same" in out and out,
+                     what="the run's output")
+    assert data["state"] == "succeeded", (data, lines)
+    assert f"big={len(value)}" in lines

@@ -162,3 +162,58 @@ def test_a_refused_system_call_fails_with_eperm_instead_of_killing(host: Host) -
     data = host.wait_run(run_id)
     assert data["state"] == "succeeded", data
     assert output(host, run_id, "rc -1 Operation not permitted")
+
+
+# What a run as root tried in issue 21, each step printing how it ended: PID 1's private socket and the
+# system bus (either one gave it a transient unit as root with every capability and no sandbox), the
+# host's DSN, and a drop-in under /run/systemd/system (run as full root at the next daemon-reload).
+ROOT_ESCAPES = r"""
+import errno, os, socket, subprocess
+def outcome(step):
+    try:
+        step()
+        return "done"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+def connect(path):
+    def step():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(path)
+    return step
+def write(path):
+    def step():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("[Service]\nExecStartPre=/bin/touch /etc/escaped\n")
+    return step
+def read(path):
+    return lambda: open(path).read()
+print("uid", os.getuid())
+print("private", outcome(connect("/run/systemd/private")))
+print("bus", outcome(connect("/run/dbus/system_bus_socket")))
+print("var-bus", outcome(connect("/var/run/dbus/system_bus_socket")))
+busctl = subprocess.run(["busctl", "--system", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                         "org.freedesktop.DBus.Peer", "Ping"], capture_output=True, text=True)
+print("busctl", busctl.returncode)
+print("dsn", outcome(read("/etc/unitvisor/dsn")))
+print("drop-in", outcome(write("/run/systemd/system/unitvisor.service.d/escape.conf")))
+print("run", outcome(write("/run/escape")))
+print("done")
+"""
+
+
+def test_a_root_run_cannot_reach_pid_1_the_bus_the_dsn_or_a_writable_run(host: Host) -> None:
+    host.configure(runs_extra='allowed_users = ["root"]')
+    host.start()
+    run_id = host.submit("--user", "root", "--", "/usr/bin/python3", "-c", ROOT_ESCAPES)
+    data = host.wait_run(run_id)
+    lines = output(host, run_id, "done")
+    assert data["state"] == "succeeded", (data, lines)
+    results = dict(line.split(" ", 1) for line in lines[:-1])
+    assert results.pop("uid") == "0"
+    assert int(results.pop("busctl")) != 0
+    # EACCES: an inaccessible node over the socket or file; EROFS: /run read-only. Never "done".
+    assert results == {"private": "EACCES", "bus": "EACCES", "var-bus": "EACCES", "dsn": "EACCES",
+                       "drop-in": "EROFS", "run": "EROFS"}
+    assert host.tb.run("test", "-e", "/run/systemd/system/unitvisor.service.d/escape.conf", check=False).returncode
+    assert host.dsn not in "\n".join(lines)

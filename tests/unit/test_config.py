@@ -516,3 +516,33 @@ def test_a_password_given_by_flag_or_environment_is_the_callers_business(tmp_pat
     monkeypatch.setenv("UNITVISOR_DSN", "postgresql://u:pw@db/x")
     assert resolve_dsn(settings, None) == "postgresql://u:pw@db/x"
     assert resolve_dsn(settings, "postgresql://u:pw2@db/x") == "postgresql://u:pw2@db/x"
+
+
+# -- [runs] allowed_environment: an allowlist ------------------------------------------------------
+
+def test_allowed_environment_defaults_to_the_locale_and_the_time_zone():
+    assert parse("").runs.allowed_environment == ("LANG", "LANGUAGE", "LC_*", "TZ")
+    assert parse('[runs]\nallowed_environment = ["APP_*", "PYTHONPATH"]\n').runs.allowed_environment == (
+        "APP_*", "PYTHONPATH")
+    assert parse('[runs]\nallowed_environment = []\n').runs.allowed_environment == ()
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("PYTHON*", "'PYTHON*' matches only names of PYTHON*, which a pattern never opens: list each name you "
+                "trust by its exact name"),
+    ("LD_*", "'LD_*' matches only names of LD_*"),
+    ("LD_LIBRARY_?ATH", "'LD_LIBRARY_?ATH' matches only names of LD_*"),
+    ("1ABC", "'1ABC' is not an environment name or pattern"),
+    ("APP-X", "'APP-X' is not an environment name or pattern"),
+    ("APP_[AB]", "'APP_[AB]' is not an environment name or pattern"),
+])
+def test_allowed_environment_refuses_what_cannot_mean_what_it_says(entry, message):
+    with pytest.raises(ConfigError) as info:
+        parse(f'[runs]\nallowed_environment = ["{entry}"]\n', "u.toml")
+    assert str(info.value).startswith(f"u.toml: [runs] allowed_environment: {message}")
+
+
+def test_a_host_id_longer_than_a_host_pin_may_be_is_refused():
+    assert parse(f'[host]\nid = "{"h" * 255}"\n').host.id == "h" * 255
+    with pytest.raises(ConfigError, match=r"^u.toml: \[host\] id: 256 characters, over the limit of 255"):
+        parse(f'[host]\nid = "{"h" * 256}"\n', "u.toml")

@@ -62,7 +62,7 @@ def profile_settings():
         daemon=DaemonSettings(poll_interval=15.0),
         fleet=FleetSettings(host_dead_after=75.0),
         runs=RunSettings(allowed_executables=("/usr/bin/*", "/opt/tool-?/run", "/bin/a.b"), user="svc",
-                         allowed_users=("alice", "bob"), allowed_environment=("LD_LIBRARY_PATH",)))
+                         allowed_users=("alice", "bob"), allowed_environment=("LD_LIBRARY_PATH", "APP_*")))
 
 
 @pytest.mark.parametrize("is_root", [True, False])
@@ -75,7 +75,8 @@ def test_host_profile_carries_what_the_claim_filters_on(is_root):
         allowed_executables=("/usr/bin/*", "/opt/tool-?/run", "/bin/a.b"),
         executable_patterns=(r"^\/usr\/bin\/[^/]*$", r"^\/opt\/tool\-[^/]\/run$", r"^\/bin\/a\.b$"),
         run_user="svc", allowed_users=("alice", "bob"),
-        environment_denied=envpolicy.denied_regexes(), environment_allowed=(r"^LD\_LIBRARY\_PATH$",),
+        environment_denied=envpolicy.denied_regexes(), environment_names=("LD_LIBRARY_PATH",),
+        environment_patterns=(r"^APP\_[^/]*$",),
         can_start=is_root,
         cannot_start_reason=None if is_root else "the daemon is not root; systemd starts units only for root",
         poll_interval=15.0, dead_after=75.0)

@@ -115,7 +115,7 @@ def events(mocker):
 
 @pytest.fixture
 def rec(st, systemd, log):
-    settings = Settings(runs=RunSettings(allowed_executables=("/bin/*",)))
+    settings = Settings(runs=RunSettings(allowed_executables=("/bin/*",), allowed_environment=("SECRET",)))
     journal = mock.Mock()
     journal.outcome.return_value = None
     journal.exec_evidence.return_value = None

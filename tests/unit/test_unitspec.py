@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from supervisor import config, envpolicy
-from supervisor.config import RunSettings, Settings, SystemdSettings
+from supervisor.config import DatabaseSettings, RunSettings, Settings, SystemdSettings
 from supervisor.model import Attempt, Run
 from supervisor.unitspec import (
     UNIT_GLOB,
@@ -28,8 +28,10 @@ NAME_1 = "unitvisor-run-12345678-9abc-4def-8123-456789abcdef-1.service"
 
 
 def settings(**runs):
-    """Settings with [runs] overridden; /usr/bin/* and /bin/sh allowed unless told otherwise."""
+    """Settings with [runs] overridden; /usr/bin/* and /bin/sh allowed unless told otherwise, and every
+    environment name but the denylist's (`*`): the tests of the allowlist's default say so."""
     runs.setdefault("allowed_executables", ("/bin/sh", "/usr/bin/*"))
+    runs.setdefault("allowed_environment", ("*",))
     return dataclasses.replace(Settings(), runs=RunSettings(**runs))
 
 
@@ -564,7 +566,10 @@ def test_allowlist_glob_matches_one_path_component_like_a_shell():
     _check_executable(["/opt/tool-2/bin/run"], ("/opt/tool-*/bin/run",))
 
 
-KEPT_OUT = [b"-/run/unitvisor"]
+KEPT_OUT = [b"-/run/systemd/private", b"-/var/run/systemd/private", b"-/run/systemd/io.systemd.Manager",
+            b"-/var/run/systemd/io.systemd.Manager", b"-/run/systemd/ask-password",
+            b"-/var/run/systemd/ask-password", b"-/run/dbus/system_bus_socket",
+            b"-/var/run/dbus/system_bus_socket", b"-/run/unitvisor", b"-/var/run/unitvisor", b"-/etc/unitvisor"]
 
 
 @pytest.mark.parametrize(("runs", "run_user"), [
@@ -576,7 +581,30 @@ KEPT_OUT = [b"-/run/unitvisor"]
 def test_a_run_that_may_become_root_is_kept_out_of_the_daemons_runtime_directory(runs, run_user):
     """Every run's environment file is there, and root owns them: a run as root, or one whose
     set-user-id programs work (NoNewPrivileges off), could read them all."""
-    assert props_for(cfg=settings(**runs), run_user=run_user)[b"InaccessiblePaths"] == KEPT_OUT
+    props = props_for(cfg=settings(**runs), run_user=run_user)
+    assert props[b"InaccessiblePaths"] == KEPT_OUT
+
+
+@pytest.mark.parametrize(("runs", "run_user"), [
+    ({"allowed_users": ("root",)}, "root"),
+    ({"no_new_privileges": False}, None),
+])
+def test_a_run_that_may_become_root_cannot_reach_pid_1_the_bus_the_dsn_or_a_writable_run(runs, run_user):
+    """Issue 21: a root run asked PID 1 over /run/systemd/private or the system bus for a transient unit
+    (root, every capability, no sandbox), read /etc/unitvisor/dsn, and wrote a drop-in under a /run
+    that ProtectSystem=strict had not kept read-only."""
+    props = props_for(cfg=settings(**runs), run_user=run_user)
+    hidden = {path.removeprefix(b"-") for path in props[b"InaccessiblePaths"]}
+    assert {b"/run/systemd/private", b"/run/dbus/system_bus_socket", b"/var/run/dbus/system_bus_socket",
+            b"/etc/unitvisor", b"/run/unitvisor"} <= hidden
+    assert props[b"ReadOnlyPaths"] == [b"-/run", b"-/var/run"]
+
+
+def test_a_dsn_file_elsewhere_is_kept_from_a_root_run_too():
+    cfg = dataclasses.replace(settings(allowed_users=("root",)),
+                              database=DatabaseSettings(dsn_file="/srv/secrets/unitvisor.dsn"))
+    props = props_for(cfg=cfg, run_user="root")
+    assert props[b"InaccessiblePaths"] == KEPT_OUT + [b"-/srv/secrets/unitvisor.dsn"]
 
 
 @pytest.mark.parametrize(("runs", "run_user"), [
@@ -588,4 +616,16 @@ def test_a_run_that_may_become_root_is_kept_out_of_the_daemons_runtime_directory
 def test_a_run_that_cannot_become_root_gets_no_mount_namespace_for_it(runs, run_user):
     """The directory's mode (0700, root's) keeps it out; the path alone would give the unit a mount
     namespace, which halves systemd's start rate where the sandbox's namespaces are off."""
-    assert b"InaccessiblePaths" not in props_for(cfg=settings(**runs), run_user=run_user)
+    props = props_for(cfg=settings(**runs), run_user=run_user)
+    assert b"InaccessiblePaths" not in props and b"ReadOnlyPaths" not in props
+
+
+def test_a_host_with_the_default_allowlist_refuses_a_name_it_does_not_name():
+    """Issue 21: TAR_OPTIONS made an allowed backup script run the submitter's command; the denylist
+    let it through. The default opens the locale and the time zone only."""
+    cfg = dataclasses.replace(Settings(), runs=RunSettings(allowed_executables=("/bin/sh",)))
+    with pytest.raises(Refused, match=r"^environment name TAR_OPTIONS is not in this host's \[runs\] "
+                                      r"allowed_environment$"):
+        props_for(environment={"LANG": "C.UTF-8", "TAR_OPTIONS": "--checkpoint-action=exec=x"}, cfg=cfg)
+    assert env_of(cfg, environment={"LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC"}) == {
+        "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC"}
