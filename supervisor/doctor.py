@@ -180,12 +180,21 @@ def host_id_check(host_id: str, row: dict | None, instance: str) -> Check:
     if "conflict" in state:
         return Check("host id", "fail", f"{host_id}: {row['conflict_detail']} {row['conflict_age']:.0f}s ago; give "
                      "each host its own [host] id (or machine id: systemd-machine-id-setup)")
-    # The rule register_host applies: another instance holds the id while it is heard from within its
-    # own host_dead_after.
-    if (row["instance"] not in (None, instance) and row["state"] in ("active", "draining")
-            and row["heartbeat_age"] < (row.get("dead_after_sec") or 60.0)):
-        return Check("host id", "fail", f"{host_id} is in use by another machine or boot (instance {row['instance']}, "
-                     f"heard from {row['heartbeat_age']:.0f}s ago); give each host its own [host] id")
+    # The rule register_host applies (sql/013_fleet_promises.sql): another instance holds the id while it
+    # is heard from within its own host_dead_after and is active or draining, or has attempts open.
+    dead_after = row.get("dead_after_sec") or 60.0
+    if row["instance"] not in (None, instance) and row["heartbeat_age"] < dead_after:
+        if row["state"] in ("active", "draining"):
+            return Check("host id", "fail", f"{host_id} is in use by another machine or boot (instance "
+                         f"{row['instance']}, heard from {row['heartbeat_age']:.0f}s ago); give each host its own "
+                         "[host] id")
+        if row.get("in_flight"):
+            # A host that stopped with runs open: this machine after a reboot, or another machine with
+            # this id. Either way the id is free only once the silence has lasted host_dead_after.
+            return Check("host id", "warn", f"{host_id} is held by instance {row['instance']}, {row['state']} with "
+                         f"{row['in_flight']} run(s) open (this machine before a reboot, or another machine with "
+                         f"this id): the daemon takes it over in {dead_after - row['heartbeat_age']:.0f}s, once "
+                         f"it has been silent for its host_dead_after ({dead_after:g}s)")
     if row["state"] == "dead":
         return Check("host id", "warn", f"{host_id} was declared dead ({row['dead_reason']}); the daemon registers "
                      "it again when it runs, and stops what was taken over")

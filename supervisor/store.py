@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -488,7 +488,7 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
             """SELECT q.id, s.state, q.argv, q.created_at, q.finished_at, q.labels, q.concurrency_key, q.not_before,
                       q.start_deadline, s.host_id, s.attempt, q.started_at, q.ended_at, s.outcome, s.exit_status
                FROM (SELECT r.id, r.argv, r.created_at, r.finished_at, r.labels, r.concurrency_key, r.not_before,
-                            r.start_deadline, a.started_at, a.ended_at
+                            r.start_deadline, a.started_at, a.ended_at, r.seq
                      FROM unitvisor.runs r
                      LEFT JOIN LATERAL (SELECT x.host_id, x.started_at, x.ended_at FROM unitvisor.attempts x
                                         WHERE x.run_id = r.id ORDER BY x.attempt DESC LIMIT 1) a ON true
@@ -496,9 +496,9 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
                        AND (%(host)s::text IS NULL OR a.host_id = %(host)s::text)
                        AND (%(since)s::interval IS NULL OR r.created_at >= now() - %(since)s::interval)
                        AND r.labels @> %(labels)s::jsonb
-                     ORDER BY r.created_at DESC, r.id LIMIT %(limit)s) q
+                     ORDER BY r.created_at DESC, r.seq DESC NULLS LAST, r.id LIMIT %(limit)s) q
                CROSS JOIN LATERAL unitvisor.run_status(q.id) s
-               ORDER BY q.created_at DESC, q.id""",
+               ORDER BY q.created_at DESC, q.seq DESC NULLS LAST, q.id""",
             {"states": list(states), "host": host, "since": since, "limit": limit, "labels": Jsonb(labels or {})},
         ).fetchall()
 
@@ -859,6 +859,13 @@ class Settling:
     accounting: Accounting | None = None
 
 
+def host_clock() -> datetime:
+    """This host's clock, sent with its outcomes: the database moves the times systemd read on this
+    host by the difference between its own clock and this one (sql/013_fleet_promises.sql), so that an
+    attempt's start (the database's clock) and end (this host's) make a duration on one clock."""
+    return datetime.now(UTC)
+
+
 def record_outcomes(conn: Connection, fence: Fence, records: Sequence[Settling]) -> list[bool]:
     """`record_outcome` of several attempts in one statement, so one transaction: all are written or
     none (a fenced writer, or one row the function refuses, fails them all). Returns, in order,
@@ -871,13 +878,14 @@ def record_outcomes(conn: Connection, fence: Fence, records: Sequence[Settling])
         rows = conn.execute(
             "SELECT t.n, unitvisor.record_outcome(t.run_id, t.attempt, %s, %s, t.outcome, t.exit_status, t.reason, "
             "t.next_state, t.retry_delay, t.invocation_id, t.started_at, t.ended_at, t.cpu_usage_nsec, "
-            "t.memory_peak_bytes, t.io_read_bytes, t.io_write_bytes) "
+            "t.memory_peak_bytes, t.io_read_bytes, t.io_write_bytes, %s::timestamptz) "
             "FROM unnest(%s::uuid[], %s::integer[], %s::text[], %s::text[], %s::text[], %s::text[], %s::interval[], "
             "%s::text[], %s::timestamptz[], %s::timestamptz[], %s::bigint[], %s::bigint[], %s::bigint[], "
             "%s::bigint[]) WITH ORDINALITY AS t(run_id, attempt, outcome, exit_status, reason, next_state, "
             "retry_delay, invocation_id, started_at, ended_at, cpu_usage_nsec, memory_peak_bytes, io_read_bytes, "
             "io_write_bytes, n) ORDER BY t.n",
-            (fence.host_id, fence.epoch, [r.attempt.run_id for r in records], [r.attempt.attempt for r in records],
+            (fence.host_id, fence.epoch, host_clock(), [r.attempt.run_id for r in records],
+             [r.attempt.attempt for r in records],
              [r.outcome.outcome for r in records], [r.outcome.exit_status for r in records],
              [r.outcome.reason for r in records], [r.next_state for r in records],
              [r.retry_delay for r in records], [r.invocation_id or None for r in records],

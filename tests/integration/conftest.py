@@ -91,6 +91,14 @@ def silence(conn: psycopg.Connection, host: str, seconds: float) -> None:
                  (seconds, host))
 
 
+def connected(conn: psycopg.Connection, host: str, seconds: float = 3600.0) -> None:
+    """Pretend the host registered `seconds` ago (by the database's clock): declare_dead_hosts measures
+    how long a declarer has been connected by its registration's age, not by what the caller says
+    (sql/013_fleet_promises.sql)."""
+    conn.execute("UPDATE unitvisor.hosts SET started_at = now() - make_interval(secs => %s) WHERE id = %s",
+                 (seconds, host))
+
+
 def age_jobs(conn: psycopg.Connection, seconds: float = 60.0) -> None:
     """Make every available job due since `seconds` ago: older than spread_grace, so that a claim is
     not held to its host's fair share (and younger than starve_after, so backfill is unchanged)."""

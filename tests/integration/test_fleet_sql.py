@@ -26,7 +26,7 @@ from psycopg import sql
 from supervisor import globs, store, unitspec
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome, retry_delay, run_state_after
-from tests.integration.conftest import ALLOW_ALL, TABLES, age_jobs, host_profile, register, silence
+from tests.integration.conftest import ALLOW_ALL, TABLES, age_jobs, connected, host_profile, register, silence
 
 # Each test runs twice: as the superuser, and with every host call of the store made as a login role
 # bound to its host id (tests/integration/conftest.py, as_bound_roles).
@@ -396,6 +396,7 @@ def test_a_host_declared_dead_can_write_nothing(conn: psycopg.Connection, dsn: s
     with connection(dsn) as other:
         h2 = register(other, "h2")
         silence(conn, "h1", 120)
+        connected(conn, "h2")
         with other.transaction():
             [dead] = store.declare_dead_hosts(other, h2, connected_for=3600)
         assert (dead.host_id, round(dead.silent), dead.dead_after) == ("h1", 120, 60.0)
@@ -442,6 +443,7 @@ def test_takeover_settles_each_run_by_its_own_policy(conn: psycopg.Connection, d
     with connection(dsn) as other:
         h2 = register(other, "h2")
         silence(conn, "h1", 90)
+        connected(conn, "h2")
         with other.transaction():
             dead = store.declare_dead_hosts(other, h2, connected_for=3600)
             assert [d.host_id for d in dead] == ["h1"]
@@ -482,6 +484,7 @@ def test_a_dead_host_rejoins_with_a_new_epoch_and_its_old_fence_stays_refused(
     with connection(dsn) as other:
         h2 = register(other, "h2")
         silence(conn, "h1", 120)
+        connected(conn, "h2")
         with other.transaction():
             assert [d.host_id for d in store.declare_dead_hosts(other, h2, 3600)] == ["h1"]
     host_epoch_at_death = host_row(conn, "h1")["epoch"]
@@ -518,7 +521,7 @@ def test_only_hosts_silent_for_longer_than_their_own_dead_after_are_declared(
         silence(conn, "slow", 200)  # not past its 300 s
         silence(conn, "draining", 61)
         other.execute("UPDATE unitvisor.hosts SET state = 'draining' WHERE id = 'draining'")
-        silence(conn, "declarer", 10_000)  # the declarer is never its own victim
+        connected(conn, "declarer", 10_000)
         before = {h: host_row(conn, h)["epoch"] for h in ("slow", "fresh", "declarer")}
 
         dead = store.declare_dead_hosts(conn, declarer, connected_for=10_000)
@@ -538,6 +541,7 @@ def test_a_declarer_must_have_been_connected_for_the_silent_hosts_dead_after(
         register(other, "x", dead_after=60.0)
         register(other, "y", dead_after=300.0)
         silence(conn, "x", 1000)
+        connected(conn, "declarer")
         silence(conn, "y", 1000)
         assert store.declare_dead_hosts(conn, declarer, connected_for=59.9) == []
         assert [d.host_id for d in store.declare_dead_hosts(conn, declarer, connected_for=60.0)] == ["x"]
@@ -556,6 +560,7 @@ def test_a_stopped_host_is_declared_dead_only_with_open_attempts(conn: psycopg.C
         store.mark_host_stopped(other, busy)
         silence(conn, "idle", 1000)
         silence(conn, "busy", 1000)
+        connected(conn, "declarer")
         # The probe's upkeep flag agrees: there is a host to declare dead.
         assert store.probe(conn, declarer, WEEK).upkeep is True
         assert [d.host_id for d in store.declare_dead_hosts(conn, declarer, 3600)] == ["busy"]
@@ -569,6 +574,8 @@ def test_two_declarers_at_once_one_gets_the_hosts_the_other_nothing(conn: psycop
         d2 = register(c2, "d2")
         register(conn, "x")
         silence(conn, "x", 1000)
+        connected(conn, "d1")
+        connected(conn, "d2")
         with c1.transaction():
             assert [d.host_id for d in store.declare_dead_hosts(c1, d1, 3600)] == ["x"]
             with c2.transaction():
@@ -621,7 +628,10 @@ def test_registration_after_the_holder_disconnected(conn: psycopg.Connection, ds
     with connection(dsn) as b:
         refused = store.register_host(b, host_profile("h1", instance="B"))
         assert not refused.registered and refused.epoch is None
-        assert re.fullmatch(r"host id h1 is in use by instance A, heard from \d+(\.\d)? s ago", refused.detail)
+        assert re.fullmatch(r"host id h1 is held by instance A \(another machine with this id, or this machine before "
+                            r"a reboot\), active with 0 attempt\(s\) open, last heard from at [-0-9: ]+ UTC; another "
+                            r"instance may take it once it has been silent for its host_dead_after \(60 s\), at "
+                            r"[-0-9: ]+ UTC", refused.detail), refused.detail
         assert advisory_locks(conn, b.info.backend_pid) == 0
         assert "instance B" in host_row(conn, "h1")["conflict_detail"]
         assert host_row(conn, "h1")["instance"] == "A"
@@ -661,6 +671,7 @@ def test_a_drained_host_stays_drained_across_a_long_reboot(conn: psycopg.Connect
         pid = other.info.backend_pid
     backend_gone(conn, pid)
     silence(conn, "h1", 600)
+    connected(conn, "declarer")
     store.declare_dead_hosts(conn, declarer, 3600)
     with connection(dsn) as again:
         assert store.register_host(again, host_profile("h1")).state == "draining"
@@ -724,6 +735,7 @@ def test_wait_reasons_of_pinned_runs(conn: psycopg.Connection, dsn: str) -> None
                      can_start=host != "cannot", cannot_start_reason="no systemd" if host == "cannot" else None)
         store.set_host_state(conn, "draining", "draining")
         silence(conn, "dead", 120)
+        connected(conn, "h0")
         assert [d.host_id for d in store.declare_dead_hosts(conn, declarer, 3600)] == ["dead"]
         silence(conn, "silent", 70)  # no longer live, not declared dead yet
         silent_since = conn.execute("SELECT to_char(heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') "
@@ -825,6 +837,7 @@ def test_forget_host(conn: psycopg.Connection, dsn: str) -> None:
             store.set_host_state(conn, "h1", state)
             assert store.forget_host(conn, "h1") == (state, 1)
         silence(conn, "h1", 120)
+        connected(conn, "h0")
         with conn.transaction():
             dead = store.declare_dead_hosts(conn, declarer, 3600)
             assert store.forget_host(conn, "h1") == ("dead", 1)  # its attempt is still open
@@ -853,6 +866,7 @@ def test_an_old_fence_stays_refused_after_the_host_was_forgotten(conn: psycopg.C
         pid = a.info.backend_pid
     backend_gone(conn, pid)
     silence(conn, "h1", 120)
+    connected(conn, "h0")
     assert [d.host_id for d in store.declare_dead_hosts(conn, declarer, 3600)] == ["h1"]
     assert store.forget_host(conn, "h1") == ("dead", 0)
     with connection(dsn) as b:

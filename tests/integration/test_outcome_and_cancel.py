@@ -235,6 +235,10 @@ def test_record_outcomes_writes_a_batch_in_one_statement_as_record_outcome_does(
     retry_id, retry = started(conn, max_attempts=2)
     before = snapshot(conn, done_id)
     began, ended = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), datetime(2026, 1, 2, 3, 4, 9, tzinfo=UTC)
+    # Claimed and started before systemd's times: a host's times are kept within its attempt's life
+    # (sql/013_fleet_promises.sql).
+    conn.execute("UPDATE unitvisor.attempts SET claimed_at = %s, started_at = %s WHERE run_id = %s",
+                 (began - timedelta(hours=1), began, ok_id))
     measured = Accounting(cpu_usage_nsec=1_500_000, io_read_bytes=4096)
     taken = store.record_outcomes(conn, fence_of(conn, "h1"), [
         store.Settling(retry, FAILED, "queued", timedelta(minutes=5)),

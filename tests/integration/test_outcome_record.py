@@ -180,7 +180,10 @@ def test_a_tail_over_64_kib_is_refused_without_echoing_it(conn: psycopg.Connecti
 def test_a_host_taking_over_a_dead_hosts_attempt_records_nulls(conn: psycopg.Connection) -> None:
     run_id, attempt = claimed(conn, "h2")
     conn.execute("UPDATE unitvisor.hosts SET state = 'dead' WHERE id = 'h2'")
-    assert store.record_outcome(conn, register(conn, "h1"), attempt, Outcome("lost", None, "host h2 died"), "failed")
+    # Lost, and retried as the run's policy says (max_attempts 2): the only outcome a peer may record
+    # (sql/013_fleet_promises.sql).
+    assert store.record_outcome(conn, register(conn, "h1"), attempt, Outcome("lost", None, "host h2 died"), "queued",
+                                timedelta(0))
     assert store.get_outcome_records(conn, run_id) == {1: OutcomeRecord(1, Accounting(), None)}
 
 

@@ -27,6 +27,10 @@ REAL_END = datetime(2024, 5, 1, 12, 0, 7, 373456, tzinfo=UTC)
 def claimed(conn: psycopg.Connection) -> tuple[uuid.UUID, Attempt]:
     run_id = store.submit_run(conn, argv=["/bin/true"])
     [(_, attempt)] = store.claim(conn, register(conn, "h1"), 1, unitspec.UNIT_NAME_FORMAT)
+    # Claimed before systemd's times below: a time read by a host is kept within its attempt's claim and
+    # the moment it is recorded (sql/013_fleet_promises.sql).
+    conn.execute("UPDATE unitvisor.attempts SET claimed_at = %s WHERE run_id = %s",
+                 (REAL_START - timedelta(hours=1), run_id))
     return run_id, attempt
 
 
@@ -55,8 +59,30 @@ def test_a_recorded_start_is_never_replaced(conn: psycopg.Connection) -> None:
     store.mark_started(conn, fence, attempt, "inv", started_at=REAL_START)  # adopted later
     assert times(conn, run_id)[0] == first
     assert store.record_outcome(conn, fence, attempt, FAILED, "failed", None, "inv",
-                                started_at=REAL_START, ended_at=REAL_END)
-    assert times(conn, run_id) == (first, REAL_END)
+                                started_at=REAL_START, ended_at=first + timedelta(microseconds=1))
+    assert times(conn, run_id) == (first, first + timedelta(microseconds=1))
+
+
+def test_an_end_read_before_the_recorded_start_is_the_start(conn: psycopg.Connection) -> None:
+    # Two clocks (the database's start, a host's end) never make a negative duration.
+    run_id, attempt = claimed(conn)
+    fence = fence_of(conn, "h1")
+    store.mark_started(conn, fence, attempt, "inv")
+    first, _ = times(conn, run_id)
+    assert store.record_outcome(conn, fence, attempt, FAILED, "failed", None, "inv", ended_at=REAL_END)
+    assert times(conn, run_id) == (first, first)
+
+
+def test_times_read_outside_the_attempts_life_are_kept_within_it(conn: psycopg.Connection) -> None:
+    run_id, attempt = claimed(conn)
+    fence = fence_of(conn, "h1")
+    claimed_at = REAL_START - timedelta(hours=1)
+    store.mark_started(conn, fence, attempt, "inv", started_at=claimed_at - timedelta(days=1))
+    assert times(conn, run_id)[0] == claimed_at  # no unit starts before its claim
+    before = db_now(conn)
+    assert store.record_outcome(conn, fence, attempt, FAILED, "failed", None, "inv",
+                                ended_at=before + timedelta(days=1))
+    assert before <= times(conn, run_id)[1] <= db_now(conn)  # nor ends after it is recorded
 
 
 def test_record_outcome_stores_systemds_start_and_end(conn: psycopg.Connection) -> None:

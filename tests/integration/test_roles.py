@@ -29,6 +29,7 @@ from tests.integration.conftest import (
     TEST_SUBMITTER,
     age_jobs,
     bind_host_role,
+    connected,
     ensure_login_role,
     host_profile,
     register,
@@ -557,6 +558,7 @@ def test_host_goes_through_the_whole_daemon_cycle(world: World) -> None:
     assert store.get_run(h1, run_id).state == "succeeded"
     # h2 falls silent: h1 declares it dead and takes over its attempt, pinned to h2 as it is.
     silence(world.admin, "h2", 3600)
+    connected(world.admin, "h1")
     with h1.transaction():
         dead = store.declare_dead_hosts(h1, f1, 3600)
         assert [d.host_id for d in dead] == ["h2"]

@@ -298,3 +298,29 @@ def test_a_second_daemon_with_a_host_id_in_use_does_nothing(dsn: str) -> None:
         assert "host-id-conflict" in log
         for word in ("claimed", "stop", "settled", "adopted", "started"):
             assert f"\n{word} " not in log and not log.startswith(f"{word} "), log
+
+
+def test_a_clone_cannot_take_the_id_while_its_host_restarts_with_runs_open(dsn: str) -> None:
+    """Issue 21: `systemctl restart` on fleet-1 while another machine is configured with its id. Between
+    the stop and the start fleet-1 is `stopped` with runs open: the clone is refused (before schema 13 it
+    took the id, settled fleet-1's runs `lost` and they ran again). host_dead_after 30 s on both, so that
+    the restart fits well inside it on a loaded machine."""
+    held = fleet_config("fleet-1", dead_after=30)
+    with drill(dsn, {"fleet-1": held, "fleet-2": held}) as fleet:
+        first, clone, third = fleet.hosts
+        fleet.start(first, third)
+        run_ids = fleet.submit(["/bin/sleep", "10"], 2, host_pin="fleet-1")
+        wait_for(lambda: all(d["state"] == "running" for d in fleet.runs(run_ids).values()), what="runs to run")
+        first.stop()
+        assert fleet.host_state("fleet-1") == "stopped"
+        fleet.start(clone)
+        status = wait_for(lambda: (t := clone.unit_props("unitvisor.service", "StatusText").get("StatusText", ""))
+                          and "held by instance" in t and t, timeout=20, what="the clone to say why it waits")
+        assert "stopped with 2 attempt(s) open" in status, status
+        fleet.start(first)  # the restart's second half: the id is fleet-1's again at once
+        for data in wait_all(fleet, run_ids).values():
+            assert hosts_of(data) == [("fleet-1", "success")], data
+        log = clone.daemon_log()
+        assert "host-id-conflict" in log
+        for word in ("claimed", "settled", "adopted", "started"):
+            assert f"\n{word} " not in log and not log.startswith(f"{word} "), log

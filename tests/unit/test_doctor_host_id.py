@@ -37,3 +37,17 @@ def test_our_own_instance_is_fine():
 
 def test_a_dead_host_warns():
     assert host_id_check("h1", row(state="dead", heartbeat_age=500.0, dead_reason="silent"), "mine").status == "warn"
+
+
+@pytest.mark.parametrize(("state", "in_flight", "age", "status"), [
+    ("stopped", 1, 5.0, "warn"),    # a restart or a reboot with runs open: held until host_dead_after
+    ("stopped", 1, 61.0, "ok"),     # silent past it: registering takes it over
+    ("stopped", 0, 5.0, "ok"),      # stopped with nothing open: anyone's at once
+    ("dead", 0, 5.0, "warn"),       # declared dead: its attempts were settled
+])
+def test_another_instance_holds_a_stopped_host_with_runs_open(state, in_flight, age, status):
+    check = host_id_check("h1", row(state=state, in_flight=in_flight, heartbeat_age=age, dead_reason="silent"),
+                          "mine")
+    assert check.status == status, check
+    if status == "warn" and state == "stopped":
+        assert "held by instance theirs" in check.message and "in 55s" in check.message
