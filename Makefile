@@ -1,8 +1,8 @@
 # Two commands for a fresh Debian 12 machine, as root:
 #   make try    install everything, then a demo on a real PostgreSQL and a real systemd
-#   make test   the whole test suite (unit, integration, system, package): unit and integration
+#   make test   the whole test suite (unit, integration, system, package, vm): unit and integration
 #               twice, with the newest dependencies from PyPI (.venv) and with Debian bookworm's own
-#               packages (.venv-debian); package with the first, system with the second (below)
+#               packages (.venv-debian); package and vm with the first, system with the second (below)
 
 PYTHON      ?= /usr/bin/python3
 VENV        := .venv
@@ -16,6 +16,10 @@ APT_PACKAGES += build-essential dpkg-dev debhelper dh-python pybuild-plugin-pypr
 # its Recommends (prometheus-node-exporter, one more daemon nobody asked for); the prometheus.service
 # the package enables is never used by the tests, which start their own, and is masked in test beds.
 APT_NO_RECOMMENDS := prometheus
+# The VM tier (tests/vm): a Debian 13 guest under qemu's software emulation, its image built with
+# debootstrap (above) and qemu-img. Without recommends: qemu's are display, audio and firmware for
+# guests with devices this one does not have.
+APT_NO_RECOMMENDS += qemu-system-x86 qemu-utils
 # bookworm's python3-psycopg 3.1.7, python3-pystemd 0.11.0, python3-sdnotify 0.3.1, python3-click 8.1.3,
 # python3-prometheus-client 0.16.0
 DEBIAN_PY_PACKAGES := python3-psycopg python3-pystemd python3-sdnotify python3-click python3-pytest python3-pytest-mock \
@@ -55,8 +59,9 @@ try: venv
 	$(VENV)/bin/python -m tests.harness.demo
 
 # Each level runs once where a second pass adds nothing: the unit and integration tests with both sets
-# of libraries (the newest from PyPI, and Debian's, which the .deb runs on), the package tests with the
-# newest (the .deb itself runs on Debian's inside its clean room), and the system tests with Debian's
+# of libraries (the newest from PyPI, and Debian's, which the .deb runs on), the package and VM tests
+# with the newest (the .deb itself runs on Debian's, bookworm's or trixie's, inside its clean room or
+# guest; the two share one build of it), and the system tests with Debian's
 # own, the versions a real host runs the daemon with. Running the system tests a second time with
 # PyPI's versions cost about ten minutes of CI for a daemon whose library calls the unit and
 # integration tests already cover on both.
@@ -64,11 +69,16 @@ try: venv
 # runs once too: it tests SQL and the migration runner's session settings, not a library's version.
 test: venv venv-debian
 	$(VENV)/bin/pytest -m "not system"
-	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package" \
+	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package and not vm" \
 		--deselect tests/integration/test_migrate_big.py
 
+# Only the VM tier: the .deb in a real cgroup-v2 Debian 13 guest (tests/vm; part of `make test`).
+.PHONY: test-vm
+test-vm: venv
+	$(VENV)/bin/pytest -m vm
+
 test-debian: venv-debian
-	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package"
+	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package and not vm"
 
 # The Debian package, from this checkout: build/deb/unitvisor_<version>_all.deb
 .PHONY: deb

@@ -157,6 +157,12 @@ def _limits(run: Run) -> dict[bytes, Any]:
     props: dict[bytes, Any] = {}
     if run.memory_max is not None:
         props[b"MemoryMax"] = run.memory_max
+        # No swap beyond it: memory_max is all the memory a run may use, as its users read it. With
+        # MemoryMax= alone, a host with swap lets a run go on past its limit in swap (cgroup v2
+        # charges swap apart, and systemd's MemorySwapMax= default is infinity), slowly and at the
+        # expense of every other run's pages, and it is killed only once swap is full too. A run that
+        # wants swap has no way to ask for it yet: that would be a limit of its own, not this one.
+        props[b"MemorySwapMax"] = 0
     if run.cpu_quota_percent is not None:
         # CPUQuotaPerSecUSec: CPU time per second of wall time; 100% = one CPU = 1s per second.
         props[b"CPUQuotaPerSecUSec"] = run.cpu_quota_percent * USEC // 100

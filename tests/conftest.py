@@ -5,6 +5,9 @@
   cloned from a migrated template.
 - system: additionally a real systemd, booted once per session in a throwaway container; each test
   gets a clean unitvisor host inside it.
+- package: the .deb, checked by Debian's and systemd's tools, down to a clean-room install.
+- vm: the .deb installed in a real cgroup-v2 Debian 13 guest under qemu, for what needs a real kernel
+  (tests/vm/conftest.py).
 
 Where a level cannot run here (not root, no systemd-nspawn), its tests are skipped with the reason;
 under CI (CI=true) that is a failure instead, because a skipped system test is a test that did not run.
@@ -28,7 +31,7 @@ from tests.harness import testbed as testbed_mod
 from tests.harness.host import REPO, Host
 from tests.harness.postgres import Postgres
 
-LEVELS = ("unit", "integration", "system", "package")
+LEVELS = ("unit", "integration", "system", "package", "vm")
 TEMPLATE_DB = "unitvisor_template"
 
 
@@ -44,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
-        if parts and parts[0] in ("integration", "system", "package"):
+        if parts and parts[0] in ("integration", "system", "package", "vm"):
             item.add_marker(getattr(pytest.mark, parts[0]))
 
 

@@ -147,12 +147,12 @@ def test_limits_and_sandbox_appear_in_systemctl_show(started: Host) -> None:
                             "--runtime", "2m", "--", "/bin/sleep", "300")
     unit = f"unitvisor-run-{run_id}-1.service"
     wait_for(lambda: started.show(run_id)["state"] == "running", what="the run to be running")
-    props = started.unit_props(unit, "MemoryMax", "CPUQuotaPerSecUSec", "TasksMax", "IOWeight", "RuntimeMaxUSec",
-                               "DynamicUser", "NoNewPrivileges", "PrivateTmp", "ProtectSystem", "ProtectHome",
-                               "Slice", "Type", "RemainAfterExit")
+    props = started.unit_props(unit, "MemoryMax", "MemorySwapMax", "CPUQuotaPerSecUSec", "TasksMax", "IOWeight",
+                               "RuntimeMaxUSec", "DynamicUser", "NoNewPrivileges", "PrivateTmp", "ProtectSystem",
+                               "ProtectHome", "Slice", "Type", "RemainAfterExit")
     assert props == {
-        "MemoryMax": "134217728", "CPUQuotaPerSecUSec": "1.500000s", "TasksMax": "16", "IOWeight": "50",
-        "RuntimeMaxUSec": "2min", "DynamicUser": "yes", "NoNewPrivileges": "yes", "PrivateTmp": "yes",
+        "MemoryMax": "134217728", "MemorySwapMax": "0", "CPUQuotaPerSecUSec": "1.500000s", "TasksMax": "16",
+        "IOWeight": "50", "RuntimeMaxUSec": "2min", "DynamicUser": "yes", "NoNewPrivileges": "yes", "PrivateTmp": "yes",
         "ProtectSystem": "strict", "ProtectHome": "yes", "Slice": "unitvisor.slice", "Type": "exec",
         # An ended unit is kept loaded by the daemon's reference (AddRef), not as active/exited.
         "RemainAfterExit": "no",

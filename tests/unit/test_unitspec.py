@@ -256,6 +256,7 @@ def test_build_refuses_hand_edited_unit_name():
 def test_build_limits():
     props = props_for(memory_max=512 << 20, cpu_quota_percent=50, tasks_max=100, io_weight=200, runtime_max_sec=90)
     assert props[b"MemoryMax"] == 536_870_912
+    assert props[b"MemorySwapMax"] == 0  # memory_max bounds swap too
     assert props[b"CPUQuotaPerSecUSec"] == 500_000
     assert props[b"TasksMax"] == 100
     assert props[b"IOWeight"] == 200
@@ -284,7 +285,7 @@ def test_build_limits_are_integers():
 
 def test_build_without_limits_sets_none():
     props = props_for()
-    for key in (b"MemoryMax", b"CPUQuotaPerSecUSec", b"TasksMax", b"IOWeight", b"RuntimeMaxUSec"):
+    for key in (b"MemoryMax", b"MemorySwapMax", b"CPUQuotaPerSecUSec", b"TasksMax", b"IOWeight", b"RuntimeMaxUSec"):
         assert key not in props
 
 

@@ -1,0 +1,378 @@
+"""A real cgroup-v2 host for the VM tier: a throwaway Debian 13 (trixie) guest under qemu.
+
+The test beds of the system level are containers on a cgroup-v1 machine: systemd records a unit's
+limits there but the kernel enforces none, and the accounting reads NULL. What needs a real kernel
+(a memory limit killing a run, CPU quota, a task limit, IO weight, accounting) is tested here, in a
+guest whose PID 1 is trixie's systemd on trixie's kernel, with cgroup v2 (shared/TESTBED.md, "A
+real cgroup-v2 host", has the recipe and its measured costs).
+
+- The image (kernel, initramfs and a read-only qcow2 base) is built with debootstrap from the mirror
+  apt uses and cached under CACHE, named after a hash of its recipe: a change of suite, packages or
+  RECIPE builds a new one. It holds PostgreSQL and every dependency of the .deb, so the guest needs
+  no network: it has no network card at all (`-nodefaults`), and PostgreSQL's traffic stays inside it.
+- Each boot writes to its own qcow2 overlay in a temporary directory; the base is never written.
+- The guest is driven through the qemu guest agent on a unix socket (guest-exec, guest-file-*), no
+  login and no network: `Guest.run()` is the one way in.
+- Software emulation (TCG): KVM is present on these machines but a guest hangs at boot there.
+  Everything in the guest is slow (a fork+exec about 40 ms, `systemctl` about 200 ms), so tests
+  share one boot and assert what the kernel measured, never a wall-clock speed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from tests.harness.cleanroom import CACHE, mirror
+
+SUITE = "trixie"
+# debootstrap's own set: systemd as PID 1, the bus, udev (the agent's virtio port is a device unit).
+INCLUDE = ("systemd", "systemd-sysv", "dbus", "udev", "kmod", "iproute2", "procps", "ca-certificates")
+# Installed in a chroot after debootstrap: the kernel and its initramfs, the agent, PostgreSQL, and
+# every dependency of the .deb (debian/control), so that `dpkg -i` in the guest needs no network.
+PACKAGES = (
+    "linux-image-amd64", "initramfs-tools", "zstd", "qemu-guest-agent", "postgresql", "python3",
+    "python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click", "python3-prometheus-client",
+)
+RECIPE = 1  # bump when _build() changes, so that an old image is not reused
+# Not wanted in a test guest: logins on the consoles, and timers that would do maintenance mid-test.
+MASKED = (
+    "getty@tty1.service", "serial-getty@ttyS0.service", "console-getty.service", "apt-daily.timer",
+    "apt-daily-upgrade.timer", "man-db.timer", "e2scrub_all.timer", "systemd-tmpfiles-clean.timer",
+    "dpkg-db-backup.timer", "fstrim.timer", "systemd-timesyncd.service",
+)
+CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
+IMAGE_SIZE = "4G"
+
+
+class VmError(RuntimeError):
+    pass
+
+
+def available() -> str | None:
+    """None when a guest can be booted here, else the reason why not."""
+    if os.geteuid() != 0:
+        return "the VM tier needs root (debootstrap, chroot)"
+    for tool, package in (("debootstrap", "debootstrap"), ("qemu-system-x86_64", "qemu-system-x86"),
+                          ("qemu-img", "qemu-utils"), ("mkfs.ext4", "e2fsprogs")):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (apt-get install {package})"
+    return None
+
+
+def image_dir() -> Path:
+    key = json.dumps([RECIPE, SUITE, mirror(), sorted(INCLUDE), sorted(PACKAGES), sorted(MASKED)])
+    return CACHE / f"vm-{SUITE}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def ensure_image(log: Callable[[str], None] = print) -> Path:
+    """The cached image directory (vmlinuz, initrd.img, base.qcow2), built first if it is missing.
+    Safe from several test sessions at once (one builds, the others wait for it)."""
+    path = image_dir()
+    if (path / "base.qcow2").is_file():
+        return path
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".vm-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / "base.qcow2").is_file():
+            return path
+        started = time.monotonic()
+        log(f"building the VM image {path} with debootstrap from {mirror()} (cached for later runs)")
+        _build(path)
+        log(f"built {path} in {time.monotonic() - started:.0f}s")
+    return path
+
+
+def _build(path: Path) -> None:
+    work = Path(tempfile.mkdtemp(prefix="uv-vm-build-", dir=CACHE))
+    root = work / "root"
+    out = work / "out"
+    out.mkdir()
+    try:
+        _run(["debootstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", SUITE, str(root), mirror()],
+             timeout=1800)
+        (root / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")  # nothing starts in the chroot
+        (root / "usr/sbin/policy-rc.d").chmod(0o755)
+        shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
+        with _chroot_mounts(root):
+            _run(["chroot", str(root), "apt-get", "-q", "update"], timeout=600, env=CHROOT_ENV)
+            _run(["chroot", str(root), "apt-get", "-q", "-y", "install", "--no-install-recommends", *PACKAGES],
+                 timeout=1800, env=CHROOT_ENV)
+            _run(["chroot", str(root), "systemctl", "mask", *MASKED], timeout=60, env=CHROOT_ENV)
+            _run(["chroot", str(root), "apt-get", "clean"], timeout=60, env=CHROOT_ENV)
+        (root / "usr/sbin/policy-rc.d").unlink()
+        (root / "etc/hostname").write_text("uv-vm\n")
+        # Empty: systemd makes a fresh machine id at each first boot, so no two guests share one.
+        (root / "etc/machine-id").write_text("")
+        # The root file system is /dev/vda itself, mounted rw by the kernel's command line.
+        (root / "etc/fstab").write_text("/dev/vda / ext4 rw,relatime 0 1\n")
+        # A persistent journal, as a real host (and the README) has it.
+        (root / "var/log/journal").mkdir(parents=True, exist_ok=True)
+        shutil.copy(_newest(root / "boot", "vmlinuz-*"), out / "vmlinuz")
+        shutil.copy(_newest(root / "boot", "initrd.img-*"), out / "initrd.img")
+        raw = work / "base.raw"
+        _run(["truncate", "-s", IMAGE_SIZE, str(raw)], timeout=60)
+        _run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(raw)], timeout=600)
+        _run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(out / "base.qcow2")], timeout=600)
+        (out / "base.qcow2").chmod(0o444)
+        if path.exists():
+            shutil.rmtree(path)
+        out.rename(path)
+    finally:
+        _discard(work)
+
+
+def _newest(directory: Path, pattern: str) -> Path:
+    found = sorted(directory.glob(pattern))
+    if not found:
+        raise VmError(f"no {pattern} in {directory}: the kernel package did not install")
+    return found[-1]
+
+
+@contextlib.contextmanager
+def _chroot_mounts(root: Path) -> Iterator[None]:
+    mounted: list[Path] = []
+    try:
+        for fs, sub, options in (("proc", "proc", []), ("sysfs", "sys", []), ("devtmpfs", "dev", []),
+                                 ("devpts", "dev/pts", ["-o", "gid=5,mode=620"])):
+            target = root / sub
+            target.mkdir(parents=True, exist_ok=True)
+            _run(["mount", "-t", fs, *options, fs, str(target)], timeout=30)
+            mounted.append(target)
+        yield
+    finally:
+        _kill_processes_under(root)
+        for target in reversed(mounted):
+            subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
+
+
+def _kill_processes_under(root: Path) -> None:
+    """What a maintainer script may have left running in the chroot."""
+    for pid_dir in Path("/proc").iterdir():
+        if pid_dir.name.isdigit():
+            with contextlib.suppress(OSError):
+                link = os.readlink(pid_dir / "root")
+                if link == str(root) or link.startswith(f"{root}/"):
+                    os.kill(int(pid_dir.name), 9)
+
+
+def _discard(work: Path) -> None:
+    prefix = f"{work}/"
+    with open("/proc/self/mounts") as mounts:
+        left = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    for mount in sorted(left, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+    with open("/proc/self/mounts") as mounts:
+        if any(line.split()[1].startswith(prefix) for line in mounts):
+            raise VmError(f"cannot remove {work}: still mounted inside")  # never rm -rf across a mount
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
+        raise VmError(f"{' '.join(cmd)} exited {result.returncode}:\n{tail}")
+
+
+class Result:
+    """What a command in the guest did: its exit status and both outputs, as text."""
+
+    def __init__(self, cmd: tuple[str, ...], returncode: int, stdout: str, stderr: str) -> None:
+        self.cmd = cmd
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def __repr__(self) -> str:
+        return f"Result({' '.join(self.cmd)!r} -> {self.returncode}, {self.stdout[-500:]!r}, {self.stderr[-500:]!r})"
+
+
+class Guest:
+    """One booted guest. `with Guest() as guest:` boots it and powers it off (and removes its overlay)
+    however the block ends."""
+
+    def __init__(self, memory_mb: int = 2048, cpus: int = 2) -> None:
+        self.memory_mb = memory_mb
+        self.cpus = cpus
+        self.dir = Path(tempfile.mkdtemp(prefix="uv-vm-"))
+        self.console = self.dir / "console.log"
+        self._qemu: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+        self._buffer = b""
+
+    def __enter__(self) -> Guest:
+        try:
+            self.boot()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def boot(self, timeout: float = 600) -> None:
+        image = ensure_image()
+        overlay = self.dir / "overlay.qcow2"
+        _run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image / "base.qcow2"),
+              str(overlay)], timeout=60)
+        agent = self.dir / "qga.sock"
+        cmd = [
+            "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(self.cpus),
+            "-m", str(self.memory_mb), "-no-reboot",
+            # -nodefaults: no network card (qemu would otherwise add one on unrestricted user
+            # networking), no display; the guest needs no network, its PostgreSQL is inside it.
+            "-nodefaults", "-no-user-config", "-display", "none", "-serial", f"file:{self.console}",
+            "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
+            "-append", "root=/dev/vda rw console=ttyS0 panic=-1 quiet",
+            "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
+            "-device", "virtio-rng-pci",
+            "-chardev", f"socket,id=qga0,path={agent},server=on,wait=off",
+            "-device", "virtio-serial-pci", "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
+        ]
+        self._qemu = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=open(self.dir / "qemu.err", "wb"), start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not agent.exists():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise VmError("qemu made no agent socket")
+            time.sleep(0.1)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(str(agent))
+        # The agent starts late in the boot; until then the socket takes bytes and answers nothing.
+        while True:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise VmError(f"the guest agent did not answer within {timeout:.0f}s:\n{self.console_tail()}")
+            with contextlib.suppress(TimeoutError, VmError):
+                self._sync(timeout=5)
+                break
+        state = self.run("systemctl", "is-system-running", "--wait", timeout=max(deadline - time.monotonic(), 30),
+                         check=False)
+        if state.stdout.strip() not in ("running", "degraded"):
+            raise VmError(f"the guest did not boot: {state!r}")
+
+    def _check_alive(self) -> None:
+        if self._qemu is not None and self._qemu.poll() is not None:
+            err = (self.dir / "qemu.err").read_text(errors="replace")[-2000:]
+            raise VmError(f"qemu exited {self._qemu.returncode}: {err}\n{self.console_tail()}")
+
+    def console_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.console.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    # -- the agent's protocol: one JSON object a line each way -------------------------------------
+
+    def _sync(self, timeout: float) -> None:
+        token = int.from_bytes(os.urandom(4), "big")
+        assert self._sock is not None
+        self._sock.settimeout(timeout)
+        # 0xFF first: the agent drops whatever half-read request it holds (its protocol's reset).
+        self._sock.sendall(b"\xff" + json.dumps({"execute": "guest-sync-delimited", "arguments": {"id": token}})
+                           .encode() + b"\n")
+        end = time.monotonic() + timeout
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            reply = self._read_reply(remaining)
+            if reply.get("return") == token:
+                return
+
+    def _read_reply(self, timeout: float) -> dict:
+        assert self._sock is not None
+        self._sock.settimeout(timeout)
+        while b"\n" not in self._buffer:
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise VmError("the guest agent closed its socket")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        line = line.lstrip(b"\xff").strip()
+        if not line:
+            return {}
+        return json.loads(line)
+
+    def _call(self, command: str, timeout: float = 30, **arguments: object) -> object:
+        assert self._sock is not None
+        self._sock.settimeout(timeout)
+        message = {"execute": command}
+        if arguments:
+            message["arguments"] = arguments
+        self._sock.sendall(json.dumps(message).encode() + b"\n")
+        end = time.monotonic() + timeout
+        while True:
+            reply = self._read_reply(max(end - time.monotonic(), 0.1))
+            if "error" in reply:
+                raise VmError(f"{command}: {reply['error']}")
+            if "return" in reply:
+                return reply["return"]
+
+    # -- what tests use ----------------------------------------------------------------------------
+
+    def run(self, *cmd: str, timeout: float = 120, check: bool = True, input: str | None = None) -> Result:
+        """Run a command in the guest as root and wait for it (output captured, as text)."""
+        args: dict[str, object] = {"path": cmd[0], "arg": list(cmd[1:]), "capture-output": True,
+                                   "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"]}
+        if input is not None:
+            args["input-data"] = base64.b64encode(input.encode()).decode()
+        pid = self._call("guest-exec", **args)["pid"]  # type: ignore[index]
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            status = self._call("guest-exec-status", pid=pid)
+            if status["exited"]:  # type: ignore[index]
+                break
+            if time.monotonic() > deadline:
+                raise VmError(f"{' '.join(cmd)} did not end within {timeout:.0f}s in the guest")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        out = base64.b64decode(status.get("out-data", "")).decode(errors="replace")  # type: ignore[union-attr]
+        err = base64.b64decode(status.get("err-data", "")).decode(errors="replace")  # type: ignore[union-attr]
+        code = status.get("exitcode", 128 + status.get("signal", 0))  # type: ignore[union-attr]
+        result = Result(cmd, code, out, err)
+        if check and code != 0:
+            raise VmError(f"in the guest: {result!r}")
+        return result
+
+    def write(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write a file in the guest (through the agent: no network, no shared folder)."""
+        handle = self._call("guest-file-open", path=path, mode="w")
+        try:
+            for start in range(0, len(data), 1 << 20):
+                self._call("guest-file-write", handle=handle,
+                           **{"buf-b64": base64.b64encode(data[start:start + (1 << 20)]).decode()}, timeout=120)
+        finally:
+            self._call("guest-file-close", handle=handle)
+        self.run("chmod", f"{mode:o}", path)
+
+    def destroy(self) -> None:
+        """Power the guest off (the agent first, then qemu itself) and remove its overlay."""
+        if self._qemu is not None and self._qemu.poll() is None:
+            with contextlib.suppress(Exception):
+                if self._sock is not None:
+                    self._sock.settimeout(5)
+                    self._sock.sendall(json.dumps({"execute": "guest-shutdown"}).encode() + b"\n")
+            try:
+                self._qemu.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._qemu.kill()
+                self._qemu.wait(timeout=30)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,92 @@
+"""The VM tier: one Debian 13 guest (tests/harness/vm.py) per session, set up as the README's Install
+says: the .deb built from this checkout, PostgreSQL in the guest, this host's role and DSN, and the
+real unitvisor.service. Every test of the tier shares it (a boot costs about a minute of both cores
+under software emulation), so each test submits runs of its own and never changes the host."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import _unavailable
+from tests.harness import vm as vm_mod
+from tests.package.conftest import deb  # noqa: F401 (the session's .deb, built once for both tiers)
+
+HOST_ID = "vm-1"
+SERVICE = "unitvisor.service"
+SUPERUSER_DSN = "host=/var/run/postgresql dbname=unitvisor"
+# The runs of this tier are Python one-liners: the one executable they need.
+CONFIG = f"""\
+[host]
+id = "{HOST_ID}"
+
+[runs]
+allowed_executables = ["/usr/bin/python3"]
+"""
+
+
+class VmHost:
+    """The guest as a unitvisor host: the CLI as root (the host's own DSN) and as the operator."""
+
+    def __init__(self, guest: vm_mod.Guest) -> None:
+        self.guest = guest
+
+    def run(self, *cmd: str, check: bool = True, timeout: float = 120) -> vm_mod.Result:
+        return self.guest.run(*cmd, check=check, timeout=timeout)
+
+    def unitvisor(self, *args: str, check: bool = True, timeout: float = 120) -> vm_mod.Result:
+        return self.run("unitvisor", *args, check=check, timeout=timeout)
+
+    def operator(self, *args: str, check: bool = True, timeout: float = 120) -> vm_mod.Result:
+        """As the operator: the postgres superuser over the local socket, as the README's Install."""
+        return self.run("runuser", "-u", "postgres", "--", "unitvisor", "--dsn", SUPERUSER_DSN, *args,
+                        check=check, timeout=timeout)
+
+    def submit(self, *args: str) -> str:
+        return self.operator("submit", *args).stdout.strip()
+
+    def show(self, run_id: str) -> dict:
+        return json.loads(self.unitvisor("show", run_id, "--json").stdout)
+
+    def wait_ended(self, run_id: str, timeout: float = 300) -> dict:
+        """The run once it has ended and its attempt's outcome (with the accounting) is recorded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            shown = self.show(run_id)
+            if shown["state"] not in ("queued", "running") and all(a["outcome"] for a in shown["attempts"]):
+                return shown
+            if time.monotonic() > deadline:
+                raise AssertionError(f"run {run_id} did not end within {timeout}s: {shown}")
+            time.sleep(1)
+
+    def prop(self, unit: str, name: str) -> str:
+        return self.run("systemctl", "show", "-P", name, unit).stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def vm_host(deb: Path) -> Iterator[VmHost]:  # noqa: F811 (the fixture above)
+    reason = vm_mod.available()
+    if reason:
+        _unavailable(reason)
+    with vm_mod.Guest() as guest:
+        host = VmHost(guest)
+        guest.write("/root/unitvisor.deb", deb.read_bytes())
+        # Every dependency is in the image already: dpkg needs no network (the guest has none).
+        host.run("dpkg", "-i", "/root/unitvisor.deb", timeout=300)
+        host.run("runuser", "-u", "postgres", "--", "psql", "-q", "-c", "CREATE ROLE unitvisor LOGIN")
+        host.run("runuser", "-u", "postgres", "--", "createdb", "--owner", "unitvisor", "unitvisor")
+        host.operator("migrate", timeout=300)
+        added = json.loads(host.operator("hosts", "add", HOST_ID, "--db-host", "localhost", "--json").stdout)
+        guest.write("/etc/unitvisor/dsn", (added["dsn"] + "\n").encode(), mode=0o600)
+        guest.write("/etc/unitvisor/unitvisor.toml", CONFIG.encode(), mode=0o644)
+        host.run("systemctl", "restart", SERVICE, timeout=300)
+        deadline = time.monotonic() + 180
+        while "waiting" in host.prop(SERVICE, "StatusText") or host.prop(SERVICE, "ActiveState") != "active":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the daemon did not connect: {host.prop(SERVICE, 'StatusText')}")
+            time.sleep(1)
+        yield host
