@@ -52,12 +52,15 @@ class VmHost:
     def show(self, run_id: str) -> dict:
         return json.loads(self.unitvisor("show", run_id, "--json").stdout)
 
-    def wait_ended(self, run_id: str, timeout: float = 300) -> dict:
-        """The run once it has ended and its attempt's outcome (with the accounting) is recorded."""
+    def wait_ended(self, run_id: str, timeout: float = 300, tail: bool = False) -> dict:
+        """The run once it has ended and its attempt's outcome (with the accounting) is recorded, and
+        with `tail`, its output's tail too (the daemon reads it from the journal a few seconds after the
+        outcome, on a thread of its own)."""
         deadline = time.monotonic() + timeout
         while True:
             shown = self.show(run_id)
-            if shown["state"] not in ("queued", "running") and all(a["outcome"] for a in shown["attempts"]):
+            if (shown["state"] not in ("queued", "running") and all(a["outcome"] for a in shown["attempts"])
+                    and (not tail or all(a["output_tail"] is not None for a in shown["attempts"]))):
                 return shown
             if time.monotonic() > deadline:
                 raise AssertionError(f"run {run_id} did not end within {timeout}s: {shown}")

@@ -106,14 +106,14 @@ def test_a_cpu_quota_throttles_a_busy_loop(vm_host: VmHost) -> None:
     interpreter's start-up included, at most 35% of the time it ran. Without the limit the same loop
     gets several times as much."""
     run_id = vm_host.submit("--cpu", "20%", "--", PY, "-c", SPIN, "5")
-    ended = attempt(vm_host.wait_ended(run_id))
+    ended = attempt(vm_host.wait_ended(run_id, tail=True))
     assert ended["outcome"] == "success", ended
     loop = _loop_cpu(ended)
     assert 0.5 <= loop <= 1.75, (loop, ended)
     cpu = ended["accounting"]["cpu_usage_nsec"] / 1e9
     assert cpu <= 0.35 * _elapsed(ended), (cpu, ended)
 
-    free = attempt(vm_host.wait_ended(vm_host.submit("--", PY, "-c", SPIN, "5")))
+    free = attempt(vm_host.wait_ended(vm_host.submit("--", PY, "-c", SPIN, "5"), tail=True))
     assert _loop_cpu(free) >= 2.5, free
 
 
@@ -127,7 +127,7 @@ def _loop_cpu(ended: dict) -> float:
 
 def test_a_fork_loop_stops_at_tasks_max(vm_host: VmHost) -> None:
     run_id = vm_host.submit("--tasks", "5", "--", PY, "-c", FORK, "50")
-    ended = attempt(vm_host.wait_ended(run_id, timeout=300))
+    ended = attempt(vm_host.wait_ended(run_id, timeout=300, tail=True))
     # The fifth task (the Python process and four children) is refused by the kernel: EAGAIN.
     assert ended["outcome"] == "exit-code" and ended["exit_status"] == "exit:75", ended
     tail = ended["output_tail"] or ""
