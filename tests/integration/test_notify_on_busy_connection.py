@@ -29,7 +29,7 @@ def test_a_notify_sent_while_a_query_runs_reaches_the_handler(dsn: str) -> None:
     heard: list[psycopg.Notify] = []
     with store.connect(dsn, GuardedConnection) as conn, store.connect(dsn) as holder, \
             store.connect(dsn) as notifier, store.connect(dsn) as observer:
-        conn.guard = Guard(STALL_AFTER, None, list)  # as the daemon's: every wait goes through it
+        conn.guard = Guard(STALL_AFTER)  # as the daemon's: every wait goes through it
         conn.add_notify_handler(heard.append)
         store.listen(conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
         query_pid = conn.info.backend_pid

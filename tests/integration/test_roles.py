@@ -275,6 +275,7 @@ def test_host_reads_all_of_its_own_runs_and_the_submitter_of_every_run(world: Wo
 def test_host_reads_a_dead_hosts_open_attempts_it_takes_over(world: World) -> None:
     assert store.get_attempts(world.h1, world.pinned.run_id) == []
     silence(world.admin, "h2", 3600)
+    connected(world.admin, "h1")  # a declarer connected for longer than h2's host_dead_after (013)
     with world.h1.transaction():
         assert [d.host_id for d in store.declare_dead_hosts(world.h1, world.f1, 3600)] == ["h2"]
         [(run, taken)] = store.open_attempts(world.h1, "h2")
