@@ -34,7 +34,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tests.harness.cleanroom import CACHE, mirror
+# The clean room's helpers: what a maintainer script left running in a chroot, and a build directory
+# removed only once nothing is mounted inside it.
+from tests.harness.cleanroom import CACHE, _discard, _stop_processes_under, mirror
 
 SUITE = "trixie"
 # debootstrap's own set: systemd as PID 1, the bus, udev (the agent's virtio port is a device unit).
@@ -152,31 +154,9 @@ def _chroot_mounts(root: Path) -> Iterator[None]:
             mounted.append(target)
         yield
     finally:
-        _kill_processes_under(root)
+        _stop_processes_under(root)
         for target in reversed(mounted):
             subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
-
-
-def _kill_processes_under(root: Path) -> None:
-    """What a maintainer script may have left running in the chroot."""
-    for pid_dir in Path("/proc").iterdir():
-        if pid_dir.name.isdigit():
-            with contextlib.suppress(OSError):
-                link = os.readlink(pid_dir / "root")
-                if link == str(root) or link.startswith(f"{root}/"):
-                    os.kill(int(pid_dir.name), 9)
-
-
-def _discard(work: Path) -> None:
-    prefix = f"{work}/"
-    with open("/proc/self/mounts") as mounts:
-        left = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
-    for mount in sorted(left, key=len, reverse=True):
-        subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
-    with open("/proc/self/mounts") as mounts:
-        if any(line.split()[1].startswith(prefix) for line in mounts):
-            raise VmError(f"cannot remove {work}: still mounted inside")  # never rm -rf across a mount
-    shutil.rmtree(work, ignore_errors=True)
 
 
 def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
