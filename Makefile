@@ -7,6 +7,8 @@
 PYTHON      ?= /usr/bin/python3
 VENV        := .venv
 APT_PACKAGES := postgresql systemd-container libsystemd-dev pkg-config gcc python3-dev python3-venv dbus util-linux
+# The fleet protocol's model (model/fleet.pml) is checked by spin: `make model`, tests/unit/test_model.py.
+APT_PACKAGES += spin
 # The package tests (tests/package): the .deb's build dependencies (debian/control), lintian, and
 # debootstrap for the clean-room install.
 APT_PACKAGES += build-essential dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools \
@@ -25,7 +27,7 @@ APT_NO_RECOMMENDS += qemu-system-x86 qemu-utils
 DEBIAN_PY_PACKAGES := python3-psycopg python3-pystemd python3-sdnotify python3-click python3-pytest python3-pytest-mock \
 	python3-prometheus-client
 
-.PHONY: try test test-debian deps venv venv-debian lint clean
+.PHONY: try test test-debian deps venv venv-debian lint clean model
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES) $(DEBIAN_PY_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -84,6 +86,11 @@ test-debian: venv-debian
 .PHONY: deb
 deb:
 	packaging/build-deb
+
+# The claim / epoch / heartbeat / takeover / self-fence protocol, checked by spin: the model verifies,
+# and each mutant fails (docs/fleet.md, The model).
+model: deps
+	model/verify
 
 lint: venv
 	$(VENV)/bin/ruff check .
