@@ -68,10 +68,11 @@ try: venv
 # PyPI's versions cost about ten minutes of CI for a daemon whose library calls the unit and
 # integration tests already cover on both.
 # The two-million-run migration (tests/integration/test_migrate_big.py, a minute or more of PostgreSQL)
-# runs once too: it tests SQL and the migration runner's session settings, not a library's version.
+# runs once too: it tests SQL and the migration runner's session settings, not a library's version;
+# and so does the protocol's model (tests/unit/test_model.py, spin: about 2 minutes).
 test: venv venv-debian
 	$(VENV)/bin/pytest -m "not system"
-	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package and not vm" \
+	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package and not vm and not model" \
 		--deselect tests/integration/test_migrate_big.py
 
 # Only the VM tier: the .deb in a real cgroup-v2 Debian 13 guest (tests/vm; part of `make test`).

@@ -13,6 +13,8 @@ import pytest
 
 VERIFY = Path(__file__).resolve().parents[2] / "model" / "verify"
 NAMES = subprocess.run([str(VERIFY), "--list"], capture_output=True, text=True, check=True).stdout.split()
+# A model of the protocol, not of a library: `make test` checks it once, in its first pass (Makefile).
+pytestmark = pytest.mark.model
 
 
 @pytest.mark.parametrize("name", NAMES)
