@@ -23,10 +23,12 @@ def insert_raw(dsn: str, argv: list[str], environment: object) -> str:
 
 
 def test_malformed_rows_are_refused_and_the_daemon_goes_on(host: Host) -> None:
+    # The names of the malformed values below are allowed, so that this host claims those rows and its
+    # own check of each value refuses them (a name no host allows is never claimed: see unmatched).
+    host.configure(runs_extra='allowed_environment = ["OK", "N"]\n')
     host.start()
     good_before = host.submit("--", "/bin/true")
     bad = {
-        "env name": insert_raw(host.dsn, ["/bin/true"], {"BAD NAME": "x"}),
         "env newline": insert_raw(host.dsn, ["/bin/true"], {"OK": "a\nb"}),
         "env not an object": insert_raw(host.dsn, ["/bin/true"], ["A=1"]),
         "env value not a string": insert_raw(host.dsn, ["/bin/true"], {"N": 5}),
@@ -34,6 +36,7 @@ def test_malformed_rows_are_refused_and_the_daemon_goes_on(host: Host) -> None:
     }
     # No allowlist entry can match these, so no host claims them: they wait, and say why.
     unmatched = {
+        "env name": insert_raw(host.dsn, ["/bin/true"], {"BAD NAME": "x"}),  # no allowlist can name it
         "relative argv0": insert_raw(host.dsn, ["true"], {}),
         "dotted argv0": insert_raw(host.dsn, ["/usr/bin/../../bin/true"], {}),
     }
