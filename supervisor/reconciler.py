@@ -303,6 +303,7 @@ class Reconciler:
         self.settled = 0
         self.in_flight = 0
         self._batch: list[_Ending] | None = None  # inside batched_outcomes
+        self.taken_over: list[str] = []  # take_over_id's outcomes, counted after the commit
 
     # -- planning ---------------------------------------------------------------------------------
 
@@ -743,19 +744,48 @@ class Reconciler:
         with self.conn.transaction():
             dead = store.declare_dead_hosts(self.conn, self.fence, connected_for)
             for host in dead:
-                pairs = store.open_attempts(self.conn, host.host_id)
-                for run, attempt in pairs:
-                    self.tick()
-                    outcome = fleet.takeover_outcome(run, host, self.host_id)
-                    if self._record(run, self._settling(run, attempt, outcome)):
-                        taken.append(outcome.outcome)
-                event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=len(pairs),
+                count = self._settle_open_of(
+                    host.host_id, lambda run, host=host: fleet.takeover_outcome(run, host, self.host_id), taken)
+                event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=count,
                       detail=f"silent for {host.silent:.0f}s (host_dead_after {host.dead_after:g}s)")
         if self.metrics is not None:
             self.metrics.declared_dead(len(dead))
+        self._count_settled(taken)
+        return dead
+
+    def take_over_id(self, previous: str, instance: str) -> int:
+        """Settle `lost` (by their runs' policy) every open attempt of this host id, in the caller's
+        transaction: the one in which this instance took the id over from `previous` (register_host
+        lets it only after the id's host_dead_after of silence). As for a host declared dead, and by the
+        same code: the previous instance may have started an attempt it claimed, on a machine whose
+        journal this one cannot read, so none of them may be started, adopted or settled from here.
+        Returns how many were settled; they are counted once the caller committed (`count_taken`)."""
+        taken: list[str] = []
+        count = self._settle_open_of(self.host_id, lambda run: fleet.id_takeover_outcome(
+            run, self.host_id, previous, instance), taken)
+        self.taken_over = taken
+        return count
+
+    def count_taken(self) -> None:
+        """After the takeover's commit: its outcomes in the metrics."""
+        self._count_settled(self.taken_over)
+        self.taken_over = []
+
+    def _settle_open_of(self, host_id: str, outcome_for: Callable[[Run], Outcome], taken: list[str]) -> int:
+        """Every open attempt of `host_id` settled with `outcome_for(run)` and its run moved on by its
+        own policy (inside the caller's transaction); what was recorded is appended to `taken`."""
+        pairs = store.open_attempts(self.conn, host_id)
+        for run, attempt in pairs:
+            self.tick()
+            outcome = outcome_for(run)
+            if self._record(run, self._settling(run, attempt, outcome)):
+                taken.append(outcome.outcome)
+        return len(pairs)
+
+    def _count_settled(self, taken: list[str]) -> None:
+        if self.metrics is not None:
             for kind in taken:
                 self.metrics.settled(kind)
-        return dead
 
     def expire_overdue(self) -> int:
         """End as `expired` the queued runs past their start deadline that never started
