@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from supervisor import faults, fleet, runenv, store, unitspec
+from supervisor import faults, fence, fleet, runenv, store, unitspec
 from supervisor.config import Settings, cut_off_after
 from supervisor.journal import History, Journal, TailReader, Unreadable
 from supervisor.log import event
@@ -129,6 +129,10 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
         return gone(run, name, "unit gone after a cancel request" if cancelled
                     else "unit is gone and left no outcome in systemd")
     if unit.has_ended:
+        refused = fence.refused_start_outcome(unit.result, cancelled)
+        if refused is not None:  # the lease check refused the start: the command never ran
+            return Decision(Action.SETTLE, name, f"unit ended: {refused.reason}", refused,
+                            unit.invocation_id or None, unit)
         # A Type=exec unit that ever became active had its command exec'd (see the note in outcomes.py).
         ran = True if unit.active_enter_usec else None
         outcome = classify(unit.result, unit.exec_main_code, unit.exec_main_status, cancel_requested=cancelled,
