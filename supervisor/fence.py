@@ -56,7 +56,6 @@ LEASE = RUNTIME_DIRECTORY / "lease"
 FENCED = RUNTIME_DIRECTORY / "fenced"
 CHECK_EVERY = 0.5
 UNIT_GLOB = UNIT_PREFIX + "*.service"  # unitspec.UNIT_GLOB (unitspec imports this module)
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 UPTIME = Path("/proc/uptime")  # its first field is CLOCK_BOOTTIME, in hundredths of a second
 
 
@@ -95,20 +94,25 @@ def expired(lease: Lease | None, now: float) -> bool:
     return lease is not None and lease.fencing and now >= lease.deadline
 
 
-def may_start(lease: Lease | None, boot_id: str, now: float) -> bool:
-    """Whether a run's unit may start now (the model's START_NEEDS_LEASE): a lease of this boot that
-    has not expired, or that says fencing is off. No lease, another boot's, or one that cannot be read
-    refuses: with fencing on, the daemon writes its lease after registering, before it claims anything,
-    so a start without one is a start nobody vouches for. start_check_script() is this, in /bin/sh."""
-    return lease is not None and lease.boot_id == boot_id and not expired(lease, now)
+def may_start(lease: Lease | None, now: float) -> bool:
+    """Whether a run's unit may start now (the model's START_NEEDS_LEASE): a lease that has not
+    expired, or that says fencing is off. No lease, or one that cannot be read, refuses: with fencing
+    on, the daemon writes its lease after registering, before it claims anything, so a start without
+    one is a start nobody vouches for. start_check_script() is this, in /bin/sh.
+
+    The boot id is not compared, unlike read_lease: /run is a tmpfs that systemd mounts afresh at every
+    boot, so the file cannot be another boot's; and the boot id a process reads depends on its mount
+    namespace where a container manager overmounts it (systemd-nspawn: the sandboxed daemon read the
+    kernel's, the check, run outside the sandbox, the container's), which refused every start there."""
+    return lease is not None and not expired(lease, now)
 
 
-def start_check_script(lease: Path | None = None, boot_id: Path = BOOT_ID, uptime: Path = UPTIME) -> str:
+def start_check_script(lease: Path | None = None, uptime: Path = UPTIME) -> str:
     """may_start() as a /bin/sh script, the ExecCondition= of every run's unit with fencing on
     (unitspec.start_condition): exit 0 lets the unit start, 1 skips it (systemd's Result=exec-condition,
     the command never runs). A shell, not Python: it runs at every start, and only builtins run in it
-    (read, case, test), so it costs one fork and exec of /bin/sh, about 1 ms, where `python3 -I -S`
-    took about 20 ms of CPU, more than systemd spends on the whole start (docs/fleet.md).
+    (read, case, test), so it costs one fork and exec of /bin/sh (docs/fleet.md has the measured cost),
+    where `python3 -I -S` took about 20 ms, more than systemd spends on the whole start.
 
     The deadline is compared in hundredths of a second, /proc/uptime's resolution (CLOCK_BOOTTIME, as
     the lease's): the lease's is cut to hundredths (errs early), uptime too (errs late by less than
@@ -119,9 +123,7 @@ def start_check_script(lease: Path | None = None, boot_id: Path = BOOT_ID, uptim
     reads so, and refusing is the safe side. No lease is a refusal too, with nothing on stderr."""
     return f"""IFS=' '
 read -r l 2>/dev/null < {_sh_quote(str(lease or LEASE))} || exit 1
-read -r b < {_sh_quote(str(boot_id))} || exit 1
 read -r u _ < {_sh_quote(str(uptime))} || exit 1
-case $l in *'"boot_id": "'"$b"'"'*) ;; *) exit 1 ;; esac
 case $l in *'"fencing": false'*) exit 0 ;; *'"fencing": true'*) ;; *) exit 1 ;; esac
 case $l in *'"deadline": '*) ;; *) exit 1 ;; esac
 d=${{l#*'"deadline": '}}
@@ -153,8 +155,11 @@ def refused_start_outcome(result: str, cancel_requested: bool) -> Outcome | None
     attempt. A cancel requested meanwhile wins, as everywhere. None: not refused by the lease check."""
     if result != START_REFUSED_RESULT or cancel_requested:
         return None
-    return Outcome("lost", None, "not started: this host's lease had expired at the unit's start (cut off from "
-                   "the database, stop_runs_when_cut_off); the command never ran")
+    return REFUSED_START
+
+
+REFUSED_START = Outcome("lost", None, "not started: this host's lease had expired at the unit's start (cut off "
+                        "from the database, stop_runs_when_cut_off); the command never ran")
 
 
 def provisional_lease(settings: Settings, now: float, boot_id: str) -> Lease:

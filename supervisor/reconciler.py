@@ -584,7 +584,10 @@ class Reconciler:
                         program_ran=ran)
 
     def _cut_off(self, attempt: Attempt, outcome: Outcome) -> Outcome:
-        if attempt.unit_name not in self.cut_off_units or outcome.outcome == "cancelled":
+        # A refused start the fence also stopped (it lists a unit whose lease check is running as one to
+        # stop) says the more: its command never ran.
+        if (attempt.unit_name not in self.cut_off_units or outcome.outcome == "cancelled"
+                or outcome == fence.REFUSED_START):
             return outcome
         return fleet.cut_off_outcome(outcome, cut_off_after(self.settings))
 

@@ -160,13 +160,15 @@ def start_condition(settings: Settings) -> dict[bytes, Any]:
     this keeps what had not started yet from starting after it: a claim whose answer came late, a start
     job PID 1 had queued, a start the daemon made after the database went away. "privileged" (the `+`
     prefix): the check runs as root with none of the run's sandbox, so that it can read the lease in the
-    daemon's runtime directory, which a run that may become root cannot reach (root_confinement). No
+    daemon's runtime directory, which a run that may become root cannot reach (root_confinement).
+    "no-env-expand" (the `:` prefix): systemd must leave the script's ${...} to the shell (without it,
+    PID 1 replaced `${d%%,*}` by the empty value of a variable of that name, and refused every start). No
     fencing, no check: nothing would be stopped at the lease's end either, and a start costs one process
     less."""
     if not settings.fleet.stop_runs_when_cut_off:
         return {}
     return {b"ExecConditionEx": [(b"/bin/sh", [b"/bin/sh", b"-c", fence.start_check_script().encode()],
-                                  [b"privileged"])]}
+                                  [b"privileged", b"no-env-expand"])]}
 
 
 def _limits(run: Run) -> dict[bytes, Any]:
