@@ -95,8 +95,9 @@
 #define RUN_UNCOVERED 2      /* running; started with the lease expired (only with START_NEEDS_LEASE 0) */
 #define ENDED_SELF 3         /* ended by itself, outcome not yet recorded */
 #define ENDED_STOPPED 4      /* stopped by the fence watcher or as stale */
+#define REFUSED 5            /* created, its start refused by the lease check: ended, the command never ran */
 #define RUNNING(s) ((s) == RUN_COVERED || (s) == RUN_UNCOVERED)
-#define ENDED(s) ((s) == ENDED_SELF || (s) == ENDED_STOPPED)
+#define ENDED(s) ((s) == ENDED_SELF || (s) == ENDED_STOPPED || (s) == REFUSED)
 
 /* requests (each one transaction) and replies */
 #define REG 1                /* unitvisor.register_host */
@@ -391,7 +392,11 @@ inline start_unit(ua) {
         :: else -> U(m, ua) = RUN_UNCOVERED
         fi;
         rpc(MARK, ua)
-    :: else -> skip      /* the lease is over: the unit does not start; the attempt stays open */
+    :: else ->
+        /* the lease is over: the unit is created, its ExecCondition= refuses, the command never runs;
+           the reconcile pass settles the attempt LOST (reconciler.decide, fence.refused_start_outcome) */
+        U(m, ua) = REFUSED;
+        rpc(MARK, ua)
     fi
 }
 

@@ -248,18 +248,38 @@ class Daemon:
         store.set_idle_session_timeout(self.conn, self.settings.fleet.host_dead_after)
         profile = fleet.host_profile(self.settings, __version__, self.instance, self.boot_id, self.is_root)
         sent, sent_boot = time.monotonic(), fence.boottime()
-        registration = store.register_host(self.conn, profile)
+        settled = 0
+        taking: Reconciler | None = None
+        # One transaction: an id taken over from another instance has its open attempts settled with
+        # it, or is not taken (issue 21: left open, this instance's reconcile pass could start an
+        # attempt the other one claimed and may have started).
+        with self.conn.transaction():
+            registration = store.register_host(self.conn, profile)
+            if registration.registered and registration.taken_from is not None:
+                assert registration.epoch is not None
+                taking = Reconciler(self.settings, store.Fence(self.host_id, registration.epoch), self.conn,
+                                    self.systemd, cut_off_units=self.fenced)
+                taking.metrics = self.metrics
+                settled = taking.take_over_id(registration.taken_from, self.instance)
         if not registration.registered:
             event("host-id-conflict", level=logging.ERROR, host=self.host_id, instance=self.instance,
                   detail=registration.detail)
             raise Conflict(registration.detail)
         assert registration.state is not None and registration.epoch is not None
+        if taking is not None:
+            taking.count_taken()
         self.fence = store.Fence(self.host_id, registration.epoch)
         self.host_state = registration.state
         self._renewed(sent, sent_boot)
         self.connected_since = time.monotonic()
-        event("registered", host=self.host_id, epoch=registration.epoch, state=registration.state,
-              detail=registration.detail)
+        if registration.taken_from is None:
+            event("registered", host=self.host_id, epoch=registration.epoch, state=registration.state,
+                  detail=registration.detail)
+        else:
+            event("registered", level=logging.WARNING if settled else logging.INFO, host=self.host_id,
+                  epoch=registration.epoch, state=registration.state, settled_lost=settled,
+                  detail=f"{registration.detail}; settled the {settled} attempt(s) it had open as lost "
+                         "(their runs move on by their own policy)")
 
     def _renewed(self, sent: float, sent_boot: float) -> None:
         """The heartbeat sent at monotonic `sent` (boottime `sent_boot`) was committed: renew the

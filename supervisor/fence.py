@@ -45,15 +45,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from supervisor import fleet, unitspec
-from supervisor.config import ConfigError, Settings, cut_off_after
+from supervisor import fleet
+from supervisor.config import UNIT_PREFIX, ConfigError, Settings, cut_off_after
 from supervisor.log import event
+from supervisor.outcomes import Outcome
 from supervisor.runenv import RUNTIME_DIRECTORY
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitBrief
 
 LEASE = RUNTIME_DIRECTORY / "lease"
 FENCED = RUNTIME_DIRECTORY / "fenced"
 CHECK_EVERY = 0.5
+UNIT_GLOB = UNIT_PREFIX + "*.service"  # unitspec.UNIT_GLOB (unitspec imports this module)
+UPTIME = Path("/proc/uptime")  # its first field is CLOCK_BOOTTIME, in hundredths of a second
 
 
 def boottime() -> float:
@@ -69,6 +72,8 @@ class Lease:
     source: str = "daemon"  # or "fence": a provisional lease (module docstring)
 
     def encode(self) -> bytes:
+        # One line, json.dumps's default separators: start_check_script() reads this layout with the
+        # shell's own words (tests/unit/test_fence_start.py checks the two agree).
         return (json.dumps({"deadline": self.deadline, "fencing": self.fencing, "boot_id": self.boot_id,
                             "source": self.source}) + "\n").encode()
 
@@ -87,6 +92,74 @@ def parse_lease(text: bytes) -> Lease | None:
 def expired(lease: Lease | None, now: float) -> bool:
     """Whether the runs must be stopped now: a lease with fencing on whose deadline has come."""
     return lease is not None and lease.fencing and now >= lease.deadline
+
+
+def may_start(lease: Lease | None, now: float) -> bool:
+    """Whether a run's unit may start now (the model's START_NEEDS_LEASE): a lease that has not
+    expired, or that says fencing is off. No lease, or one that cannot be read, refuses: with fencing
+    on, the daemon writes its lease after registering, before it claims anything, so a start without
+    one is a start nobody vouches for. start_check_script() is this, in /bin/sh.
+
+    The boot id is not compared, unlike read_lease: /run is a tmpfs that systemd mounts afresh at every
+    boot, so the file cannot be another boot's; and the boot id a process reads depends on its mount
+    namespace where a container manager overmounts it (systemd-nspawn: the sandboxed daemon read the
+    kernel's, the check, run outside the sandbox, the container's), which refused every start there."""
+    return lease is not None and not expired(lease, now)
+
+
+def start_check_script(lease: Path | None = None, uptime: Path = UPTIME) -> str:
+    """may_start() as a /bin/sh script, the ExecCondition= of every run's unit with fencing on
+    (unitspec.start_condition): exit 0 lets the unit start, 1 skips it (systemd's Result=exec-condition,
+    the command never runs). A shell, not Python: it runs at every start, and only builtins run in it
+    (read, case, test), so it costs one fork and exec of /bin/sh (docs/fleet.md has the measured cost),
+    where `python3 -I -S` took about 20 ms, more than systemd spends on the whole start.
+
+    The deadline is compared in hundredths of a second, /proc/uptime's resolution (CLOCK_BOOTTIME, as
+    the lease's): the lease's is cut to hundredths (errs early), uptime too (errs late by less than
+    that); a start at the very hundredth of the deadline is refused. IFS is set here, not inherited
+    (the run's environment file is read for this line too); names with a `%` (bash's exported
+    functions) are not valid environment names for a run (unitspec.environment). A deadline the shell
+    cannot compare (an exponent, more digits than 64 bits hold) refuses: only a lease nobody wrote
+    reads so, and refusing is the safe side. No lease is a refusal too, with nothing on stderr."""
+    return f"""IFS=' '
+read -r l 2>/dev/null < {_sh_quote(str(lease or LEASE))} || exit 1
+read -r u _ < {_sh_quote(str(uptime))} || exit 1
+case $l in *'"fencing": false'*) exit 0 ;; *'"fencing": true'*) ;; *) exit 1 ;; esac
+case $l in *'"deadline": '*) ;; *) exit 1 ;; esac
+d=${{l#*'"deadline": '}}
+d=${{d%%,*}}
+d=${{d%%'}}'*}}
+case $d in '' | *[!0-9.]* | *.*.* | .*) exit 1 ;; esac
+case $d in *.*) i=${{d%.*}} f=${{d#*.}}00 ;; *) i=$d f=00 ;; esac
+f=${{f%"${{f#??}}"}}
+case $u in *.??) ;; *) exit 1 ;; esac
+[ "${{u%.*}}${{u#*.}}" -lt "$i$f" ] 2>/dev/null && exit 0
+exit 1
+"""
+
+
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+# What systemd records for a unit whose ExecCondition= refused its start (systemd.service(5)).
+START_REFUSED_RESULT = "exec-condition"
+
+
+def refused_start_outcome(result: str, cancel_requested: bool) -> Outcome | None:
+    """The outcome of a unit that ended with `result`, if its start was refused by the lease check:
+    `lost`, with no exit status, its run moved on by its own policy, as an attempt the fence stopped.
+    Not the run's failure (the command never ran, so nothing is known of it), and not the attempt's to
+    start again: by the time the check refused, a peer may have declared this host dead and retried the
+    run elsewhere; under the same unit name, a second start would be a second "Started" record of one
+    attempt. A cancel requested meanwhile wins, as everywhere. None: not refused by the lease check."""
+    if result != START_REFUSED_RESULT or cancel_requested:
+        return None
+    return REFUSED_START
+
+
+REFUSED_START = Outcome("lost", None, "not started: this host's lease had expired at the unit's start (cut off "
+                        "from the database, stop_runs_when_cut_off); the command never ran")
 
 
 def provisional_lease(settings: Settings, now: float, boot_id: str) -> Lease:
@@ -236,7 +309,7 @@ class Fence:
     def _units(self) -> dict[str, UnitBrief]:
         if not self.systemd.connected:
             self.systemd.connect()
-        return self.systemd.list_units(unitspec.UNIT_GLOB)
+        return self.systemd.list_units(UNIT_GLOB)
 
     def check(self, now: float) -> list[str]:
         """One round; returns the units it stopped."""
@@ -296,7 +369,7 @@ class Fence:
 
 def unitspec_run_id(name: str) -> str | None:
     """The run id in a unit name of ours (unitvisor-run-<run id>-<attempt>.service), for the journal."""
-    stem = name.removeprefix(unitspec.UNIT_GLOB.split("*")[0])
+    stem = name.removeprefix(UNIT_PREFIX)
     return stem[:36] if len(stem) > 36 else None
 
 

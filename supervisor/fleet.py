@@ -72,6 +72,18 @@ def takeover_outcome(run: Run, dead: store.DeadHost, declarer: str) -> Outcome:
     return Outcome("lost", None, silent)
 
 
+def id_takeover_outcome(run: Run, host_id: str, previous: str, instance: str) -> Outcome:
+    """The outcome of an open attempt of a host id that another instance took over after the id's
+    host_dead_after of silence: as for a host declared dead (takeover_outcome), since the instance that
+    claimed it (another machine, or this one before a reboot) may have started it, and this one cannot
+    know; left open, this instance's reconcile pass could start a claimed attempt a second time."""
+    why = (f"host id {host_id} was taken over by instance {instance} from instance {previous} after its "
+           "host_dead_after of silence")
+    if run.cancel_requested_at is not None:
+        return Outcome("cancelled", None, f"cancel requested; {why}")
+    return Outcome("lost", None, why)
+
+
 def cut_off_outcome(outcome: Outcome, seconds: float) -> Outcome:
     """A unit this host stopped itself because it was cut off from the database: the run did not end
     on its own, and it may have been retried elsewhere, so it is `lost`, whatever the stop made it exit with."""

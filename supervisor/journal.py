@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from supervisor import fence
 from supervisor.model import Accounting
 from supervisor.outcomes import CLD_DUMPED, CLD_EXITED, CLD_KILLED, Outcome, classify
 from supervisor.systemd import from_usec
@@ -69,6 +70,10 @@ MSG_UNIT_SUCCESS = "7ad2d189f7e94e70a38c781354912448"
 MSG_UNIT_RESOURCES = "ae8f7b866b0347b9af31fe1c80b127c0"
 MSG_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
 MSG_SPAWN_FAILED = "641257651c1b4ec9a8624d7a40a9e1e7"
+# "Skipped due to 'exec-condition'." (UNIT_RESULT): the unit's lease check refused its start (fence.py),
+# after which PID 1 also logs, under MSG_UNIT_STARTED, "Condition check resulted in ... being skipped":
+# that record proves no start.
+MSG_UNIT_SKIPPED = "0e4284a0caca4bfc81c0bb6786972673"
 _CODES = {"exited": CLD_EXITED, "killed": CLD_KILLED, "dumped": CLD_DUMPED}
 # The records after which PID 1 writes nothing more about an invocation that ended.
 _FINAL = {MSG_UNIT_SUCCESS, MSG_UNIT_FAILED, MSG_UNIT_STOPPED}
@@ -96,7 +101,7 @@ def program_ran(records: list[dict[str, str]], trust_absence: bool) -> bool | No
     can keep a later journal page and lose an earlier one.
     """
     ids = {record.get("MESSAGE_ID") for record in records}
-    if MSG_SPAWN_FAILED in ids:
+    if MSG_SPAWN_FAILED in ids or MSG_UNIT_SKIPPED in ids:
         return False
     if MSG_UNIT_STARTED in ids:
         return True
@@ -175,6 +180,10 @@ def success_from_records(records: list[dict[str, str]]) -> Found | None:
 def found_from_records(records: list[dict[str, str]]) -> Found | None:
     """Pure: the outcome PID 1's records about one unit invocation show, if they show one."""
     ids = {r.get("MESSAGE_ID") for r in records}
+    skipped = [r for r in records if r.get("MESSAGE_ID") == MSG_UNIT_SKIPPED]
+    if skipped and (refused := fence.refused_start_outcome(skipped[-1].get("UNIT_RESULT", ""), False)) is not None:
+        return Found(Outcome(refused.outcome, None, f"{refused.reason} (from the journal; the unit was gone)"),
+                     _realtime(skipped[-1]), Accounting())
     if MSG_UNIT_SUCCESS in ids and MSG_PROCESS_EXIT not in ids:
         return success_from_records(records)
     result = code = status = None

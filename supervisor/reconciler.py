@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from supervisor import faults, fleet, runenv, store, unitspec
+from supervisor import faults, fence, fleet, runenv, store, unitspec
 from supervisor.config import Settings, cut_off_after
 from supervisor.journal import History, Journal, TailReader, Unreadable
 from supervisor.log import event
@@ -129,6 +129,10 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
         return gone(run, name, "unit gone after a cancel request" if cancelled
                     else "unit is gone and left no outcome in systemd")
     if unit.has_ended:
+        refused = fence.refused_start_outcome(unit.result, cancelled)
+        if refused is not None:  # the lease check refused the start: the command never ran
+            return Decision(Action.SETTLE, name, f"unit ended: {refused.reason}", refused,
+                            unit.invocation_id or None, unit)
         # A Type=exec unit that ever became active had its command exec'd (see the note in outcomes.py).
         ran = True if unit.active_enter_usec else None
         outcome = classify(unit.result, unit.exec_main_code, unit.exec_main_status, cancel_requested=cancelled,
@@ -303,6 +307,7 @@ class Reconciler:
         self.settled = 0
         self.in_flight = 0
         self._batch: list[_Ending] | None = None  # inside batched_outcomes
+        self.taken_over: list[str] = []  # take_over_id's outcomes, counted after the commit
 
     # -- planning ---------------------------------------------------------------------------------
 
@@ -579,7 +584,10 @@ class Reconciler:
                         program_ran=ran)
 
     def _cut_off(self, attempt: Attempt, outcome: Outcome) -> Outcome:
-        if attempt.unit_name not in self.cut_off_units or outcome.outcome == "cancelled":
+        # A refused start the fence also stopped (it lists a unit whose lease check is running as one to
+        # stop) says the more: its command never ran.
+        if (attempt.unit_name not in self.cut_off_units or outcome.outcome == "cancelled"
+                or outcome == fence.REFUSED_START):
             return outcome
         return fleet.cut_off_outcome(outcome, cut_off_after(self.settings))
 
@@ -743,19 +751,48 @@ class Reconciler:
         with self.conn.transaction():
             dead = store.declare_dead_hosts(self.conn, self.fence, connected_for)
             for host in dead:
-                pairs = store.open_attempts(self.conn, host.host_id)
-                for run, attempt in pairs:
-                    self.tick()
-                    outcome = fleet.takeover_outcome(run, host, self.host_id)
-                    if self._record(run, self._settling(run, attempt, outcome)):
-                        taken.append(outcome.outcome)
-                event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=len(pairs),
+                count = self._settle_open_of(
+                    host.host_id, lambda run, host=host: fleet.takeover_outcome(run, host, self.host_id), taken)
+                event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=count,
                       detail=f"silent for {host.silent:.0f}s (host_dead_after {host.dead_after:g}s)")
         if self.metrics is not None:
             self.metrics.declared_dead(len(dead))
+        self._count_settled(taken)
+        return dead
+
+    def take_over_id(self, previous: str, instance: str) -> int:
+        """Settle `lost` (by their runs' policy) every open attempt of this host id, in the caller's
+        transaction: the one in which this instance took the id over from `previous` (register_host
+        lets it only after the id's host_dead_after of silence). As for a host declared dead, and by the
+        same code: the previous instance may have started an attempt it claimed, on a machine whose
+        journal this one cannot read, so none of them may be started, adopted or settled from here.
+        Returns how many were settled; they are counted once the caller committed (`count_taken`)."""
+        taken: list[str] = []
+        count = self._settle_open_of(self.host_id, lambda run: fleet.id_takeover_outcome(
+            run, self.host_id, previous, instance), taken)
+        self.taken_over = taken
+        return count
+
+    def count_taken(self) -> None:
+        """After the takeover's commit: its outcomes in the metrics."""
+        self._count_settled(self.taken_over)
+        self.taken_over = []
+
+    def _settle_open_of(self, host_id: str, outcome_for: Callable[[Run], Outcome], taken: list[str]) -> int:
+        """Every open attempt of `host_id` settled with `outcome_for(run)` and its run moved on by its
+        own policy (inside the caller's transaction); what was recorded is appended to `taken`."""
+        pairs = store.open_attempts(self.conn, host_id)
+        for run, attempt in pairs:
+            self.tick()
+            outcome = outcome_for(run)
+            if self._record(run, self._settling(run, attempt, outcome)):
+                taken.append(outcome.outcome)
+        return len(pairs)
+
+    def _count_settled(self, taken: list[str]) -> None:
+        if self.metrics is not None:
             for kind in taken:
                 self.metrics.settled(kind)
-        return dead
 
     def expire_overdue(self) -> int:
         """End as `expired` the queued runs past their start deadline that never started

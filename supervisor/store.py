@@ -569,14 +569,22 @@ class Registration:
     state: str | None
     epoch: int | None
     detail: str
+    # The instance this registration took the id from (another machine, or this one before a reboot),
+    # None when it was this instance's already, new, or recorded none (a 0.5.x daemon's). Its open
+    # attempts are the caller's to settle `lost` in the same transaction (Reconciler.take_over_id).
+    taken_from: str | None = None
 
 
 def register_host(conn: Connection, profile: HostProfile) -> Registration:
     """Take this host's id (its session lock, then its row) for this daemon, or learn that another
     live daemon holds it. A draining host stays draining; a dead one comes back active, fenced off
-    from everything that was taken over by a new epoch."""
+    from everything that was taken over by a new epoch. Called inside the caller's transaction when it
+    must settle what it took over (`taken_from`) in the same one."""
     p = profile
     with conn.transaction():
+        # Read before: once registered, the row names this instance. A registration between this read
+        # and the call takes the session lock first, so the call is refused (or it was this instance).
+        before = conn.execute("SELECT instance FROM unitvisor.hosts WHERE id = %s", (p.host_id,)).fetchone()
         row = conn.execute(
             """SELECT registered, state, epoch, detail FROM unitvisor.register_host(
                    %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
@@ -588,7 +596,9 @@ def register_host(conn: Connection, profile: HostProfile) -> Registration:
             conn.execute("SELECT unitvisor.register_host_allowlist(%s, %s, %s, %s, %s)",
                          (p.host_id, row[2], list(p.environment_denied), list(p.environment_names),
                           list(p.environment_patterns)))
-    return Registration(row[0], row[1], row[2], row[3])
+    previous = before[0] if before else None
+    taken_from = previous if row[0] and previous is not None and previous != p.instance else None
+    return Registration(row[0], row[1], row[2], row[3], taken_from)
 
 
 def host_fence(conn: Connection, host_id: str) -> tuple[str, Fence] | None:

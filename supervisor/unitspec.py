@@ -14,7 +14,7 @@ import re
 import uuid
 from typing import Any
 
-from supervisor import envpolicy, globs, runenv
+from supervisor import envpolicy, fence, globs, runenv
 from supervisor.config import CAPABILITIES, ROOT, UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
@@ -153,6 +153,24 @@ def root_confinement(settings: Settings) -> dict[bytes, Any]:
     }
 
 
+def start_condition(settings: Settings) -> dict[bytes, Any]:
+    """With [fleet] stop_runs_when_cut_off, the lease checked at the unit's start (the model's
+    START_NEEDS_LEASE, docs/fleet.md): an ExecCondition= that lets the command start only while this
+    machine's lease (/run/unitvisor/lease) is valid. The fence stops what runs once the lease is over;
+    this keeps what had not started yet from starting after it: a claim whose answer came late, a start
+    job PID 1 had queued, a start the daemon made after the database went away. "privileged" (the `+`
+    prefix): the check runs as root with none of the run's sandbox, so that it can read the lease in the
+    daemon's runtime directory, which a run that may become root cannot reach (root_confinement).
+    "no-env-expand" (the `:` prefix): systemd must leave the script's ${...} to the shell (without it,
+    PID 1 replaced `${d%%,*}` by the empty value of a variable of that name, and refused every start). No
+    fencing, no check: nothing would be stopped at the lease's end either, and a start costs one process
+    less."""
+    if not settings.fleet.stop_runs_when_cut_off:
+        return {}
+    return {b"ExecConditionEx": [(b"/bin/sh", [b"/bin/sh", b"-c", fence.start_check_script().encode()],
+                                  [b"privileged", b"no-env-expand"])]}
+
+
 def _limits(run: Run) -> dict[bytes, Any]:
     props: dict[bytes, Any] = {}
     if run.memory_max is not None:
@@ -279,4 +297,5 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         props.update(root_confinement(settings))
     props.update(_limits(run))
     props.update(_sandbox(runs, run))
+    props.update(start_condition(settings))
     return props

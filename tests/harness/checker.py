@@ -8,7 +8,8 @@ What it checks (docs/fleet.md, "Nemesis"):
 
 - `started-twice`, `start-without-attempt`, `started-on-wrong-host`: every journal "Started" record of
   a run's unit (unitvisor-run-<run id>-<attempt>.service), on every machine and every boot, maps to
-  exactly one attempt row, of the host id that machine runs as;
+  exactly one attempt row, of the host id that machine runs as (a start the unit's lease check refused,
+  "Skipped due to 'exec-condition'", is no start: its command never ran);
 - `live-copies`: no two live units of one run at one sampled instant (with self-fencing on);
   `overlap-in-journal`: no two invocations of one run whose journal intervals (Started .. end)
   overlap, which catches copies that lived less than a sampling period;
@@ -38,6 +39,10 @@ MSG_STARTED = "39f53479d3a045ac8e11786248231fbf"     # "Started X." (JOB_TYPE=st
 MSG_EXITED = "98e322203f7a4ed290d09fe03c09fe15"      # "Main process exited, code=..., status=..."
 MSG_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"      # "Failed with result 'X'." (UNIT_RESULT)
 MSG_SUCCEEDED = "7ad2d189f7e94e70a38c781354912448"   # "Deactivated successfully."
+# "Skipped due to 'exec-condition'." (UNIT_RESULT): the lease check refused the start (fence.py). PID 1
+# then also logs "Condition check resulted in X being skipped." under MSG_STARTED with JOB_RESULT=done
+# (systemd 252, seen in tests/system/test_fence.py): that invocation never ran, and is no start.
+MSG_SKIPPED = "0e4284a0caca4bfc81c0bb6786972673"
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired"})
 # As supervisor/outcomes.py RETRYABLE_BY_DEFAULT: every failure but a refusal or a cancel.
@@ -54,7 +59,7 @@ class JournalRecord:
     boot: str
     unit: str
     invocation: str
-    kind: str           # started | exited | failed | succeeded
+    kind: str           # started | exited | failed | succeeded | skipped
     at: float           # realtime seconds (one kernel clock for every test bed machine)
     exit_code: str = ""     # exited | killed | dumped (kind exited)
     exit_status: str = ""   # the number, as journald gives it (kind exited)
@@ -138,6 +143,8 @@ def parse_journal(machine: str, host_id: str, lines: Iterable[str]) -> list[Jour
             kind = "failed"
         elif message_id == MSG_SUCCEEDED:
             kind = "succeeded"
+        elif message_id == MSG_SKIPPED:
+            kind = "skipped"
         else:
             continue
         records.append(JournalRecord(
@@ -169,6 +176,7 @@ class Invocation:
     exit_code: str = ""
     exit_status: str = ""
     result: str = ""         # "success" when it deactivated successfully
+    skipped: bool = False    # its start was refused by the unit's condition: the command never ran
 
     @property
     def where(self) -> str:
@@ -192,6 +200,12 @@ def invocations(records: Iterable[JournalRecord]) -> dict[tuple[str, str], Invoc
         elif rec.kind == "succeeded":
             inv.result = "success"
             inv.ended = rec.at if inv.ended is None else min(inv.ended, rec.at)
+        elif rec.kind == "skipped":
+            inv.skipped = True
+    for inv in found.values():
+        if inv.skipped:  # its "Started" record says "Condition check resulted in ... being skipped"
+            inv.started = None
+            inv.ended = None
     return found
 
 

@@ -21,8 +21,11 @@ import psycopg
 import pytest
 
 from supervisor import store, unitspec
+from supervisor.config import Settings
 from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
+from supervisor.reconciler import Reconciler
+from supervisor.systemd import Systemd
 from tests.integration.conftest import connected, host_profile, register, silence
 
 pytestmark = pytest.mark.usefixtures("as_bound_roles")
@@ -119,6 +122,60 @@ def test_a_rebooted_host_with_runs_open_takes_its_id_back_after_host_dead_after(
         assert store.record_outcome(rebooted, new, attempt, Outcome("lost", None, "the host rebooted"), "failed")
         with pytest.raises(store.Fenced):
             store.probe(conn, fence, WEEK)
+
+
+def take_over(conn: psycopg.Connection, instance: str) -> tuple[store.Registration, int]:
+    """What the daemon's registration does (Daemon._register): register_host and, when it took the id
+    from another instance, that instance's open attempts settled, in one transaction."""
+    with conn.transaction():
+        taken = store.register_host(conn, host_profile("h1", instance=instance))
+        settled = 0
+        if taken.taken_from is not None:
+            # Settling touches no unit (the attempts were another machine's): systemd is never connected.
+            rec = Reconciler(Settings(), store.Fence("h1", taken.epoch), conn, Systemd())
+            settled = rec.take_over_id(taken.taken_from, instance)
+    return taken, settled
+
+
+def test_an_instance_that_takes_a_silent_id_over_settles_its_open_attempts_lost(conn: psycopg.Connection,
+                                                                                 dsn: str) -> None:
+    """Issue 21 (the model's TAKEOVER): instance A claimed two runs, started one, and went silent with
+    the other claimed but not started (A may have started its unit just before the silence). After
+    host_dead_after instance B (a clone, or A's machine after a reboot) takes the id: both attempts
+    are settled `lost` in the same transaction, each run moved on by its own policy, so that nothing
+    of A's is left open for B's reconcile pass to start a second time. Before, both stayed open."""
+    a = store.connect(dsn)
+    fence = register(a, "h1", instance="A")
+    started, started_attempt = started_run(a, fence, max_attempts=2)
+    claimed = store.submit_run(a, argv=["/bin/true"], max_attempts=1)
+    [(_, claimed_attempt)] = store.claim(a, fence, 1, FMT)
+    pid = a.info.backend_pid
+    a.close()  # A goes silent with both open (a power cut: no clean stop)
+    backend_gone(conn, pid)
+    silence(conn, "h1", 61)
+    with connection(dsn) as b:
+        taken, settled = take_over(b, "B")
+        assert (taken.registered, taken.taken_from, settled) == (True, "A", 2), taken
+        assert store.open_attempts(b, "h1") == []  # nothing for B's reconcile pass to start or adopt
+    rows = {(a.run_id, a.attempt): a for run_id in (started, claimed) for a in store.get_attempts(conn, run_id)}
+    for attempt in (started_attempt, claimed_attempt):
+        row = rows[(attempt.run_id, attempt.attempt)]
+        assert row.outcome == "lost" and row.exit_status is None, row
+        assert "taken over by instance B from instance A" in row.reason, row.reason
+    # Each run by its own policy: attempts left, retried (as a new attempt, another unit); none, failed.
+    assert store.get_run(conn, started).state == "queued"
+    assert store.get_run(conn, claimed).state == "failed"
+    with pytest.raises(store.Fenced):  # A's epoch is over: it writes nothing more
+        store.probe(conn, fence, WEEK)
+
+
+def test_a_restart_of_the_same_instance_takes_nothing_over(conn: psycopg.Connection, dsn: str) -> None:
+    """A daemon restarted on the same machine in the same boot adopts its runs, as before."""
+    fence, attempt = restart_with_a_run_open(conn, dsn)
+    with connection(dsn) as again:
+        taken, settled = take_over(again, "A")
+        assert (taken.registered, taken.taken_from, settled, taken.epoch) == (True, None, 0, fence.epoch)
+        assert [a.attempt for _, a in store.open_attempts(again, "h1")] == [attempt.attempt]
 
 
 def test_a_stopped_host_with_nothing_open_is_anyones_at_once(conn: psycopg.Connection, dsn: str) -> None:

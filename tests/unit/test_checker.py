@@ -11,6 +11,7 @@ import pytest
 from tests.harness.checker import (
     MSG_EXITED,
     MSG_FAILED,
+    MSG_SKIPPED,
     MSG_STARTED,
     MSG_SUCCEEDED,
     Attempt,
@@ -113,6 +114,27 @@ def test_a_failed_start_is_not_a_start() -> None:
                   "__REALTIME_TIMESTAMP": "1000000", "_BOOT_ID": "b"}
     records = parse_journal("m1", "h1", [json.dumps(failed_job)])
     assert records == []
+
+
+def test_a_start_the_lease_check_refused_is_not_a_start() -> None:
+    """What systemd 252 logs for a unit whose ExecCondition= refused (tests/system/test_fence.py): a
+    "Started" record with JOB_RESULT=done ("Condition check resulted in ... being skipped") and the skip.
+    Failed before the checker knew the skip: it counted two starts of the run (journal_starts 2)."""
+    name = unit()
+    base = {"UNIT": name, "INVOCATION_ID": "i1", "_BOOT_ID": "b"}
+    lines = [json.dumps({**base, "MESSAGE_ID": MSG_SKIPPED, "UNIT_RESULT": "exec-condition",
+                         "__REALTIME_TIMESTAMP": "1000000"}),
+             json.dumps({**base, "MESSAGE_ID": MSG_STARTED, "JOB_RESULT": "done", "JOB_TYPE": "start",
+                         "__REALTIME_TIMESTAMP": "1000001"})]
+    records = parse_journal("m1", "h1", lines) + life("m1", "h1", 5, 6, inv="i2")
+    report = check(records, [att(1, "h1", "lost"), att(2, "h1", "success", "exit:0")],
+                   [Run(RUN, "succeeded", 2)], [])
+    assert report.violations == [] and report.stats["journal_starts"] == 1
+    # The skip hides no real start: attempt 1's unit started for real twice besides is still reported.
+    again = (parse_journal("m1", "h1", lines) + life("m1", "h1", 5, 6, inv="i2")
+             + life("m1", "h1", 7, 8, inv="i3"))
+    assert kinds(check(again, [att(1, "h1", "success", "exit:0")], [Run(RUN, "succeeded", 1)], [])) == [
+        "started-twice"]
 
 
 # -- live copies ---------------------------------------------------------------------------------------

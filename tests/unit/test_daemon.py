@@ -57,7 +57,7 @@ def make(boundaries, events):
         d.is_root = is_root
         d._sleep = mock.Mock()
         if connected:
-            d.conn = mock.Mock(name="conn")
+            d.conn = mock.MagicMock(name="conn")
             d.conn.pgconn.notifies.return_value = None  # libpq's queue of notifications: empty
             d.dsn = DSN
             d.fence = store.Fence("h1", 4)
@@ -216,7 +216,7 @@ def st(mocker):
     made = []
 
     def connect(dsn, cls=psycopg.Connection):
-        made.append(mock.Mock(name=f"conn-{cls.__name__}"))
+        made.append(mock.MagicMock(name=f"conn-{cls.__name__}"))
         return made[-1]
     fakes["connect"].side_effect = connect
     fakes["pending_migrations"].return_value = []
@@ -690,3 +690,32 @@ def test_a_reconcile_pass_with_nothing_fenced_asks_nothing_more(make, mocker):
     open_attempts = mocker.patch.object(store, "open_attempts")
     d._reconcile()
     open_attempts.assert_not_called()
+
+
+def test_a_takeover_settles_the_previous_instances_attempts_in_the_registering_transaction(make, st, events,
+                                                                                            mocker):
+    """Issue 21: another instance takes a silent id: its open attempts are settled `lost` inside the
+    registration's transaction (Reconciler.take_over_id), and the journal says how many."""
+    d = make()
+    order = []
+    d.conn.transaction.return_value.__enter__.side_effect = lambda: order.append("begin")
+    d.conn.transaction.return_value.__exit__.side_effect = lambda *exc: order.append("commit")
+    st.register_host.side_effect = lambda conn, profile: (order.append("register"), store.Registration(
+        True, "active", 12, "took over the id from instance A", taken_from="A"))[1]
+    take = mocker.patch.object(daemon_mod.Reconciler, "take_over_id",
+                               side_effect=lambda previous, instance: (order.append("settle"), 2)[1])
+    d._register()
+    assert order == ["begin", "register", "settle", "commit"]
+    take.assert_called_once_with("A", d.instance)
+    assert d.fence == store.Fence("h1", 12)
+    (call,) = [c for c in events.call_args_list if c.args[0] == "registered"]
+    assert call.kwargs["settled_lost"] == 2 and call.kwargs["level"] == logging.WARNING
+    assert "settled the 2 attempt(s) it had open as lost" in call.kwargs["detail"]
+
+
+def test_a_restart_of_the_same_instance_settles_nothing(make, st, events, mocker):
+    d = make()
+    take = mocker.patch.object(daemon_mod.Reconciler, "take_over_id")
+    st.register_host.return_value = store.Registration(True, "active", 5, "registered")
+    d._register()
+    take.assert_not_called()

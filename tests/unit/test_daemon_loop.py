@@ -192,7 +192,7 @@ def st(mocker):
 def test_status_says_what_is_wrong_then_that_it_recovered(make, clock, st):
     d = make()
     d.systemd.connected = d.watcher.connected = False
-    st.connect.side_effect = [psycopg.OperationalError("connection refused"), mock.Mock()]
+    st.connect.side_effect = [psycopg.OperationalError("connection refused"), mock.MagicMock()]
 
     def connected_once_set_up():
         return d.conn is not None and d.systemd.connected and d.watcher.connected
@@ -221,7 +221,7 @@ def test_status_says_what_is_wrong_then_that_it_recovered(make, clock, st):
 def test_a_lost_bus_says_so_in_status(make, clock, st):
     d = make()
     d.systemd.connected = d.watcher.connected = False
-    st.connect.side_effect = lambda *a, **k: mock.Mock()
+    st.connect.side_effect = lambda *a, **k: mock.MagicMock()
     d.watcher.connect.side_effect = daemon_mod.SystemdUnavailable(
         "subscribing to systemd's signals: systemd is not reachable over D-Bus ([err -2]: no socket)")
     assert d._connect() is False
