@@ -66,7 +66,7 @@ ON_ONE_HOST = frozenset(FAULTS) - {"pg_restart", "failover", "cancel", "resume"}
 # Added after CI's compact schedule had its length (every fault above once, about 3 minutes): the
 # compact schedule does every one of the others once and a seeded COMPACT_NEW of these, so that CI
 # time stays about the same and every seed still tries some of them; the long schedule does all.
-NEW_IN_0_6 = ("failover", "rotate_password", "apt_upgrade", "apt_remove")
+LATE_ACTIONS = ("failover", "rotate_password", "apt_upgrade", "apt_remove")
 COMPACT_NEW = 2
 
 
@@ -112,15 +112,15 @@ def plan(seed: int, seconds: float, faults: dict[str, int] | None = None, compac
     """The schedule for `seconds`: every fault once first (in a seeded order, so that even a short
     schedule covers them all), then weighted random draws; a pause of 2 to 6 s after each.
     `compact` (CI's): every fault exactly once, whatever `seconds`, none lasting longer than
-    host_dead_after + 3 s, with pauses of 1 to 2 s; but of NEW_IN_0_6 only a seeded COMPACT_NEW
+    host_dead_after + 3 s, with pauses of 1 to 2 s; but of LATE_ACTIONS only a seeded COMPACT_NEW
     (unless `faults` names them), each put at a seeded place into what the schedule was before they
     existed, which stays as it was for a seed (drawn from the same generator in the same order)."""
     weights = dict(faults or FAULTS)
     added: list[str] = []
     if compact and faults is None:
         extra = random.Random(seed ^ 0xC1)
-        added = extra.sample(NEW_IN_0_6, COMPACT_NEW)
-        weights = {name: weight for name, weight in weights.items() if name not in NEW_IN_0_6}
+        added = extra.sample(LATE_ACTIONS, COMPACT_NEW)
+        weights = {name: weight for name, weight in weights.items() if name not in LATE_ACTIONS}
     rng = random.Random(seed)
     names = sorted(weights)
     rng.shuffle(names)

@@ -22,7 +22,7 @@ from tests.harness.checker import (
     format_report,
     parse_journal,
 )
-from tests.harness.nemesis import COMPACT_NEW, FAULTS, NEW_IN_0_6, live_units, plan
+from tests.harness.nemesis import COMPACT_NEW, FAULTS, LATE_ACTIONS, live_units, plan
 
 RUN = "11111111-2222-3333-4444-555555555555"
 OTHER = "99999999-2222-3333-4444-555555555555"
@@ -306,16 +306,16 @@ def test_a_compact_schedule_is_the_one_before_the_new_actions_with_them_put_in()
     """Adding actions to the compact schedule keeps what a seed did before (a failure seen on seed N
     can be run again), with the new ones at seeded places."""
     for seed in (1, 21, 22):
-        old = {name: weight for name, weight in FAULTS.items() if name not in NEW_IN_0_6}
+        old = {name: weight for name, weight in FAULTS.items() if name not in LATE_ACTIONS}
         before = plan(seed, 0, old, compact=True)
-        after = [a for a in plan(seed, 0, compact=True) if a.name not in NEW_IN_0_6]
+        after = [a for a in plan(seed, 0, compact=True) if a.name not in LATE_ACTIONS]
         assert [(a.name, a.target, a.seconds, a.pick) for a in after] == \
             [(a.name, a.target, a.seconds, a.pick) for a in before]
 
 
 def test_the_new_actions_are_in_the_long_schedule_with_their_spans() -> None:
     actions = plan(7, 1800)
-    for name in NEW_IN_0_6:
+    for name in LATE_ACTIONS:
         assert any(a.name == name for a in actions), name
     assert all(0 <= a.seconds <= 6 for a in actions if a.name == "failover")
     assert all(a.seconds == 0 for a in actions if a.name == "apt_upgrade")
@@ -349,14 +349,14 @@ def test_the_report_prints_the_seed_the_schedule_and_every_violation() -> None:
 def test_ci_s_compact_schedule_does_every_fault_once_and_the_clone_keeps_one_target() -> None:
     actions = plan(21, 0, compact=True)
     names = [a.name for a in actions]
-    new = [name for name in names if name in NEW_IN_0_6]
-    assert sorted(name for name in names if name not in NEW_IN_0_6) == sorted(set(FAULTS) - set(NEW_IN_0_6))
+    new = [name for name in names if name in LATE_ACTIONS]
+    assert sorted(name for name in names if name not in LATE_ACTIONS) == sorted(set(FAULTS) - set(LATE_ACTIONS))
     assert len(new) == len(set(new)) == COMPACT_NEW >= 2
     assert max(a.seconds for a in actions) <= 13
     # CI time: the two added actions cost about half a minute on top of what it was (114 s planned).
     assert actions[-1].at + actions[-1].seconds < 114 + 45
-    every = {a.name for seed in range(30) for a in plan(seed, 0, compact=True) if a.name in NEW_IN_0_6}
-    assert every == set(NEW_IN_0_6)
+    every = {a.name for seed in range(30) for a in plan(seed, 0, compact=True) if a.name in LATE_ACTIONS}
+    assert every == set(LATE_ACTIONS)
     for seed in range(5):
         clones = {a.target for a in plan(seed, 1800) if a.name == "clone"}
         assert len(clones) == 1, (seed, clones)
