@@ -16,7 +16,10 @@ What it checks (docs/fleet.md, "Nemesis"):
 - `unexplained-state`, `unsettled`, `bad-attempts`: every run ends in a state its attempts and its
   retry policy (max_attempts, retry_on, a cancel, resumes) explain;
 - `outcome-contradicts-journal`: no recorded success, exit status or signal that the unit's own
-  journal contradicts.
+  journal contradicts;
+- `action-not-refused`: an operator command whose documented guard should have refused it went
+  ahead (`apt remove` while a run unit stayed loaded; `hosts add --new-password` without `--force`
+  while the host was live). A refused command is what the guard promises, not a violation.
 
 A sampled overlap that the journal proves was not one (the two invocations' intervals are disjoint:
 the hosts were listed a fraction of a second apart, one copy ended and the retry started in between)
@@ -97,6 +100,19 @@ class Sample:
     machine: str
     host_id: str
     units: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Operation:
+    """An operator command with a documented guard (README, "What each operator action does to runs
+    in flight"), as the nemesis saw it: whether the guard's condition held throughout (a run unit
+    loaded before and after the command; the host live), and whether the command refused."""
+    at: float
+    action: str         # apt_remove | rotate_password
+    host_id: str
+    guarded: bool
+    refused: bool
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -210,7 +226,7 @@ def invocations(records: Iterable[JournalRecord]) -> dict[tuple[str, str], Invoc
 
 
 def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: Sequence[Run],
-          samples: Sequence[Sample], settled: bool = True) -> Report:
+          samples: Sequence[Sample], settled: bool = True, operations: Sequence[Operation] = ()) -> Report:
     """Every broken promise in one history; `stats` counts what was looked at. `settled`: the
     history is complete (the fleet healed and every run had time to end), so a run that has not
     ended is a violation; False audits a history still being written (runs still running)."""
@@ -228,12 +244,14 @@ def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: S
     v += sampled
     v += _check_states([r for r in runs if settled or r.state in TERMINAL], attempts)
     v += _check_outcomes(attempts, by_unit)
+    v += _check_operations(operations)
     report.stats = {
         "runs": len(runs),
         "attempts": len(attempts),
         "journal_starts": sum(1 for inv in invs.values() if inv.started is not None),
         "samples": len({s.round for s in samples}),
         "sampler_artifacts": artifacts,
+        "operations_refused": sum(1 for op in operations if op.refused),
         "outcomes_unverified": sum(1 for a in attempts if a.outcome in ("success", "exit-code", "signal")
                                    and not _ended_invocations(a, by_unit)),
     }
@@ -436,6 +454,13 @@ def _check_outcomes(attempts: Sequence[Attempt], by_unit: dict[str, list[Invocat
                                      f"attempt {a.attempt} recorded {a.outcome} {a.exit_status or ''}".rstrip()
                                      + f" but the journal of {inv.where} says {said}"))
     return out
+
+
+def _check_operations(operations: Sequence[Operation]) -> list[Violation]:
+    """A guarded command that went ahead. The run id is empty: the promise broken is the command's."""
+    return [Violation("action-not-refused", "-", f"{op.action} on {op.host_id} at {_clock(op.at)} UTC went ahead "
+                      f"although {op.detail or 'its guard held'}")
+            for op in operations if op.guarded and not op.refused]
 
 
 def _journal_says(inv: Invocation) -> str:

@@ -28,13 +28,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from supervisor import store
 from tests.harness import testbed as testbed_mod
-from tests.harness.checker import Attempt, JournalRecord, Report, Run, Sample, check, format_report, parse_journal
+from tests.harness.checker import (
+    Attempt,
+    JournalRecord,
+    Operation,
+    Report,
+    Run,
+    Sample,
+    check,
+    format_report,
+    parse_journal,
+)
 from tests.harness.fleet import Fleet, Member, fleet_config
-from tests.harness.host import VENV_BIN, wait_for
-from tests.harness.postgres import Postgres, free_port
+from tests.harness.host import REPO, VENV_BIN, wait_for
+from tests.harness.postgres import Postgres, free_port, multi_host_dsn
 
 POLL = 1
 DEAD_AFTER = 10      # host_dead_after; cut-off stop at 10 - 1 - 2 = 7 s of silence
@@ -49,8 +60,14 @@ MAX_IN_FLIGHT = 12   # the submitter waits while this many runs are not finished
 FAULTS: dict[str, int] = {
     "kill9": 3, "restart": 2, "stop_long": 1, "power_cut": 2, "reboot": 1, "partition_reset": 2,
     "partition_blackhole": 2, "pg_restart": 1, "clone": 1, "wrong_dsn": 1, "drain": 2, "cancel": 2, "resume": 2,
+    "failover": 1, "rotate_password": 1, "apt_upgrade": 1, "apt_remove": 1,
 }
-ON_ONE_HOST = frozenset(FAULTS) - {"pg_restart", "cancel", "resume"}
+ON_ONE_HOST = frozenset(FAULTS) - {"pg_restart", "failover", "cancel", "resume"}
+# Added after CI's compact schedule had its length (every fault above once, about 3 minutes): the
+# compact schedule does every one of the others once and a seeded COMPACT_NEW of these, so that CI
+# time stays about the same and every seed still tries some of them; the long schedule does all.
+LATE_ACTIONS = ("failover", "rotate_password", "apt_upgrade", "apt_remove")
+COMPACT_NEW = 2
 
 
 @dataclass(frozen=True)
@@ -73,12 +90,16 @@ def _duration(name: str, rng: random.Random) -> float:
         "kill9": (0.5, 4), "stop_long": (DEAD_AFTER + 4, DEAD_AFTER + 8), "power_cut": (2, DEAD_AFTER + 8),
         "partition_reset": (3, DEAD_AFTER + 10), "partition_blackhole": (3, DEAD_AFTER + 10),
         "pg_restart": (0, 6), "clone": (4, 10), "wrong_dsn": (DEAD_AFTER + 4, DEAD_AFTER + 8), "drain": (3, 12),
+        # no primary between its crash and the standby's promotion; the old password in the DSN file
+        # after a rotation; the package removed (runs drained first)
+        "failover": (0, 6), "rotate_password": (1, DEAD_AFTER + 8), "apt_remove": (2, DEAD_AFTER + 8),
     }
     low, high = spans.get(name, (0, 0))
     return round(rng.uniform(low, high), 1) if high else 0.0
 
 
-OVERHEAD = {"power_cut": 6, "reboot": 8, "clone": 10, "kill9": 2, "restart": 2, "stop_long": 2, "wrong_dsn": 4}
+OVERHEAD = {"power_cut": 6, "reboot": 8, "clone": 10, "kill9": 2, "restart": 2, "stop_long": 2, "wrong_dsn": 4,
+            "failover": 6, "rotate_password": 6, "apt_upgrade": 3, "apt_remove": 12}
 
 
 def clone_target(seed: int) -> int:
@@ -91,23 +112,41 @@ def plan(seed: int, seconds: float, faults: dict[str, int] | None = None, compac
     """The schedule for `seconds`: every fault once first (in a seeded order, so that even a short
     schedule covers them all), then weighted random draws; a pause of 2 to 6 s after each.
     `compact` (CI's): every fault exactly once, whatever `seconds`, none lasting longer than
-    host_dead_after + 3 s, with pauses of 1 to 2 s."""
+    host_dead_after + 3 s, with pauses of 1 to 2 s; but of LATE_ACTIONS only a seeded COMPACT_NEW
+    (unless `faults` names them), each put at a seeded place into what the schedule was before they
+    existed, which stays as it was for a seed (drawn from the same generator in the same order)."""
     weights = dict(faults or FAULTS)
+    added: list[str] = []
+    if compact and faults is None:
+        extra = random.Random(seed ^ 0xC1)
+        added = extra.sample(LATE_ACTIONS, COMPACT_NEW)
+        weights = {name: weight for name, weight in weights.items() if name not in LATE_ACTIONS}
     rng = random.Random(seed)
     names = sorted(weights)
     rng.shuffle(names)
-    actions: list[Action] = []
+    steps: list[tuple[str, int, float, float, float]] = []  # name, target, seconds, pick, pause after
     at = 3.0
     while (names if compact else at < seconds):
         name = names.pop(0) if names else rng.choices(list(weights), list(weights.values()))[0]
-        target = clone_target(seed) if name == "clone" else rng.randrange(len(HOST_IDS))
-        lasting = _duration(name, rng)
-        if compact:
-            lasting = min(lasting, DEAD_AFTER + 3)
-        action = Action(round(at, 1), name, target, lasting, rng.random())
-        actions.append(action)
-        at += action.seconds + OVERHEAD.get(name, 1) + (rng.uniform(1, 2) if compact else rng.uniform(2, 6))
+        steps.append(_step(seed, name, rng, compact))
+        at += steps[-1][2] + OVERHEAD.get(name, 1) + steps[-1][4]
+    for name in added:
+        steps.insert(extra.randrange(len(steps) + 1), _step(seed, name, extra, compact))
+    actions: list[Action] = []
+    at = 3.0
+    for name, target, lasting, pick, pause in steps:
+        actions.append(Action(round(at, 1), name, target, lasting, pick))
+        at += lasting + OVERHEAD.get(name, 1) + pause
     return actions
+
+
+def _step(seed: int, name: str, rng: random.Random, compact: bool) -> tuple[str, int, float, float, float]:
+    target = clone_target(seed) if name == "clone" else rng.randrange(len(HOST_IDS))
+    lasting = _duration(name, rng)
+    if compact:
+        lasting = min(lasting, DEAD_AFTER + 3)
+    pick = rng.random()
+    return name, target, lasting, pick, rng.uniform(1, 2) if compact else rng.uniform(2, 6)
 
 
 @dataclass
@@ -117,6 +156,7 @@ class Figures:
     submit_errors: int = 0
     actions_done: Counter = field(default_factory=Counter)
     action_errors: list[str] = field(default_factory=list)
+    outcomes: Counter = field(default_factory=Counter)  # e.g. apt_remove refused, rotate_password forced
 
 
 class Nemesis:
@@ -136,7 +176,11 @@ class Nemesis:
         self.stop = threading.Event()          # no more actions, no more submits
         self.stop_sampling = threading.Event()
         self.started = 0.0
-        self.pg: Postgres | None = None
+        self.pg: Postgres | None = None        # the primary now
+        self.standby: Postgres | None = None   # its synchronous standby (none between a failover and its rebuild)
+        self.failovers = 0
+        self.operations: list[Operation] = []
+        self.passwords: dict[str, str] = {}    # host id -> its role's password now
         self.fleet: Fleet | None = None
         self.clone: Fleet | None = None
         self.clone_booted = False
@@ -161,7 +205,7 @@ class Nemesis:
                 for thread in threads:
                     thread.join(timeout=60)
             records, attempts, runs = self._collect()
-        report = check(records, attempts, runs, self.samples)
+        report = check(records, attempts, runs, self.samples, operations=self.operations)
         text = format_report(self.seed, self._schedule_text(), report, self._figures(attempts, runs))
         if self.out:
             self._dump(records, attempts, runs, text)
@@ -176,22 +220,34 @@ class Nemesis:
             raise RuntimeError(reason)
         testbed_mod.cleanup_stale()
         with contextlib.ExitStack() as stack:
-            self.pg = Postgres()
-            stack.callback(self.pg.stop)
+            # A primary and its synchronous standby (tests/harness/postgres.py, make_standby: a failover
+            # then loses no commit a daemon was told of); every role but the harness's superuser logs in
+            # with its password, so that a rotated password locks the old one out.
+            self.pg = Postgres(settings={"synchronous_commit": "on"})
+            stack.callback(self._stop_databases)
             self.pg.init()
+            self.pg.require_passwords()
             self.pg.start()
             with store.connect(self.pg.dsn) as conn:
                 conn.execute(f"CREATE DATABASE {DB}")
-            self.dsn = self.pg.dsn_for(DB)
+            self.standby = self.pg.make_standby(synchronous=True, name="gen0")
+            # Both servers, whichever accepts writes: every host has a proxy in front of each.
+            self.dsn = multi_host_dsn(self.pg, self.standby, dbname=DB)
             with store.connect(self.dsn) as conn:
                 store.migrate(conn)
+                for host_id in HOST_IDS:  # `unitvisor hosts add`: each host its own role, as installed
+                    self.passwords[host_id] = random.SystemRandom().randbytes(18).hex()
+                    store.add_host_role(conn, host_id, store.default_host_role_name(host_id), self.passwords[host_id])
             configs = {h: fleet_config(h, poll=POLL, dead_after=DEAD_AFTER, stop_grace=STOP_GRACE, cut_off=True)
                        for h in HOST_IDS}
-            self.fleet = stack.enter_context(Fleet(self.dsn, size=3, prefix="uv-nem", host_ids=HOST_IDS,
-                                                   proxied=True, configs=configs))
+            fleet = Fleet(self.dsn, size=3, prefix="uv-nem", host_ids=HOST_IDS, proxied=True, configs=configs)
+            for member in fleet:
+                member.host.dsn = self._role_dsn(member.host.dsn, member.host_id)
+            self.fleet = stack.enter_context(fleet)
             clone_id = HOST_IDS[self.clone_of]
             self.clone = Fleet(self.dsn, size=1, prefix="uv-nemclone", host_ids=[clone_id],
                                configs={clone_id: configs[clone_id]})
+            self.clone[0].host.dsn = self._role_dsn(self.dsn, clone_id)
             stack.callback(self.clone.destroy)
             for member in self.fleet:
                 self._start_daemon(member)
@@ -215,6 +271,18 @@ class Nemesis:
                 self.figures.action_errors.append(f"{action.describe()}: {exc!r}"[:300])
                 self.log(f"    failed: {exc!r}"[:300])
             self.log(f"    done in {time.monotonic() - began:.1f}s")
+
+    def _role_dsn(self, dsn: str, host_id: str) -> str:
+        """`dsn` (the servers, or the host's proxies) logged in as the host's own role."""
+        return make_conninfo(dsn, user=store.default_host_role_name(host_id), password=self.passwords[host_id])
+
+    def _stop_databases(self) -> None:
+        try:
+            if self.standby is not None:
+                self.standby.stop()
+        finally:
+            if self.pg is not None:
+                self.pg.stop()
 
     # -- faults and operator actions --------------------------------------------------------------
 
@@ -292,6 +360,7 @@ class Nemesis:
         clone = self.clone[0]
         if not clone.tb.running:
             if self.clone_booted:
+                clone.configure()  # the DSN of now (a rotated password)
                 clone.boot()
             else:
                 self.clone.boot()
@@ -308,7 +377,8 @@ class Nemesis:
     def _do_wrong_dsn(self, action: Action) -> None:
         """The daemon restarted with a DSN that names a port nobody listens on, fixed later."""
         member = self._member(action)
-        wrong = member.dsn.replace(f"port={member.proxy.port}", f"port={free_port()}")
+        ports = ",".join(str(free_port()) for _ in member.proxies)  # one per server the DSN names
+        wrong = make_conninfo(member.dsn, port=ports)
         member.tb.write("/etc/unitvisor/dsn", wrong + "\n")
         member.tb.run("systemctl", "restart", "unitvisor.service", check=False, timeout=120)
         try:
@@ -317,6 +387,135 @@ class Nemesis:
             member.configure()
             member.tb.run("systemctl", "reset-failed", "unitvisor.service", check=False)
             member.tb.run("systemctl", "restart", "unitvisor.service", timeout=120)
+
+    def _do_failover(self, action: Action) -> None:
+        """The primary's machine dies (an immediate stop: sessions cut, no shutdown checkpoint) and,
+        `seconds` later, its synchronous standby is promoted. A new standby is then made from the new
+        primary on the old one's port, behind the same proxies, so that the next failover has one."""
+        assert self.pg is not None
+        if self.standby is None:
+            raise RuntimeError("no standby to fail over to")
+        old, new = self.pg, self.standby
+        old.stop_server("immediate")
+        time.sleep(action.seconds)
+        new.promote()
+        self.pg, self.standby = new, None
+        port = old.port
+        old.stop()
+        self.failovers += 1
+        try:
+            self.standby = new.make_standby(synchronous=True, name=f"gen{self.failovers}", port=port)
+        except BaseException:
+            # It may already be named in synchronous_standby_names: every commit would wait for it forever.
+            with new.connect() as conn:
+                conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
+                conn.execute("SELECT pg_reload_conf()")
+            raise
+        self.log(f"    {new.application_name} promoted; new standby gen{self.failovers} on port {port}")
+
+    def _host_live(self, host_id: str) -> bool:
+        """Live beyond doubt: active or draining, heartbeat within half of host_dead_after."""
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+            row = next((r for r in store.list_hosts(conn) if r["id"] == host_id), None)
+        return bool(row and row["state"] in ("active", "draining") and row["heartbeat_age"] < DEAD_AFTER / 2)
+
+    def _do_rotate_password(self, action: Action) -> None:
+        """`unitvisor hosts add HOST --new-password`: its guard refuses while the host is live, so the
+        operator forces it; the daemon is restarted with the old password still in its DSN file (locked
+        out, a wrong DSN) for `seconds`; then the file gets the new DSN and the daemon is restarted."""
+        member = self._member(action)
+        host_id = member.host_id
+        live = self._host_live(host_id)
+        first = self._cli_result("hosts", "add", host_id, "--new-password", "--json")
+        refused = first.returncode != 0
+        self.operations.append(Operation(time.time(), "rotate_password", host_id, live, refused,
+                                         f"{host_id} was live (heartbeat within host_dead_after / 2)"))
+        out = first.stdout
+        if refused:
+            self.figures.outcomes["rotate_password refused"] += 1
+            forced = self._cli_result("hosts", "add", host_id, "--new-password", "--force", "--json")
+            if forced.returncode != 0:
+                raise RuntimeError(f"hosts add --new-password --force: {forced.stderr.strip()[:200]}")
+            out = forced.stdout
+        self.figures.outcomes["rotate_password forced" if refused else "rotate_password done"] += 1
+        self.passwords[host_id] = str(conninfo_to_dict(json.loads(out)["dsn"])["password"])
+        member.tb.run("systemctl", "restart", "unitvisor.service", check=False, timeout=120)  # locked out
+        try:
+            time.sleep(action.seconds)
+        finally:
+            member.host.dsn = self._role_dsn(member.host.dsn, host_id)
+            member.configure()
+            member.tb.run("systemctl", "reset-failed", "unitvisor.service", check=False)
+            member.tb.run("systemctl", "restart", "unitvisor.service", timeout=120)
+            if host_id == HOST_IDS[self.clone_of]:  # a clone is a copy of the host's disk: it gets the new one
+                assert self.clone is not None
+                self.clone[0].host.dsn = self._role_dsn(self.dsn, host_id)
+
+    def _prerm(self, member: Member, *args: str) -> subprocess.CompletedProcess:
+        """The package's own prerm (debian/unitvisor.prerm), as dpkg runs it. Its #DEBHELPER# line is a
+        comment in the source: what debhelper puts there (stopping the services) the callers do."""
+        return member.tb.run("sh", str(REPO / "debian" / "unitvisor.prerm"), *args, check=False, timeout=60)
+
+    def _do_apt_upgrade(self, action: Action) -> None:
+        """`apt install` of a newer .deb, runs in flight, as its maintainer scripts do it: the prerm
+        (`upgrade`: never refused), the files replaced (the unit files written again; the test beds run
+        the daemon from this checkout, so the code itself does not change), daemon-reload, and both
+        services restarted (dh_installsystemd's postinst)."""
+        member = self._member(action)
+        result = self._prerm(member, "upgrade", "0.6.0")
+        if result.returncode != 0:
+            raise RuntimeError(f"prerm upgrade refused: {result.stderr.strip()[:200]}")
+        member.host.install_units()
+        member.tb.run("systemctl", "restart", "unitvisor-fence.service", "unitvisor.service", timeout=120)
+
+    def _do_apt_remove(self, action: Action) -> None:
+        """`apt remove unitvisor`, with a run in flight if one comes within 10 s: the prerm refuses while
+        a run unit is loaded. For half the draws the operator then does what its message says (drain,
+        wait until no run unit is loaded, remove); for the other half leaves it installed. Removed is
+        what the package's scripts do: both services stopped, the unit files gone, systemd reloaded;
+        `seconds` later it is installed again (and undrained)."""
+        member = self._member(action)
+        # With runs in flight, the case the guard is for (issue 21): wait a little for one if none is.
+        with contextlib.suppress(AssertionError):
+            wait_for(member.host.loaded_run_units, timeout=10, interval=0.5, what=f"a run on {member.host_id}")
+        drained = False
+        try:
+            removed = self._remove(member)
+            if not removed and action.pick < 0.5:
+                self._cli("drain", member.host_id)
+                drained = True
+                with contextlib.suppress(AssertionError):
+                    wait_for(lambda: not member.host.loaded_run_units(), timeout=40, interval=1,
+                             what=f"{member.host_id}'s run units to end")
+                removed = self._remove(member)
+            if removed:
+                try:
+                    time.sleep(action.seconds)
+                finally:
+                    self._start_daemon(member)  # installed again: the unit files, daemon-reload, start
+        finally:
+            if drained:
+                self._cli("undrain", member.host_id)
+
+    def _remove(self, member: Member) -> bool:
+        before = set(member.host.loaded_run_units())
+        result = self._prerm(member, "remove")
+        held = before & set(member.host.loaded_run_units())  # loaded throughout: the prerm saw them
+        refused = result.returncode != 0
+        self.operations.append(Operation(time.time(), "apt_remove", member.host_id, bool(held), refused,
+                                         f"run units stayed loaded: {', '.join(sorted(held)[:3])}"))
+        self.figures.outcomes["apt_remove refused" if refused else "apt_remove removed"] += 1
+        self.log(f"    apt remove on {member.host_id}: {'refused' if refused else 'removed'} "
+                 f"({len(before)} run units loaded before)")
+        if refused:
+            return False
+        # What dh_installsystemd's prerm and postrm do after the package's own check.
+        member.tb.run("systemctl", "stop", "unitvisor.service", "unitvisor-fence.service", check=False, timeout=120)
+        member.tb.run("rm", "-rf", "/etc/systemd/system/unitvisor.service", "/etc/systemd/system/unitvisor.service.d",
+                      "/etc/systemd/system/unitvisor-fence.service", "/etc/systemd/system/unitvisor-fence.service.d",
+                      "/etc/systemd/system/unitvisor.slice", check=False)
+        member.tb.run("systemctl", "daemon-reload", check=False)
+        return True
 
     def _do_drain(self, action: Action) -> None:
         host_id = HOST_IDS[action.target]
@@ -351,13 +550,16 @@ class Nemesis:
 
     def _cli(self, *args: str) -> str:
         """The unitvisor command, run by an operator on a host that is up, straight to PostgreSQL."""
+        result = self._cli_result(*args)
+        if result.returncode != 0:
+            raise RuntimeError(f"unitvisor {' '.join(args)}: {result.stderr.strip()[:200]}")
+        return result.stdout
+
+    def _cli_result(self, *args: str) -> subprocess.CompletedProcess:
         assert self.fleet is not None
         for member in self.fleet:
             if member.tb.running and member.tb.leader:
-                result = member.tb.run(str(VENV_BIN / "unitvisor"), "--dsn", self.dsn, *args, check=False, timeout=60)
-                if result.returncode != 0:
-                    raise RuntimeError(f"unitvisor {' '.join(args)}: {result.stderr.strip()[:200]}")
-                return result.stdout
+                return member.tb.run(str(VENV_BIN / "unitvisor"), "--dsn", self.dsn, *args, check=False, timeout=60)
         raise RuntimeError("no host is up to run the CLI on")
 
     def _sql(self, query: str, params: object = None) -> list[tuple]:
@@ -476,6 +678,8 @@ class Nemesis:
             "submitted": self.figures.submitted,
             "by_cli": self.figures.submitted_by_cli,
             "submit_errors": self.figures.submit_errors,
+            "failovers": self.failovers,
+            "operator_outcomes": dict(sorted(self.figures.outcomes.items())),
             "states": dict(Counter(r.state for r in runs)),
             "outcomes": dict(Counter(a.outcome for a in attempts)),
             "boots": self.boots,
@@ -489,7 +693,8 @@ class Nemesis:
         (self.out / "history.json").write_text(json.dumps({
             "seed": self.seed, "schedule": self._schedule_text(),
             "journal": [asdict(r) for r in records], "attempts": [asdict(a) for a in attempts],
-            "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in self.samples]}))
+            "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in self.samples],
+            "operations": [asdict(o) for o in self.operations]}))
 
 
 def database_history(dsn: str) -> tuple[list[Attempt], list[Run]]:
@@ -543,7 +748,8 @@ def audit_history(history: dict) -> tuple[Report, str]:
                    [Attempt(**a) for a in history["attempts"]],
                    [Run(**{**r, "retry_on": tuple(r["retry_on"]) if r["retry_on"] is not None else None})
                     for r in history["runs"]],
-                   [Sample(**{**s, "units": tuple(s["units"])}) for s in history["samples"]])
+                   [Sample(**{**s, "units": tuple(s["units"])}) for s in history["samples"]],
+                   operations=[Operation(**o) for o in history.get("operations", [])])
     return report, format_report(history["seed"], history["schedule"], report)
 
 

@@ -79,9 +79,10 @@ def free_port() -> int:
 
 
 class Postgres:
-    def __init__(self, settings: dict[str, str] | None = None) -> None:
+    def __init__(self, settings: dict[str, str] | None = None, port: int | None = None) -> None:
         """`settings` are extra server settings (`-c name=value`), e.g. the benchmark's
-        shared_preload_libraries=pg_stat_statements; values must not contain spaces."""
+        shared_preload_libraries=pg_stat_statements; values must not contain spaces. `port`: a given
+        one (a new standby taking the place of a failed primary, behind the same proxies), else a free one."""
         self.bindir = find_bindir()
         self.settings = dict(settings or {})
         if any(" " in f"{key}{value}" for key, value in self.settings.items()):
@@ -89,7 +90,7 @@ class Postgres:
         self.dir = Path(tempfile.mkdtemp(prefix=PREFIX, dir="/tmp"))
         (self.dir / "owner").write_text(str(os.getpid()))
         self.data = self.dir / "data"
-        self.port = free_port()
+        self.port = port or free_port()
         self.user = None
         if os.geteuid() == 0:
             self.user = "postgres"
@@ -115,6 +116,19 @@ class Postgres:
     def init(self) -> None:
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
                   "--no-sync", "--locale=C")
+
+    def require_passwords(self, trusted: str = "postgres") -> None:
+        """Every role but `trusted` (the harness's superuser) logs in over TCP with its password
+        (SCRAM), as a deployment's host roles do: a rotated password then locks the old one out,
+        where initdb's `trust` would let any password in. Replication stays trusted (pg_basebackup and
+        the standbys connect as `trusted`). A standby made afterwards copies this pg_hba.conf."""
+        (self.data / "pg_hba.conf").write_text(
+            "local all all trust\n"
+            f"host all {trusted} 127.0.0.1/32 trust\n"
+            f"host replication {trusted} 127.0.0.1/32 trust\n"
+            "host all all 127.0.0.1/32 scram-sha-256\n")
+        if self.running:
+            self._run("pg_ctl", "-D", str(self.data), "reload")
 
     def start(self) -> None:
         # fsync off: a test cluster need not survive a power cut, and it makes every commit cheap.
@@ -150,7 +164,8 @@ class Postgres:
 
     # -- streaming replication --------------------------------------------------------------------
 
-    def make_standby(self, synchronous: bool = True, name: str | None = None, timeout: float = 60) -> Postgres:
+    def make_standby(self, synchronous: bool = True, name: str | None = None, timeout: float = 60,
+                     port: int | None = None) -> Postgres:
         """A streaming standby of this running cluster, started on its own free port and caught up.
 
         `pg_basebackup -R` copies the cluster (as the postgres user, like initdb) and writes
@@ -188,7 +203,7 @@ class Postgres:
             # synchronous_commit is on the server's command line, which ALTER SYSTEM cannot override.
             self.settings["synchronous_commit"] = "on"
             self.restart()
-        standby = Postgres(settings={**self.settings, "cluster_name": name})
+        standby = Postgres(settings={**self.settings, "cluster_name": name}, port=port)
         standby.primary = self
         standby.application_name = name
         try:

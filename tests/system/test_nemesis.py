@@ -18,10 +18,12 @@ from tests.harness import testbed as testbed_mod
 from tests.harness.checker import Report, Sample, check, parse_journal
 from tests.harness.fleet import Fleet, Member, fleet_config, submit_many
 from tests.harness.host import REPO, wait_for
-from tests.harness.nemesis import FAULTS, Nemesis, database_history, list_live_units, read_journal
+from tests.harness.nemesis import FAULTS, LATE_ACTIONS, Nemesis, database_history, list_live_units, read_journal
 
-# CI's short schedule: every fault once, in a seeded order, none longer than host_dead_after + 3 s;
-# about 3 minutes in all (boot, about 2 minutes of faults, the fleet's quiesce, the audit).
+# CI's short schedule: every fault once, in a seeded order, none longer than host_dead_after + 3 s,
+# but only two of the four added to it last (failover, rotate_password, apt_upgrade, apt_remove: seed 21
+# draws apt_remove and apt_upgrade); about 3 minutes in all (boot, about 2.5 minutes of faults, the
+# fleet's quiesce, the audit).
 CI_SEED = int(os.environ.get("NEMESIS_SEED", "21"))
 # A subset, to run by hand (e.g. without the faults a fix is pending for): NEMESIS_FAULTS=kill9,reboot
 CI_FAULTS = [name for name in os.environ.get("NEMESIS_FAULTS", "").split(",") if name]
@@ -99,6 +101,8 @@ def test_a_short_nemesis_schedule_breaks_no_promise() -> None:
     nemesis = Nemesis(CI_SEED, 0, faults, compact=True, out=REPO / "build" / "nemesis" / f"ci-seed-{CI_SEED}")
     report, text = nemesis.run()
     print(text)
-    assert set(nemesis.figures.actions_done) == set(faults or FAULTS), text  # every fault done, none failed
+    planned = {action.name for action in nemesis.schedule}
+    assert planned >= set(faults or FAULTS) - set(LATE_ACTIONS), text
+    assert set(nemesis.figures.actions_done) == planned and not nemesis.figures.action_errors, text  # none failed
     assert report.stats["runs"] > 20 and report.stats["journal_starts"] > 20, text
     assert report.violations == [], text

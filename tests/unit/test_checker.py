@@ -16,13 +16,14 @@ from tests.harness.checker import (
     MSG_SUCCEEDED,
     Attempt,
     JournalRecord,
+    Operation,
     Run,
     Sample,
     check,
     format_report,
     parse_journal,
 )
-from tests.harness.nemesis import FAULTS, live_units, plan
+from tests.harness.nemesis import COMPACT_NEW, FAULTS, LATE_ACTIONS, live_units, plan
 
 RUN = "11111111-2222-3333-4444-555555555555"
 OTHER = "99999999-2222-3333-4444-555555555555"
@@ -319,8 +320,44 @@ def test_live_units_keeps_only_units_whose_process_may_run() -> None:
 def test_a_schedule_is_fixed_by_its_seed_and_a_short_one_covers_every_fault() -> None:
     assert plan(5, 600) == plan(5, 600)
     assert plan(5, 600) != plan(6, 600)
-    names = [a.name for a in plan(5, 200)]
+    names = [a.name for a in plan(5, 400)]
     assert set(FAULTS) <= set(names), names
+
+
+def test_a_compact_schedule_is_the_one_before_the_new_actions_with_them_put_in() -> None:
+    """Adding actions to the compact schedule keeps what a seed did before (a failure seen on seed N
+    can be run again), with the new ones at seeded places."""
+    for seed in (1, 21, 22):
+        old = {name: weight for name, weight in FAULTS.items() if name not in LATE_ACTIONS}
+        before = plan(seed, 0, old, compact=True)
+        after = [a for a in plan(seed, 0, compact=True) if a.name not in LATE_ACTIONS]
+        assert [(a.name, a.target, a.seconds, a.pick) for a in after] == \
+            [(a.name, a.target, a.seconds, a.pick) for a in before]
+
+
+def test_the_new_actions_are_in_the_long_schedule_with_their_spans() -> None:
+    actions = plan(7, 1800)
+    for name in LATE_ACTIONS:
+        assert any(a.name == name for a in actions), name
+    assert all(0 <= a.seconds <= 6 for a in actions if a.name == "failover")
+    assert all(a.seconds == 0 for a in actions if a.name == "apt_upgrade")
+    assert "failover for" in next(a.describe() for a in actions if a.name == "failover" and a.seconds)
+    assert "nem-" not in next(a.describe() for a in actions if a.name == "failover")  # fleet-wide
+    assert "nem-" in next(a.describe() for a in actions if a.name == "apt_remove")
+
+
+def test_a_guarded_operator_command_that_went_ahead_is_reported_and_a_refused_one_is_not() -> None:
+    operations = [
+        Operation(100, "apt_remove", "h1", guarded=True, refused=True, detail="run units stayed loaded: u"),
+        Operation(110, "apt_remove", "h2", guarded=False, refused=False),   # nothing loaded: removed
+        Operation(120, "rotate_password", "h1", guarded=True, refused=True),
+        Operation(130, "rotate_password", "h3", guarded=False, refused=False),  # not live: rotated
+        Operation(140, "apt_remove", "h3", guarded=True, refused=False, detail="run units stayed loaded: u"),
+    ]
+    report = check([], [], [], [], operations=operations)
+    assert kinds(report) == ["action-not-refused"]
+    assert "apt_remove on h3" in str(report.violations[0]) and "stayed loaded" in str(report.violations[0])
+    assert report.stats["operations_refused"] == 2
 
 
 def test_the_report_prints_the_seed_the_schedule_and_every_violation() -> None:
@@ -333,8 +370,15 @@ def test_the_report_prints_the_seed_the_schedule_and_every_violation() -> None:
 
 def test_ci_s_compact_schedule_does_every_fault_once_and_the_clone_keeps_one_target() -> None:
     actions = plan(21, 0, compact=True)
-    assert sorted(a.name for a in actions) == sorted(FAULTS)
+    names = [a.name for a in actions]
+    new = [name for name in names if name in LATE_ACTIONS]
+    assert sorted(name for name in names if name not in LATE_ACTIONS) == sorted(set(FAULTS) - set(LATE_ACTIONS))
+    assert len(new) == len(set(new)) == COMPACT_NEW >= 2
     assert max(a.seconds for a in actions) <= 13
+    # CI time: the two added actions cost about half a minute on top of what it was (114 s planned).
+    assert actions[-1].at + actions[-1].seconds < 114 + 45
+    every = {a.name for seed in range(30) for a in plan(seed, 0, compact=True) if a.name in LATE_ACTIONS}
+    assert every == set(LATE_ACTIONS)
     for seed in range(5):
         clones = {a.target for a in plan(seed, 1800) if a.name == "clone"}
         assert len(clones) == 1, (seed, clones)
@@ -349,10 +393,14 @@ def test_a_written_history_audits_again_to_the_same_violations() -> None:
     attempts = [att(1, "h1", "success", "exit:0")]
     runs = [Run(RUN, "succeeded", 3, retry_on=("exit-code",))]
     samples = [Sample(1, 25, "m1", "h1", (unit(),)), Sample(1, 25, "clone", "h1", (unit(),))]
+    operations = [Operation(30, "apt_remove", "h1", True, False, "run units stayed loaded: x")]
     history = json.loads(json.dumps({"seed": 9, "schedule": ["t+ 3s clone nem-1 for 5s"],
                                      "journal": [asdict(r) for r in records], "attempts": [asdict(a) for a in attempts],
-                                     "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in samples]}))
+                                     "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in samples],
+                                     "operations": [asdict(o) for o in operations]}))
     report, text = audit_history(history)
-    assert report.violations == check(records, attempts, runs, samples).violations
-    assert kinds(report) == ["live-copies", "overlap-in-journal", "started-twice"]
+    assert report.violations == check(records, attempts, runs, samples, operations=operations).violations
+    assert kinds(report) == ["action-not-refused", "live-copies", "overlap-in-journal", "started-twice"]
+    del history["operations"]  # a history written before operations were recorded
+    assert kinds(audit_history(history)[0]) == ["live-copies", "overlap-in-journal", "started-twice"]
     assert "nemesis seed 9" in text
