@@ -63,7 +63,7 @@ class Timers:
     upkeep: float = 0.0
     retention: float = math.inf  # the next retention batch; never while [retention] keep_finished is off
     watchdog: float = 0.0
-    pressure: float = 0.0  # the next read of the slice's PSI files; never while none is watched
+    pressure: float = math.inf  # the next read of the slice's PSI files: from registration on, while any is watched
 
     def nearest(self, now: float, cap: float) -> float:
         return max(0.0, min(self.claim, self.reclaim, self.reconcile, self.retention, self.watchdog, self.pressure,
