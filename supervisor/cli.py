@@ -763,10 +763,13 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def hosts(click_ctx: click.Context, as_json: bool) -> None:
-    """List hosts: state, heartbeat age, capacity and runs in flight.
+    """List hosts: state, heartbeat age, capacity, runs in flight and admission by pressure.
 
     STATE is active, draining, stopped or dead; `(stale)` once a host missed two heartbeats (before
     the fleet declares it dead), `(conflict)` while a second daemon with its id is being refused.
+    ADMISSION is what the host claims by the pressure of its runs' slice ([host] pressure_slow_at,
+    pressure_stop_at): open, slowed (fewer), stopped (none) or off (PSI not read), with the figure
+    that decided; `-` for a daemon that does not report it.
 
     \b
     Example:
@@ -791,23 +794,48 @@ def hosts(click_ctx: click.Context, as_json: bool) -> None:
             "poll_interval_seconds": r["poll_interval_sec"], "host_dead_after_seconds": r["dead_after_sec"],
             "dead_at": _iso(r["dead_at"]), "dead_reason": r["dead_reason"],
             "conflict": r["conflict_detail"] if "conflict" in fleet.host_display_state(r) else None,
+            "pressure": _pressure_json(r),
         } for r in rows], indent=2))
         return
-    table = [("HOST", "NAME", "STATE", "HEARTBEAT", "RUNS", "MAX", "MEMORY BUDGET", "VERSION")]
+    table = [("HOST", "NAME", "STATE", "HEARTBEAT", "RUNS", "MAX", "MEMORY BUDGET", "ADMISSION", "VERSION")]
     notes = []
     for r in rows:
         shown = fleet.host_display_state(r)
         table.append((r["id"], r["name"], _state(r["state"], shown), format_duration(r["heartbeat_age"]) + " ago",
-                      str(r["in_flight"]), str(r["max_runs"]), format_size(r["memory_budget"]), r["version"] or "-"))
+                      str(r["in_flight"]), str(r["max_runs"]), format_size(r["memory_budget"]), _admission(r),
+                      r["version"] or "-"))
         if r["state"] == "dead" and r["dead_reason"]:
             notes.append(f"{r['id']}: dead: {r['dead_reason']}")
         if "conflict" in shown:
             notes.append(f"{r['id']}: conflict: {r['conflict_detail']}")
         if not r["can_start"]:
             notes.append(f"{r['id']}: claims nothing: {r['cannot_start_reason']}")
+        pressure_said = _pressure_json(r)
+        if pressure_said and pressure_said["state"] != "open" and pressure_said["detail"]:
+            notes.append(f"{r['id']}: {pressure_said['detail']}")
     _print_table(table)
     for note in notes:
         click.echo(note)
+
+
+def _pressure_json(r: dict) -> dict | None:
+    """A host's admission by pressure as its daemon last reported it; None where it reports none (a
+    daemon before 0.7.0), or the report is its previous daemon's (sql/018_admission_pressure.sql)."""
+    if r.get("pressure_state") is None or r.get("pressure_stale"):
+        return None
+    return {"state": r["pressure_state"], "resource": r["pressure_resource"],
+            "figures": r["pressure_figures"] or {}, "detail": r["pressure_detail"],
+            "age_seconds": round(r["pressure_age"], 3) if r["pressure_age"] is not None else None}
+
+
+def _admission(r: dict) -> str:
+    said = _pressure_json(r)
+    if said is None:
+        return "-"
+    figure = (said["figures"] or {}).get(said["resource"]) if said["resource"] else None
+    if figure is None or said["state"] == "off":
+        return said["state"]
+    return f"{said['state']} ({said['resource']} {figure:.0f}%)"
 
 
 @hosts.command()

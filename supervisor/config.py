@@ -20,6 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from supervisor.envpolicy import DEFAULT_ALLOWED, NAME_PATTERN_RE, pattern_problem
+from supervisor.pressure import RESOURCES as PRESSURE_RESOURCES
 from supervisor.quantities import QuantityError, parse_duration, parse_size
 
 DEFAULT_PATH = Path("/etc/unitvisor/unitvisor.toml")
@@ -48,6 +49,20 @@ class HostSettings:
     name: str = ""  # empty: the hostname
     max_runs: int = 64
     memory_budget: int | None = None  # bytes; the sum of running runs' MemoryMax may not exceed it
+    # Admission by pressure (supervisor/pressure.py): avg10 of `some` in the PSI files of [systemd]
+    # slice, in percent. From pressure_slow_at the host claims fewer runs (at most one claim a poll
+    # interval, of fewer runs the nearer it is to pressure_stop_at); from pressure_stop_at it claims
+    # none, until the figure falls again. Chosen, not inherited: on a healthy host these figures sit
+    # at 0.00; 10% (a second of the last ten with a run waiting for memory or IO) is past the noise of
+    # a cold cache, and 40% is well under the 60% at which systemd-oomd (where enabled) starts killing,
+    # and is reached about 5 s into a full stall (avg10 is a 10 s average). Higher values claim into a
+    # host that is already thrashing; lower ones idle a host for a moment's reclaim.
+    pressure_slow_at: float = 10.0
+    pressure_stop_at: float = 40.0
+    # Which of memory, io and cpu are watched; [] turns admission by pressure off. Not cpu by
+    # default: a run held to its own `cpu` quota counts as CPU pressure of the whole slice, and so do
+    # more busy runs than cores, which is a full host working, not a host in trouble.
+    pressure_resources: tuple[str, ...] = ("memory", "io")
 
 
 @dataclass(frozen=True)
@@ -271,6 +286,8 @@ def machine_id() -> str:
 # Whole numbers where 0 means "none", with an upper bound: the database refuses a tail over 64 KiB
 # (attempts_output_tail_valid), and more than 1000 lines would be a log store, which journald is.
 _BOUNDED_INTS = {"output_tail_lines": (0, 1000), "output_tail_bytes": (0, 65536)}
+# Percentages of time stalled (PSI), above 0 and at most 100.
+_PERCENT_KEYS = {"pressure_slow_at", "pressure_stop_at"}
 
 
 def _convert(section: str, key: str, value: Any, default: Any) -> Any:
@@ -288,6 +305,10 @@ def _convert(section: str, key: str, value: Any, default: Any) -> Any:
             return None if off else parse_duration(value)
     except QuantityError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    if key in _PERCENT_KEYS:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 100:
+            raise ConfigError(f"{where}: expected a percentage above 0 and at most 100")
+        return float(value)
     if isinstance(default, tuple):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of strings")
@@ -356,6 +377,7 @@ def _validate(settings: Settings) -> None:
         problem = pattern_problem(pattern)
         if problem:
             raise ConfigError(f"[runs] allowed_environment: {problem}")
+    _validate_pressure(settings.host)
     _validate_sandbox(settings.runs)
     _validate_fleet(settings)
     _validate_retention(settings.retention)
@@ -385,6 +407,15 @@ def parse_listen(value: str) -> tuple[str, int] | None:
     if not 1 <= port <= 65535:
         raise ConfigError(f"{where}: port {port} is out of range (1 to 65535)")
     return address, port
+
+
+def _validate_pressure(host: HostSettings) -> None:
+    for name in host.pressure_resources:
+        if name not in PRESSURE_RESOURCES:
+            raise ConfigError(f"[host] pressure_resources: {name!r} is not one of {', '.join(PRESSURE_RESOURCES)}")
+    if host.pressure_slow_at > host.pressure_stop_at:
+        raise ConfigError(f"[host] pressure_slow_at ({host.pressure_slow_at:g}) is above pressure_stop_at "
+                          f"({host.pressure_stop_at:g}): the host would stop claiming before it slowed down")
 
 
 def _validate_sandbox(runs: RunSettings) -> None:

@@ -23,7 +23,7 @@ from types import FrameType
 import psycopg
 import sdnotify
 
-from supervisor import __version__, faults, fence, fleet, store, unitspec
+from supervisor import __version__, faults, fence, fleet, pressure, store, unitspec
 from supervisor.config import UNIT_PREFIX, ConfigError, Settings, machine_id
 from supervisor.guard import Guard, GuardedConnection
 from supervisor.journal import Journal, TailReader
@@ -44,6 +44,13 @@ STALL_AFTER = 20.0
 # get the rest of the time. A batch of 1000 runs takes about 0.1 s (docs/benchmarks.md, History), so a
 # million runs take about 10 minutes; 0 would keep this daemon pruning for most of its loop.
 RETENTION_PAUSE = 0.5
+# Seconds between two reads of the slice's pressure files (supervisor/pressure.py). The kernel
+# recomputes avg10 every 2 s, so reading more often sees the same figure; less often, a host goes on
+# claiming for longer into a stall. Reading three small files costs no statement: the host row is
+# written only when what it says changes.
+PRESSURE_EVERY = 2.0
+# A figure that moved by less than this (percentage points) is not written to the host row again.
+PRESSURE_REPORT_STEP = 1.0
 
 
 @dataclass
@@ -56,9 +63,11 @@ class Timers:
     upkeep: float = 0.0
     retention: float = math.inf  # the next retention batch; never while [retention] keep_finished is off
     watchdog: float = 0.0
+    pressure: float = math.inf  # the next read of the slice's PSI files: from registration on, while any is watched
 
     def nearest(self, now: float, cap: float) -> float:
-        return max(0.0, min(self.claim, self.reclaim, self.reconcile, self.retention, self.watchdog, now + cap) - now)
+        return max(0.0, min(self.claim, self.reclaim, self.reconcile, self.retention, self.watchdog, self.pressure,
+                            now + cap) - now)
 
 
 class Conflict(Exception):
@@ -97,6 +106,14 @@ class Daemon:
         self.host_state = "active"
         self.timers = Timers(retention=0.0 if settings.retention.keep_finished is not None else math.inf)
         self.claimed = 0
+        # Admission by pressure: what the last read of the slice's PSI files decided, what of it the host
+        # row says (None: nothing since this registration), and when a slowed host may claim again.
+        # Open until the first read (before any claim): a start under no pressure says nothing of it.
+        self.admission = pressure.Admission(pressure.OPEN, None)
+        self.pressure_figures: dict[str, float] = {}
+        self.reported: tuple[str, str | None, dict[str, float]] | None = None
+        self.reported_at = 0.0
+        self.slowed_until = 0.0
         self.reconciler: Reconciler | None = None
         self.problem = ""  # what is wrong right now, for STATUS=
         self.backoff = 1.0
@@ -270,6 +287,8 @@ class Daemon:
             taking.count_taken()
         self.fence = store.Fence(self.host_id, registration.epoch)
         self.host_state = registration.state
+        # A new registration voids the host row's pressure report (sql/018): said again at once.
+        self.reported, self.timers.pressure = None, 0.0
         self._renewed(sent, sent_boot)
         self.connected_since = time.monotonic()
         if registration.taken_from is None:
@@ -390,6 +409,13 @@ class Daemon:
         wake_claim = wake_claim or self.reconciler.settled > settled_before
         if now >= self.timers.reclaim:
             wake_claim, self.timers.reclaim = True, math.inf
+        if now >= self.timers.pressure:
+            before = self.admission.state
+            after = self._admit().state
+            # Pressure fell: claim now rather than at the next poll (the probe said nothing was claimable
+            # while the host row said stopped).
+            wake_claim = wake_claim or (before == pressure.STOPPED and after != pressure.STOPPED) or (
+                before == pressure.SLOWED and after in (pressure.OPEN, pressure.OFF))
         if now >= self.timers.claim:
             sent, sent_boot = time.monotonic(), fence.boottime()
             probe = store.probe(self.conn, self.fence, fleet.explain_after(self.settings))
@@ -411,6 +437,37 @@ class Daemon:
             self._prune()
         self._feed_watchdog()
         self._status()
+
+    def _admit(self) -> pressure.Admission:
+        """Read the slice's pressure, decide what this host claims, and say it where it changed: an
+        event, and the host row (which the database's claim and a waiting run's reason read)."""
+        host, now = self.settings.host, time.monotonic()
+        reading = pressure.read(self.settings.systemd.slice, host.pressure_resources)
+        admission = pressure.decide(reading, host.pressure_slow_at, host.pressure_stop_at,
+                                    self.settings.daemon.claim_batch)
+        before, self.admission, self.pressure_figures = self.admission, admission, reading.figures
+        if (admission.state, admission.resource) != (before.state, before.resource) or (
+                admission.state == pressure.OFF and admission.detail != before.detail):
+            level = logging.WARNING if admission.state in (pressure.STOPPED, pressure.OFF) else logging.INFO
+            event("admission", level=level, host=self.host_id, state=admission.state, detail=admission.detail)
+        self._report_pressure(admission, reading.figures, now)
+        self.timers.pressure = (now + PRESSURE_EVERY if admission.state != pressure.OFF
+                                else now + self.settings.daemon.poll_interval if host.pressure_resources
+                                else math.inf)
+        return admission
+
+    def _report_pressure(self, admission: pressure.Admission, figures: dict[str, float], now: float) -> None:
+        if self.conn is None or self.fence is None:
+            return
+        if self.reported is not None:
+            state, resource, said = self.reported
+            moved = any(abs(figures.get(k, 0.0) - said.get(k, 0.0)) >= PRESSURE_REPORT_STEP
+                        for k in {*figures, *said})
+            if (state, resource) == (admission.state, admission.resource) and not (
+                    moved and now - self.reported_at >= self.settings.daemon.poll_interval):
+                return
+        store.set_pressure(self.conn, self.fence, admission.state, admission.resource, figures, admission.detail)
+        self.reported, self.reported_at = (admission.state, admission.resource, dict(figures)), now
 
     def _reconcile(self) -> None:
         began = time.monotonic()
@@ -482,7 +539,7 @@ class Daemon:
             targets = store.spawn_hint_targets(payload)
             if targets is not None and self.host_id not in targets:
                 return
-            if self.host_state != "active":
+            if self.host_state != "active" or self.admission.state == pressure.STOPPED:
                 return
             if self.reconciler is not None and self.reconciler.in_flight >= self.settings.host.max_runs:
                 return
@@ -515,6 +572,9 @@ class Daemon:
             text += "; draining"
         if not self.is_root:
             text += "; not root: claiming nothing"
+        if self.admission.state in (pressure.SLOWED, pressure.STOPPED) or (
+                self.admission.state == pressure.OFF and self.settings.host.pressure_resources):
+            text += f"; {self.admission.detail}"
         if self.fenced:
             text += "; runs stopped by unitvisor-fence (stop_runs_when_cut_off), being settled"
         if self.problem:
@@ -526,7 +586,8 @@ class Daemon:
         reconciler, connected = self.reconciler, self.conn is not None
         return State(in_flight=reconciler.in_flight if reconciler else 0, database_up=connected,
                      systemd_up=self.systemd.connected and self.watcher.connected,
-                     host_state=self.host_state if connected and self.fence else "unregistered")
+                     host_state=self.host_state if connected and self.fence else "unregistered",
+                     admission=self.admission.state, pressure=dict(self.pressure_figures))
 
     # -- work -------------------------------------------------------------------------------------
 
@@ -535,12 +596,24 @@ class Daemon:
         if self.host_state != "active" or self.stopping or not self.is_root:
             return
         daemon = self.settings.daemon
+        # Read again just before claiming: a wake-up between two reads must not claim into a stall.
+        admission = self._admit()
+        if admission.state == pressure.STOPPED:
+            return
+        if admission.state == pressure.SLOWED and time.monotonic() < self.slowed_until:
+            self.timers.reclaim = min(self.timers.reclaim, self.slowed_until)
+            return
+        take = daemon.claim_batch if admission.limit is None else admission.limit
         while not self.stopping:
             sent = time.monotonic()
-            claimed = store.claim(self.conn, self.fence, daemon.claim_batch, unitspec.UNIT_NAME_FORMAT)
+            claimed = store.claim(self.conn, self.fence, take, unitspec.UNIT_NAME_FORMAT)
             self.metrics.claimed(claimed, sent)
             if not claimed:
                 return
+            if admission.state == pressure.SLOWED:
+                # One claim a poll interval while slowed: the runs just claimed show in the figures
+                # before more come.
+                self.slowed_until = time.monotonic() + daemon.poll_interval
             # Jobs left to other hosts' fair shares are anyone's after the spread grace: look again then.
             self.timers.reclaim = min(self.timers.reclaim, time.monotonic() + fleet.RECLAIM_AFTER)
             self.claimed += len(claimed)
@@ -561,7 +634,7 @@ class Daemon:
             finally:
                 # Also when the batch ended early (the bus gone): what was created is running.
                 self.reconciler.mark_created(created)
-            if len(claimed) < daemon.claim_batch:
+            if len(claimed) < take or admission.state == pressure.SLOWED:
                 return
 
     def _unfenceable(self) -> bool:

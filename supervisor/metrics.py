@@ -20,13 +20,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from supervisor import __version__
+from supervisor import __version__, pressure
 from supervisor.config import parse_listen
 from supervisor.log import event
 from supervisor.model import Attempt, Pruned, Run
@@ -57,6 +57,8 @@ class State:
     database_up: bool = False
     systemd_up: bool = False
     host_state: str = "unregistered"
+    admission: str = pressure.OPEN  # what a daemon that has not read its pressure yet does
+    pressure: dict[str, float] = field(default_factory=dict)  # avg10 of `some`, percent, by resource
 
 
 class _StateCollector:
@@ -82,7 +84,17 @@ class _StateCollector:
                                     "1 while the daemon holds its D-Bus connections to systemd, 0 while it retries")
         host = GaugeMetricFamily("unitvisor_host_state", "This host's state as its daemon knows it: 1 for the "
                                  "current state, 0 for the others", labels=["state"])
+        admission = GaugeMetricFamily("unitvisor_admission", "Admission by pressure: 1 for what this host claims "
+                                      "now (open, slowed: fewer, stopped: none, off: PSI not read), 0 for the "
+                                      "others", labels=["state"])
+        stall = GaugeMetricFamily("unitvisor_slice_pressure_ratio", "avg10 of `some` in the runs' slice's PSI "
+                                  "file, by resource: the share of the last 10 s in which a task of the slice "
+                                  "waited for it (absent while admission by pressure is off)", labels=["resource"])
         if state is not None:
+            for name in pressure.STATES:
+                admission.add_metric([name], 1 if name == state.admission else 0)
+            for resource, figure in sorted(state.pressure.items()):
+                stall.add_metric([resource], figure / 100.0)
             in_flight.add_metric([], state.in_flight)
             database.add_metric([], 1 if state.database_up else 0)
             systemd.add_metric([], 1 if state.systemd_up else 0)
@@ -90,7 +102,7 @@ class _StateCollector:
             # label stays bounded by the database's own constraint on host states.
             for name in dict.fromkeys((*HOST_STATES, state.host_state)):
                 host.add_metric([name], 1 if name == state.host_state else 0)
-        yield from (in_flight, database, systemd, host)
+        yield from (in_flight, database, systemd, host, admission, stall)
 
 
 class Metrics:

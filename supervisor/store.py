@@ -616,6 +616,9 @@ def list_hosts(conn: Connection) -> list[dict[str, Any]]:
                       h.epoch, h.instance, h.can_start, h.cannot_start_reason, h.allowed_executables,
                       h.run_user, h.allowed_users, h.poll_interval_sec, h.dead_after_sec, h.dead_at, h.dead_reason,
                       h.conflict_detail, extract(epoch FROM now() - h.conflict_at)::float8 AS conflict_age,
+                      h.pressure_state, h.pressure_resource, h.pressure_figures, h.pressure_detail,
+                      extract(epoch FROM now() - h.pressure_at)::float8 AS pressure_age,
+                      h.pressure_at IS NOT NULL AND h.pressure_at < h.started_at AS pressure_stale,
                       unitvisor.host_in_flight(h.id) AS in_flight
                FROM unitvisor.hosts h ORDER BY h.id""").fetchall()
 
@@ -661,6 +664,16 @@ def probe(conn: Connection, fence: Fence, waited: timedelta) -> Probe:
     if row is None:
         raise Fenced(f"host {fence.host_id} is fenced: its row is gone, or its epoch {fence.epoch} is over")
     return Probe(row[0], row[1], row[2], row[3])
+
+
+def set_pressure(conn: Connection, fence: Fence, state: str, resource: str | None, figures: dict[str, float],
+                 detail: str) -> None:
+    """Report this host's admission by pressure (supervisor/pressure.py) in its row: `hosts` shows it,
+    and while it is `stopped` the database's claim and a waiting run's reason treat the host as one
+    that refuses every run (unitvisor.host_refusal, sql/018_admission_pressure.sql)."""
+    with _fencing():
+        conn.execute("SELECT unitvisor.set_host_pressure(%s, %s, %s, %s, %s, %s)",
+                     (fence.host_id, fence.epoch, state, resource, Jsonb(figures), detail))
 
 
 def mark_host_stopped(conn: Connection, fence: Fence) -> None:

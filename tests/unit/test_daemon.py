@@ -16,7 +16,7 @@ from unittest import mock
 import psycopg
 import pytest
 
-from supervisor import __version__, fence, fleet, store
+from supervisor import __version__, fence, fleet, pressure, store
 from supervisor import daemon as daemon_mod
 from supervisor.config import DaemonSettings, FleetSettings, HostSettings, RetentionSettings, RunSettings, Settings
 from supervisor.daemon import Conflict, Daemon
@@ -34,6 +34,15 @@ def make_settings(**fleet_values) -> Settings:
     return dataclasses.replace(Settings(), host=HostSettings(id="h1", name="host-1"),
                                runs=RunSettings(allowed_executables=("/bin/*",)),
                                fleet=FleetSettings(**fleet_values))
+
+
+@pytest.fixture(autouse=True)
+def psi(mocker):
+    """The slice's pressure files (supervisor/pressure.py's shell) and the host row's report of them:
+    a host under no pressure unless a test says otherwise."""
+    return mock.Mock(read=mocker.patch.object(daemon_mod.pressure, "read",
+                                              return_value=pressure.Reading({"memory": 0.0, "io": 0.0})),
+                     report=mocker.patch.object(store, "set_pressure"))
 
 
 @pytest.fixture
@@ -588,7 +597,8 @@ def idle_loop(make, mocker):
     d.watcher.fileno.return_value = 8
     d.watcher.drain.return_value = (set(), False)
     d.reconciler = mock.Mock(settled=0, in_flight=0)
-    d.timers = daemon_mod.Timers(claim=math.inf, reconcile=math.inf, retention=math.inf, watchdog=math.inf)
+    d.timers = daemon_mod.Timers(claim=math.inf, reconcile=math.inf, retention=math.inf, watchdog=math.inf,
+                                 pressure=math.inf)
     return mock.Mock(d=d, select=mocker.patch.object(daemon_mod, "_select", return_value=([], [], [])),
                      claim=mocker.patch.object(store, "claim", return_value=[]),
                      open_attempts=mocker.patch.object(store, "open_attempts", return_value=[]))
@@ -719,3 +729,123 @@ def test_a_restart_of_the_same_instance_settles_nothing(make, st, events, mocker
     st.register_host.return_value = store.Registration(True, "active", 5, "registered")
     d._register()
     take.assert_not_called()
+
+
+# -- admission by pressure ----------------------------------------------------------------------------
+
+def under(psi, **figures):
+    psi.read.return_value = pressure.Reading(dict(figures))
+
+
+def test_a_host_under_no_pressure_claims_its_batch_and_says_nothing_of_it(make, st, events, psi):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=0)
+    d._claim_and_spawn()
+    st.claim.assert_called_once_with(d.conn, d.fence, 32, "unitvisor-run-%s-%s.service")
+    assert "admission" not in event_names(events)
+    psi.report.assert_called_once_with(d.conn, d.fence, "open", None, {"memory": 0.0, "io": 0.0},
+                                       "io pressure 0.0% (avg10), under 10%")
+    d._status()
+    assert "pressure" not in statuses(d)[-1]
+
+
+def test_a_host_over_the_stop_level_claims_nothing_and_says_so_everywhere(make, st, events, psi):
+    """Fails without admission by pressure: the claim would be made."""
+    d = make()
+    d.reconciler = mock.Mock(in_flight=1)
+    under(psi, memory=55.0, io=2.0)
+    d._claim_and_spawn()
+    st.claim.assert_not_called()
+    psi.report.assert_called_once_with(d.conn, d.fence, "stopped", "memory", {"memory": 55.0, "io": 2.0},
+                                       "memory pressure 55.0% (avg10) >= 40%: claiming nothing")
+    assert events.call_args_list[-1] == mock.call("admission", level=logging.WARNING, host="h1", state="stopped",
+                                                  detail="memory pressure 55.0% (avg10) >= 40%: claiming nothing")
+    d._status()
+    assert statuses(d)[-1].endswith("; memory pressure 55.0% (avg10) >= 40%: claiming nothing")
+    state = d._metrics_state()
+    assert (state.admission, state.pressure) == ("stopped", {"memory": 55.0, "io": 2.0})
+    # A spawn hint is not acted on while stopped: the claim could take nothing.
+    d._heard(store.SPAWN_CHANNEL, "")
+    assert d.notified == set()
+
+
+def test_a_slowed_host_claims_fewer_once_a_poll_interval(make, st, mocker, psi):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=0)
+    clock = mocker.patch.object(daemon_mod, "time")
+    clock.monotonic.return_value = 1000.0
+    under(psi, io=25.0)  # halfway between 10 and 40: half of the batch of 32
+    st.claim.return_value = [claimed_pair(n) for n in range(16)]
+    d._claim_and_spawn()
+    st.claim.assert_called_once_with(d.conn, d.fence, 16, "unitvisor-run-%s-%s.service")  # one claim, full or not
+    clock.monotonic.return_value = 1005.0
+    d.timers.reclaim = math.inf
+    d._claim_and_spawn()
+    assert st.claim.call_count == 1
+    assert d.timers.reclaim == 1000.0 + d.settings.daemon.poll_interval  # tried again when it may
+    clock.monotonic.return_value = 1010.0
+    d._claim_and_spawn()
+    assert st.claim.call_count == 2
+
+
+def test_the_loop_reads_pressure_on_its_timer_and_claims_as_soon_as_it_falls(make, st, mocker, psi):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=1, settled=0)
+    d.watcher.drain.return_value = (set(), False)
+    d.watcher.fileno.return_value = 98
+    d.wakeup_r = 99
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    d.timers.claim = d.timers.reconcile = d.timers.watchdog = math.inf
+    d.timers.retention = math.inf
+    under(psi, memory=70.0)
+    d.timers.pressure = 0.0  # as registration sets it
+    d._iteration()
+    assert d.admission.state == "stopped"
+    st.claim.assert_not_called()
+    assert d.timers.pressure <= time.monotonic() + daemon_mod.PRESSURE_EVERY
+    under(psi, memory=3.0)
+    d.timers.pressure = 0.0
+    d._iteration()
+    assert d.admission.state == "open"
+    st.claim.assert_called_once()
+    assert [c.args[2] for c in psi.report.call_args_list] == ["stopped", "open"]
+
+
+def test_figures_that_barely_move_are_not_written_again(make, st, mocker, psi):
+    d = make()
+    clock = mocker.patch.object(daemon_mod, "time")
+    clock.monotonic.return_value = 1000.0
+    under(psi, memory=50.0)
+    d._admit()
+    under(psi, memory=58.0)  # moved, but within a poll interval of the last write
+    clock.monotonic.return_value = 1005.0
+    d._admit()
+    assert psi.report.call_count == 1
+    clock.monotonic.return_value = 1011.0
+    d._admit()
+    assert psi.report.call_count == 2
+    under(psi, memory=58.5)  # a poll interval later, but barely moved
+    clock.monotonic.return_value = 1100.0
+    d._admit()
+    assert psi.report.call_count == 2
+
+
+def test_a_new_registration_reports_again(make, st, psi):
+    d = make()
+    d._admit()
+    d._register()
+    assert d.reported is None and d.timers.pressure == 0.0
+    d._admit()
+    assert psi.report.call_count == 2
+
+
+def test_off_where_psi_cannot_be_read_claims_as_before_and_says_why(make, st, events, psi):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=0)
+    psi.read.return_value = pressure.Reading({}, "/sys/fs/cgroup is not cgroup v2 (PSI per slice needs it)")
+    d._claim_and_spawn()
+    st.claim.assert_called_once()
+    d._status()
+    assert statuses(d)[-1].endswith("; admission by pressure off: /sys/fs/cgroup is not cgroup v2 "
+                                    "(PSI per slice needs it)")
+    assert d.timers.pressure > time.monotonic() + daemon_mod.PRESSURE_EVERY  # read again at the poll interval

@@ -130,6 +130,19 @@ def test_state_is_read_at_scrape_time():
         "active": 0, "draining": 1, "unregistered": 0}
 
 
+def test_admission_and_the_slices_pressure_are_read_at_scrape_time():
+    state = State()
+    m = Metrics(lambda: state)
+    assert {k[1][0][1]: v for k, v in samples(m).items() if k[0] == "unitvisor_admission"} == {
+        "off": 0, "open": 1, "slowed": 0, "stopped": 0}
+    assert not [k for k in samples(m) if k[0] == "unitvisor_slice_pressure_ratio"]
+    state = State(admission="stopped", pressure={"memory": 55.0, "io": 2.5})
+    assert {k[1][0][1]: v for k, v in samples(m).items() if k[0] == "unitvisor_admission"} == {
+        "off": 0, "open": 0, "slowed": 0, "stopped": 1}
+    assert value(m, "unitvisor_slice_pressure_ratio", resource="memory") == 0.55
+    assert value(m, "unitvisor_slice_pressure_ratio", resource="io") == 0.025
+
+
 def test_declared_dead_and_reconcile_duration():
     m = Metrics()
     m.declared_dead(2)
@@ -169,6 +182,7 @@ def test_names_and_labels_follow_the_conventions():
     # counters and histograms (the time each began, so that a restart is told from a reset).
     ours = {name for name in families if name.startswith("unitvisor_") and not name.endswith("_created")}
     assert ours == {
+        "unitvisor_admission", "unitvisor_slice_pressure_ratio",
         "unitvisor_runs_started", "unitvisor_outcomes", "unitvisor_hosts_declared_dead",
         "unitvisor_claim_latency_seconds", "unitvisor_spawn_latency_seconds", "unitvisor_claim_duration_seconds",
         "unitvisor_reconcile_duration_seconds", "unitvisor_build_info", "unitvisor_runs_in_flight",

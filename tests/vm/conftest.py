@@ -79,7 +79,7 @@ def vm_host(deb: Path) -> Iterator[VmHost]:  # noqa: F811 (the fixture above)
         host = VmHost(guest)
         guest.write("/root/unitvisor.deb", deb.read_bytes())
         # Every dependency is in the image already: dpkg needs no network (the guest has none).
-        host.run("dpkg", "-i", "/root/unitvisor.deb", timeout=300)
+        host.run("dpkg", "-i", "/root/unitvisor.deb", timeout=900)
         host.run("runuser", "-u", "postgres", "--", "psql", "-q", "-c", "CREATE ROLE unitvisor LOGIN")
         host.run("runuser", "-u", "postgres", "--", "createdb", "--owner", "unitvisor", "unitvisor")
         host.operator("migrate", timeout=300)
