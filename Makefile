@@ -2,7 +2,8 @@
 #   make try    install everything, then a demo on a real PostgreSQL and a real systemd
 #   make test   the whole test suite (unit, integration, system, package, vm): unit and integration
 #               twice, with the newest dependencies from PyPI (.venv) and with Debian bookworm's own
-#               packages (.venv-debian); package and vm with the first, system with the second (below)
+#               packages (.venv-debian); package and vm with the first, system with the second; in
+#               three passes at once (below, and README, Tests)
 
 PYTHON      ?= /usr/bin/python3
 VENV        := .venv
