@@ -2,7 +2,8 @@
 #   make try    install everything, then a demo on a real PostgreSQL and a real systemd
 #   make test   the whole test suite (unit, integration, system, package, vm): unit and integration
 #               twice, with the newest dependencies from PyPI (.venv) and with Debian bookworm's own
-#               packages (.venv-debian); package and vm with the first, system with the second (below)
+#               packages (.venv-debian); package and vm with the first, system with the second; in
+#               three passes at once (below, and README, Tests)
 
 PYTHON      ?= /usr/bin/python3
 VENV        := .venv
@@ -70,10 +71,36 @@ try: venv
 # The two-million-run migration (tests/integration/test_migrate_big.py, a minute or more of PostgreSQL)
 # runs once too: it tests SQL and the migration runner's session settings, not a library's version;
 # and so does the protocol's model (tests/unit/test_model.py, spin: about 2 minutes).
+#
+# The passes run at once (tests/run-passes), each a make target of its own with its output in
+# build/test-logs/<target>.log, printed in full when it ends; `make test` fails if any pass fails, and
+# ends with each pass's wall-clock and CPU time. One after the other they took 53 minutes of the 2-core
+# machine; the system tests spend most of theirs waiting (containers booting, daemons' timeouts, gates)
+# while the other passes compute (PostgreSQL, qemu's emulation, spin), so at once they take about as
+# long as the system tests (README, Tests, has the measured figures). The passes in TEST_YIELDING get
+# a quarter of the CPU weight of the system tests when both want it: those are proven beside one
+# core's load (`make test-system-stress`), not beside two.
+# One more pass (a trixie pass, say) is one more target: add it to TEST_PASSES, and to TEST_YIELDING
+# unless it waits on timeouts as the system tests do. Each target also runs alone: `make test-pass-pypi`.
+TEST_PASSES   := test-pass-system test-pass-debian test-pass-pypi
+TEST_YIELDING := test-pass-debian test-pass-pypi
+PYTEST_REPORT := --durations=30
+.PHONY: test test-pass-pypi test-pass-debian test-pass-system
 test: venv venv-debian
-	$(VENV)/bin/pytest -m "not system"
-	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package and not vm and not model" \
-		--deselect tests/integration/test_migrate_big.py
+	MAKE="$(MAKE)" tests/run-passes $(addprefix --yield ,$(TEST_YIELDING)) $(TEST_PASSES)
+
+# The newest libraries (.venv): unit, integration (the big migration included), package, VM and model.
+test-pass-pypi: venv
+	$(VENV)/bin/pytest $(PYTEST_REPORT) -m "not system"
+
+# Debian's libraries (.venv-debian): unit and integration.
+test-pass-debian: venv-debian
+	.venv-debian/bin/python -m pytest -p no:cacheprovider $(PYTEST_REPORT) \
+		-m "not system and not package and not vm and not model" --deselect tests/integration/test_migrate_big.py
+
+# Debian's libraries (.venv-debian): the system tests (test beds, fleets, the nemesis's short schedule).
+test-pass-system: venv-debian
+	.venv-debian/bin/python -m pytest -p no:cacheprovider $(PYTEST_REPORT) -m system
 
 # Only the VM tier: the .deb in a real cgroup-v2 Debian 13 guest (tests/vm; part of `make test`).
 .PHONY: test-vm

@@ -12,9 +12,11 @@ is the primary (see make_standby for what "synchronous" buys and costs).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import os
 import pwd
+import random
 import re
 import shutil
 import signal
@@ -72,10 +74,45 @@ FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes"
 _WAITING_COMMITS = ("on", "remote_write", "remote_apply")  # the values with which a commit waits for a standby
 
 
+# Ports handed out by free_port(): below the kernel's ephemeral range (net.ipv4.ip_local_port_range,
+# 32768-60999 by default), so that no client connection of another process takes one as its source
+# port while its server is down (a drill stops PostgreSQL for 30 s and starts it on the same port).
+PORTS = range(20000, 30000)
+PORT_LOCKS = Path("/tmp/unitvisor-ports")
+_held: dict[int, int] = {}  # port -> the fd of its lock, held until this process ends
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that no other test session (this checkout's other pass of `make test`, a
+    colleague's) is given while this process lives: each is reserved by an flock on
+    /tmp/unitvisor-ports/<port>, which the kernel releases when the process ends, however it ends.
+    The port was free when reserved; nothing else on the machine is expected to listen in PORTS.
+
+    Before: a port the kernel picked for a socket bound and closed at once, from the ephemeral range,
+    which two sessions at once could both be given, or a client's connection take in between."""
+    PORT_LOCKS.mkdir(mode=0o1777, exist_ok=True)
+    for _ in range(200):
+        port = random.choice(PORTS)
+        if port not in _held and _reserve(port):
+            return port
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1} after 200 tries")
+
+
+def _reserve(port: int) -> bool:
+    fd = os.open(PORT_LOCKS / str(port), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False  # another live session's
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            os.close(fd)
+            return False  # something outside the harness listens there
+    _held[port] = fd
+    return True
 
 
 class Postgres:
