@@ -37,6 +37,7 @@ UNIT_PATH_PREFIX = b"/org/freedesktop/systemd1/unit"
 # (org.freedesktop.systemd1(5)).
 _EXTRA_SIGNATURES = {
     b"ExecStartEx": b"a(sasas)",
+    b"ExecStopPostEx": b"a(sasas)",
     b"LogExtraFields": b"aay",
     b"IOWeight": b"t",
     b"OOMPolicy": b"s",

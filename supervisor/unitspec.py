@@ -14,7 +14,7 @@ import re
 import uuid
 from typing import Any
 
-from supervisor import envpolicy, globs, runenv
+from supervisor import envpolicy, globs, runenv, taskspeak
 from supervisor.config import CAPABILITIES, ROOT, UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
@@ -163,6 +163,11 @@ def _limits(run: Run) -> dict[bytes, Any]:
         # expense of every other run's pages, and it is killed only once swap is full too. A run that
         # wants swap has no way to ask for it yet: that would be a limit of its own, not this one.
         props[b"MemorySwapMax"] = 0
+    if run.memory_high is not None:
+        # Throttled, not killed, over it: the kernel reclaims the run's pages and slows its allocations
+        # (memory.high). Not bounded by swap: MemorySwapMax=0 comes with memory_max only, so a run with
+        # memory_high alone may be pushed into a host's swap, which is what throttling means there.
+        props[b"MemoryHigh"] = run.memory_high
     if run.cpu_quota_percent is not None:
         # CPUQuotaPerSecUSec: CPU time per second of wall time; 100% = one CPU = 1s per second.
         props[b"CPUQuotaPerSecUSec"] = run.cpu_quota_percent * USEC // 100
@@ -262,11 +267,16 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         # What the outcome records (systemd.accounting_from_properties): systemd measures only what a
         # unit asks for, and its defaults differ by version and cgroup layout (IO is off by default).
         # Each costs PID 1 a counter read when the unit ends; where a controller is unavailable (cgroup
-        # v1 in a container) systemd ignores the request and the outcome records NULL. No
-        # TasksAccounting: systemd keeps no task figure of an ended unit to record.
+        # v1 in a container) systemd ignores the request and the outcome records NULL. TasksAccounting
+        # enables the pids controller on the unit's cgroup (Debian's default already), whose pids.peak
+        # the stop command below copies out: systemd keeps no task figure of an ended unit.
         b"CPUAccounting": True,
         b"MemoryAccounting": True,
         b"IOAccounting": True,
+        b"TasksAccounting": True,
+        # The peak number of tasks, read by the unit itself before its cgroup is removed (taskspeak.py):
+        # a fixed command, the same for every run, run by PID 1 as root outside the sandbox.
+        b"ExecStopPostEx": [taskspeak.STOP_POST_COMMAND],
     }
     # Checked here so that a run this host refuses is never started; the values themselves are not
     # a property (any user reads those over D-Bus): the reconciler writes them to a root-only file
