@@ -195,6 +195,8 @@ UNIT_COST_VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # The peak-tasks stop command (supervisor/taskspeak.py): one /bin/sh that PID 1 spawns as each unit
     # ends; what it costs is the difference between this line and the one above.
     "... less the tasks-peak stop command (ExecStopPost, TasksAccounting)": ("", ("ExecStopPostEx", "TasksAccounting")),
+    "fixed user, no mount namespace, less the tasks-peak stop command": (
+        UNSANDBOXED_RUNS, ("ExecStopPostEx", "TasksAccounting")),
 }
 
 

@@ -13,7 +13,7 @@
 -- The most tasks (processes and threads) the attempt's unit had at once: the kernel's pids.peak of its
 -- cgroup (Linux 6.1 and later, cgroup v2), copied by the unit's own ExecStopPost= before systemd
 -- removes the cgroup (supervisor/taskspeak.py says how). NULL: not measured (a cgroup v1 host, a kernel
--- without pids.peak, a unit of a daemon older than 0.7, an outcome recorded without the unit), never 0
+-- without pids.peak, a unit of a 0.6.x daemon, an outcome recorded without the unit), never 0
 -- for "unknown". 007 left the column out because systemd keeps no such figure of an ended unit; the
 -- kernel has one while the cgroup exists, and that is where it is now read.
 ALTER TABLE unitvisor.attempts

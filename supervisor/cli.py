@@ -404,7 +404,7 @@ NOT_MEASURED_WHY = {
     "memory_peak_bytes": "needs systemd 256 or later on cgroup v2 (MemoryPeak)",
     "io_read_bytes": "needs cgroup v2 with the io controller (IOReadBytes)",
     "io_write_bytes": "needs cgroup v2 with the io controller (IOWriteBytes)",
-    "tasks_peak": "needs cgroup v2 on Linux 6.1 or later (pids.peak) and a unitvisor 0.7 daemon",
+    "tasks_peak": "needs cgroup v2 on Linux 6.1 or later (pids.peak) and a daemon newer than 0.6.0",
 }
 NOT_MEASURED_TEXT = {"cpu_usage_nsec": "CPU", "memory_peak_bytes": "peak memory", "io_read_bytes": "read",
                      "io_write_bytes": "written", "tasks_peak": "peak tasks"}
