@@ -302,6 +302,8 @@ class Reconciler:
                                        threaded=False)
         self.env_files = env_files or runenv.EnvironmentFiles()
         self.tasks_peaks = tasks_peaks or taskspeak.TasksPeakFiles()
+        # Read once: whether this host's kernel keeps a pids.peak for the units to copy (taskspeak.py).
+        self.copy_tasks_peak = taskspeak.available()
         self.random = random.Random()
         self.settled = 0
         self.in_flight = 0
@@ -486,16 +488,17 @@ class Reconciler:
         lost (the process killed, the database gone first) is left `starting` with its unit loaded,
         which the next pass adopts, as after a kill right after the start."""
         try:
-            props = unitspec.build(run, attempt, self.settings)
+            props = unitspec.build(run, attempt, self.settings, copy_tasks_peak=self.copy_tasks_peak)
             environment = unitspec.environment(run, self.settings.runs)
         except unitspec.Refused as exc:
             self.settle(run, attempt, Outcome("refused", None, str(exc)), unit_exists=False)
             return
         # Where the unit's stop command leaves its peak number of tasks; it writes nothing without it.
-        try:
-            self.tasks_peaks.ensure_directory()
-        except OSError as exc:  # the run is started all the same: its tasks_peak is NULL, not measured
-            event("tasks-peak-directory", level=logging.WARNING, unit=attempt.unit_name, detail=str(exc))
+        if self.copy_tasks_peak:
+            try:
+                self.tasks_peaks.ensure_directory()
+            except OSError as exc:  # the run is started all the same: its tasks_peak is NULL, not measured
+                event("tasks-peak-directory", level=logging.WARNING, unit=attempt.unit_name, detail=str(exc))
         if environment:
             # Written before every start, also one that turns out to be an adoption: the same attempt,
             # the same content. Removed when the outcome is recorded (settle), or by the sweep.

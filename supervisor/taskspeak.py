@@ -17,8 +17,12 @@ can write to /run/unitvisor (0700 root), where a run never reaches (unitspec.ROO
 `-` (ignore-failure), and it exits 0 anyway: a figure that cannot be copied never changes how the run
 ended. It prints nothing (its output would be the run's, in the journal and the output tail).
 
-Where there is no `pids.peak` (cgroup v1 or hybrid: the "0::" line names a cgroup without the pids
-controller; a kernel before 6.1), it writes nothing, and the attempt records NULL: not measured.
+It costs PID 1 one fork and exec of /bin/sh per unit, which is measurable at the rate the daemon starts
+units (docs/benchmarks.md, "The tasks-peak stop command"), so a unit gets it only where it can copy
+something: `available()`, read once by the reconciler, says whether this host has `pids.peak` (the
+unified hierarchy with the pids controller, Linux 6.1 or later). Elsewhere (cgroup v1 or hybrid, older
+kernels) no unit has the command, and the attempt records NULL: not measured. The command itself writes
+nothing where it finds no `pids.peak` all the same.
 
 A unit started with RemainAfterExit=yes (past MAX_HELD_UNITS, or by `unitvisor reconcile` by hand)
 runs it only when released, after its outcome is recorded (NULL) and in a cgroup made anew for it: the
@@ -58,6 +62,25 @@ def stop_post_script(directory: Path = DIRECTORY, cgroup_root: Path = CGROUP_ROO
 # ExecStopPostEx=: (path, argv, flags). The flags are systemd's names of the prefixes `+`, `-`, `:`.
 STOP_POST_COMMAND = (b"/bin/sh", [b"/bin/sh", b"-c", stop_post_script().encode()],
                      [b"privileged", b"ignore-failure", b"no-env-expand"])
+
+def _kernel(release: str) -> tuple[int, int]:
+    try:
+        major, minor = release.split("-")[0].split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
+
+
+def available(cgroup_root: Path = CGROUP_ROOT, release: str | None = None) -> bool:
+    """Whether this host's kernel keeps a pids.peak for a unit's cgroup: the unified hierarchy at
+    /sys/fs/cgroup (cgroup.controllers exists only there) offering the pids controller, on Linux 6.1
+    or later (pids.peak came with 6.1). A hybrid host's unified tree has no controllers: False."""
+    try:
+        controllers = (cgroup_root / "cgroup.controllers").read_text().split()
+    except OSError:
+        return False
+    return "pids" in controllers and _kernel(release or os.uname().release) >= (6, 1)
+
 
 # pids.peak is an int64 counter of tasks; anything past pid_max (4194304) is not one, but bounded only by
 # what the column takes, as the other figures are.

@@ -229,8 +229,9 @@ def _sandbox(runs: RunSettings, run: Run) -> dict[bytes, Any]:
     return props
 
 
-def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
-    """The unit's properties. Raises Refused when the run may not or cannot run here."""
+def build(run: Run, attempt: Attempt, settings: Settings, copy_tasks_peak: bool = True) -> dict[bytes, Any]:
+    """The unit's properties. Raises Refused when the run may not or cannot run here. `copy_tasks_peak`:
+    the unit copies its cgroup's pids.peak at its end (taskspeak.available(): this host has one)."""
     if attempt.unit_name != unit_name(run.id, attempt.attempt):
         raise Refused(f"attempt row names unit {attempt.unit_name!r}, expected {unit_name(run.id, attempt.attempt)}")
     runs = settings.runs
@@ -274,10 +275,12 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         b"MemoryAccounting": True,
         b"IOAccounting": True,
         b"TasksAccounting": True,
-        # The peak number of tasks, read by the unit itself before its cgroup is removed (taskspeak.py):
-        # a fixed command, the same for every run, run by PID 1 as root outside the sandbox.
-        b"ExecStopPostEx": [taskspeak.STOP_POST_COMMAND],
     }
+    if copy_tasks_peak:
+        # The peak number of tasks, read by the unit itself before its cgroup is removed (taskspeak.py):
+        # a fixed command, the same for every run, run by PID 1 as root outside the sandbox. Only where
+        # the kernel has a pids.peak to copy: it costs PID 1 a process per unit.
+        props[b"ExecStopPostEx"] = [taskspeak.STOP_POST_COMMAND]
     # Checked here so that a run this host refuses is never started; the values themselves are not
     # a property (any user reads those over D-Bus): the reconciler writes them to a root-only file
     # and adds EnvironmentFiles= (runenv.py).

@@ -336,13 +336,19 @@ def test_no_file_records_no_tasks_peak(rec, st):
     assert st.call_args.kwargs["accounting"] == MEASURED
 
 
-def test_a_start_makes_the_directory_the_stop_command_writes_to(rec, mocker, tasks_peak_directory):
+@pytest.mark.parametrize("has_pids_peak", [True, False])
+def test_a_unit_copies_its_tasks_peak_only_where_the_kernel_keeps_one(rec, mocker, tasks_peak_directory,
+                                                                      has_pids_peak):
+    """The stop command costs PID 1 a process per unit: none where it could copy nothing (cgroup v1)."""
     mocker.patch.object(store, "mark_started")
+    mocker.patch.object(taskspeak, "available", return_value=has_pids_peak)
+    rec = Reconciler(rec.settings, rec.fence, rec.conn, rec.systemd, journal=rec.journal)
     rec.systemd.start_transient.return_value = True
     run, attempt = pair(started=False)
     rec.start(run, attempt)
-    assert tasks_peak_directory.is_dir()
-    assert rec.systemd.start_transient.call_args.args[1][b"ExecStopPostEx"] == [taskspeak.STOP_POST_COMMAND]
+    props = rec.systemd.start_transient.call_args.args[1]
+    assert tasks_peak_directory.is_dir() is has_pids_peak
+    assert props.get(b"ExecStopPostEx") == ([taskspeak.STOP_POST_COMMAND] if has_pids_peak else None)
 
 
 def test_the_sweep_removes_the_files_of_attempts_not_open_here(rec, mocker, tasks_peak_directory):

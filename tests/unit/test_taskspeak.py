@@ -92,3 +92,19 @@ def test_files_read_remove_and_list(tmp_path: Path) -> None:
     assert files.remove(UNIT) and not files.remove(UNIT)
     with pytest.raises(ValueError):
         files.path("../etc/passwd")
+
+
+@pytest.mark.parametrize(("controllers", "release", "expected"), [
+    ("cpuset cpu io memory hugetlb pids rdma misc\n", "6.12.118-amd64", True),  # Debian 13
+    ("cpuset cpu io memory pids\n", "6.1.0-28-amd64", True),  # Debian 12 on cgroup v2: pids.peak came with 6.1
+    ("cpuset cpu io memory pids\n", "5.19.0", False),
+    ("cpuset cpu io memory\n", "6.12.0", False),  # no pids controller
+    ("", "6.12.0", False),  # a hybrid host's unified tree: no controllers
+    (None, "6.12.0", False),  # cgroup v1 alone: no cgroup.controllers at all
+    ("pids\n", "not-a-version", False),
+])
+def test_available_only_where_the_kernel_keeps_a_pids_peak(tmp_path: Path, controllers: str | None, release: str,
+                                                            expected: bool) -> None:
+    if controllers is not None:
+        (tmp_path / "cgroup.controllers").write_text(controllers)
+    assert taskspeak.available(tmp_path, release) is expected

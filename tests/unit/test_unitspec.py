@@ -306,6 +306,7 @@ def test_build_every_unit_copies_its_tasks_peak_at_its_end():
                                            cfg=settings(allowed_users=("root",)))
     assert first[b"ExecStopPostEx"] == second[b"ExecStopPostEx"] == [taskspeak.STOP_POST_COMMAND]
     assert first[b"TasksAccounting"] is True
+    assert b"ExecStopPostEx" not in build(*make(), settings(), copy_tasks_peak=False)
 
 
 def test_build_single_limit_sets_only_that_one():
