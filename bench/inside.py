@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
-from supervisor import config, store, unitspec
+from supervisor import config, store, taskspeak, unitspec
 from supervisor.journal import Journal
 from supervisor.model import Attempt, Run
 from supervisor.systemd import Systemd
@@ -78,17 +78,21 @@ def _bare_props(argv: list[str]) -> dict[bytes, Any]:
     }
 
 
-def _product_props(argv: list[str], sandbox: bool = True, runs_extra: str | None = None) -> dict[bytes, Any]:
+def _product_props(argv: list[str], sandbox: bool = True, runs_extra: str | None = None,
+                   copy_tasks_peak: bool | None = None) -> dict[bytes, Any]:
     """Exactly the properties the daemon gives a run's unit (unitspec.build), for a run of argv; with
     `sandbox` off, as a host configured with UNSANDBOXED_RUNS gives it; with `runs_extra`, as a host
-    with those [runs] keys does."""
+    with those [runs] keys does. The tasks-peak stop command as the daemon on this host gives it
+    (taskspeak.available()), unless `copy_tasks_peak` says."""
     if runs_extra is None:
         runs_extra = "" if sandbox else UNSANDBOXED_RUNS
     settings = config.parse(BENCH_CONFIG + runs_extra)
     run_id = uuid.uuid4()
     run = Run(id=run_id, argv=argv)
     attempt = Attempt(run_id=run_id, attempt=1, host_id="bench", unit_name=unitspec.unit_name(run_id, 1))
-    return unitspec.build(run, attempt, settings)
+    if copy_tasks_peak is None:
+        copy_tasks_peak = taskspeak.available()
+    return unitspec.build(run, attempt, settings, copy_tasks_peak=copy_tasks_peak)
 
 
 def _units_like(systemd: Systemd, pattern: str) -> list[tuple[str, str, str]]:
@@ -192,6 +196,11 @@ UNIT_COST_VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "... less Type=exec": (UNSANDBOXED_RUNS, ("Type",)),
     "... less User= (root)": (UNSANDBOXED_RUNS, ("User",)),
     "packaged defaults (sandboxed)": ("", ()),
+    # The peak-tasks stop command (supervisor/taskspeak.py): one /bin/sh that PID 1 spawns as each unit
+    # ends; what it costs is the difference between this line and the one above.
+    "... less the tasks-peak stop command (ExecStopPost, TasksAccounting)": ("", ("ExecStopPostEx", "TasksAccounting")),
+    "fixed user, no mount namespace, less the tasks-peak stop command": (
+        UNSANDBOXED_RUNS, ("ExecStopPostEx", "TasksAccounting")),
 }
 
 
@@ -199,13 +208,18 @@ def cmd_unit_cost(args: argparse.Namespace) -> dict[str, Any]:
     """Starts per second (all ran) of bare units and of each UNIT_COST_VARIANTS, `rounds` times in turn."""
     out: dict[str, list[float]] = {"bare (what systemd-run sends)": []}
     out.update({label: [] for label in UNIT_COST_VARIANTS})
+    if args.only:
+        # Only the kinds whose label holds one of these words (a comparison of two, in less time).
+        out = {label: [] for label in out if any(word in label for word in args.only.split(","))}
     for round_ in range(args.rounds):
         for i, label in enumerate(out):
-            if i == 0:
+            if label not in UNIT_COST_VARIANTS:
                 props = _bare_props(["/bin/true"])
             else:
                 runs, less = UNIT_COST_VARIANTS[label]
-                props = _product_props(["/bin/true"], runs_extra=runs)
+                # With the stop command everywhere (also where this host has no pids.peak), so that the
+                # kinds "less" it measure what it costs PID 1.
+                props = _product_props(["/bin/true"], runs_extra=runs, copy_tasks_peak=True)
                 for key in less:
                     props.pop(key.encode())
             ran = start_all(props, args.n, f"bench-cost-{round_}-{i}")
@@ -407,6 +421,7 @@ def main() -> None:
     p = sub.add_parser("unit-cost")
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--only", help="comma-separated words: only the kinds whose label holds one")
     p = sub.add_parser("active")
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--prefix", default="bench-active")

@@ -64,6 +64,7 @@ MAX_IN_FLIGHT = 64
 # `check`'s comparison.
 PER_UNIT = ("Id", "Names", "InvocationID", "MainPID", "ExecMainPID", "ControlGroup", "ControlGroupId",
             "FragmentPath", "ExecStart", "ExecStartEx", "StatusText", "Following", "NRestarts",
+            "ExecStopPost", "ExecStopPostEx",  # the tasks-peak command: the same, spelled by systemd-run
             "User", "Group", "UID", "GID",  # DynamicUser: a user named after each unit
             "Refs")  # the bus clients holding the unit (AddRef): pystemd's connection, systemd-run's none
 PER_UNIT_SUFFIXES = ("Timestamp", "TimestampMonotonic", "Current", "NSec", "Bytes", "Packets", "Peak")
@@ -90,6 +91,13 @@ def _option_values(name: str, value: Any) -> tuple[str, list[str]]:
         return name, ["yes"]  # the D-Bus value is the namespaces allowed: none
     if name == "CapabilityBoundingSet" and value == 0:
         return name, [""]  # the empty set
+    if name == "ExecStopPostEx":
+        # The tasks-peak command (supervisor/taskspeak.py): its flags as the prefixes `+`, `-`, `:`, and
+        # its words quoted as systemd's command-line parser reads them (no backslash in them to escape).
+        [(_path, args, flags)] = value
+        prefix = "".join({b"privileged": "+", b"ignore-failure": "-", b"no-env-expand": ":"}[f] for f in flags)
+        words = " ".join('"' + arg.decode().replace('"', '\\"') + '"' for arg in args)
+        return "ExecStopPost", [prefix + words]
     if name == "LogExtraFields":
         return name, [field.decode() for field in value]  # one field per assignment
     if isinstance(value, list) and all(isinstance(item, bytes) for item in value):

@@ -5,6 +5,7 @@ figures ("Sandbox off: what a unit costs systemd").
 
     .venv/bin/python -m bench.unit_cost              # 300 starts of each, 2 rounds
     .venv/bin/python -m bench.unit_cost --n 40 --rounds 1
+    .venv/bin/python -m bench.unit_cost --only "packaged,tasks-peak"   # two kinds only
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=300, help="starts of each kind of unit per round")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, each kind in turn")
+    parser.add_argument("--only", help="comma-separated words: only the kinds whose label holds one")
     args = parser.parse_args()
     reason = testbed_mod.available()
     if reason:
@@ -27,7 +29,7 @@ def main() -> None:
     testbed_mod.cleanup_stale()
     with testbed_mod.Testbed("uv-bench-cost", binds=[REPO]) as tb:
         out = tb.run(str(VENV_BIN / "python"), str(REPO / "bench" / "inside.py"), "unit-cost", "--n", str(args.n),
-                     "--rounds", str(args.rounds), timeout=3600)
+                     "--rounds", str(args.rounds), *(["--only", args.only] if args.only else []), timeout=3600)
     print(json.dumps(json.loads(out.stdout), indent=2))
 
 

@@ -282,6 +282,9 @@ def _load_run(conn: store.Connection, text: str) -> Run:
 @cli.command()
 @click.option("--memory", callback=_quantity(parse_size, MIN_MEMORY, 1 << 62, "1M to 4E", "bytes"),
               help="Memory limit (MemoryMax), like 512M or 2G; 1M to 4E. A bare number is bytes.")
+@click.option("--memory-high", callback=_quantity(parse_size, MIN_MEMORY, 1 << 62, "1M to 4E", "bytes"),
+              help="Memory throttle (MemoryHigh): over it the run is slowed and its memory reclaimed, not "
+                   "killed; like 384M; at most --memory. A bare number is bytes.")
 @click.option("--cpu", callback=_quantity(parse_percent, 1, 100000, "1% to 100000%", "%"),
               help="CPU quota, like 50% or 200% (two CPUs); 1% to 100000%.")
 @click.option("--tasks", type=_IntRange(1, 4194304), help="Maximum number of tasks (TasksMax).")
@@ -326,12 +329,19 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         raise click.UsageError(f"the command must be an absolute path, not {command[0]!r}")
     if options["workdir"] is not None and (not options["workdir"].startswith("/") or "\n" in options["workdir"]):
         raise click.UsageError(f"--workdir must be an absolute path, not {options['workdir']!r}")
+    high, limit = options["memory_high"], options["memory"]
+    if high is not None and limit is not None and high > limit:
+        # As unitvisor.submit_run refuses it (runs_memory_high_valid): throttled above the kill is never.
+        raise click.UsageError(f"--memory-high: {format_size(high)} is above --memory {format_size(limit)}: "
+                               "a run is throttled before it is killed")
     fields = {
         "argv": list(command), "environment": options["environment"] or None,
         "working_directory": options["workdir"], "run_user": options["run_user"],
         "memory_max": options["memory"], "cpu_quota_percent": options["cpu"], "tasks_max": options["tasks"],
         "io_weight": options["io_weight"], "runtime_max_sec": options["runtime"],
         "max_attempts": options["max_attempts"], "host_pin": options["host_pin"], "priority": options["priority"],
+        # Only when asked, as below: a database before schema 017 then still takes the run.
+        "memory_high": options["memory_high"],
         # Only when asked: a database from before schema 003 then still takes the run.
         "private_network": options["private_network"] or None,
         "labels": options["labels"] or None, "idempotency_key": options["idempotency_key"],
@@ -363,15 +373,17 @@ def _attempt_json(attempt: Attempt, record: OutcomeRecord | None) -> dict[str, A
         "invocation_id": attempt.invocation_id, "claimed_at": _iso(attempt.claimed_at),
         "started_at": _iso(attempt.started_at), "ended_at": _iso(attempt.ended_at),
         "outcome": attempt.outcome, "exit_status": attempt.exit_status, "reason": attempt.reason,
-        # systemd's raw figures (nanoseconds, bytes), null where not measured or still running
+        # systemd's and the kernel's raw figures (nanoseconds, bytes, tasks), null where not measured or
+        # still running; for an ended attempt, what each null one needs that its host did not have
         "accounting": asdict(record.accounting if record else Accounting()),
+        "not_measured": not_measured(record.accounting) if record else {},
         "output_tail": record.output_tail if record else None,
     }
 
 
 def accounting_text(accounting: Accounting) -> str:
     """What systemd measured of an attempt, for people: "1.2s CPU, 34.0M peak memory, 1.0M read,
-    0B written"; a figure not measured is left out, "-" when none was."""
+    0B written, 12 tasks at most"; a figure not measured is left out, "-" when none was."""
     parts = []
     if accounting.cpu_usage_nsec is not None:
         parts.append(f"{format_cpu_time(accounting.cpu_usage_nsec)} CPU")
@@ -379,7 +391,33 @@ def accounting_text(accounting: Accounting) -> str:
                         (accounting.io_write_bytes, "written")):
         if value is not None:
             parts.append(f"{format_bytes(value)} {what}")
+    if accounting.tasks_peak is not None:
+        parts.append(f"{accounting.tasks_peak} task{'' if accounting.tasks_peak == 1 else 's'} at most")
     return ", ".join(parts) or "-"
+
+
+# Why an ended attempt's figure is NULL: what a host needs to measure it (docs/sql-api.md, Attempts).
+# The same for every figure besides: an outcome recorded without the unit (a reboot, a dead host's
+# attempt taken over) has none.
+NOT_MEASURED_WHY = {
+    "cpu_usage_nsec": "needs the cgroup's CPU accounting (cgroup v2, or v1's cpuacct)",
+    "memory_peak_bytes": "needs systemd 256 or later on cgroup v2 (MemoryPeak)",
+    "io_read_bytes": "needs cgroup v2 with the io controller (IOReadBytes)",
+    "io_write_bytes": "needs cgroup v2 with the io controller (IOWriteBytes)",
+    "tasks_peak": "needs cgroup v2 on Linux 6.1 or later (pids.peak) and a daemon newer than 0.6.0",
+}
+NOT_MEASURED_TEXT = {"cpu_usage_nsec": "CPU", "memory_peak_bytes": "peak memory", "io_read_bytes": "read",
+                     "io_write_bytes": "written", "tasks_peak": "peak tasks"}
+
+
+def not_measured(accounting: Accounting) -> dict[str, str]:
+    """An ended attempt's figures that its host could not know (NULL), each with what it would need."""
+    return {name: why for name, why in NOT_MEASURED_WHY.items() if getattr(accounting, name) is None}
+
+
+def not_measured_text(missing: dict[str, str]) -> str:
+    """`show`'s line: "peak memory (needs systemd 256 ...); peak tasks (...)"."""
+    return "; ".join(f"{NOT_MEASURED_TEXT[name]} ({why})" for name, why in missing.items())
 
 
 def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
@@ -392,7 +430,7 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
         "concurrency_key": run.concurrency_key, "not_before": _iso(run.not_before),
         "start_deadline": _iso(run.start_deadline),
         "limits": {key: data[key] for key in
-                   ("memory_max", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
+                   ("memory_max", "memory_high", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
         "max_attempts": run.max_attempts, "cancel_requested_at": _iso(run.cancel_requested_at),
         "wait_reason": run.wait_reason if run.state == "queued" else None,
         "created_at": _iso(run.created_at), "finished_at": _iso(run.finished_at),
@@ -435,7 +473,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         lines.append(f"  waiting:   {data['wait_reason']}")
     lines += [
         f"  command:   {_command_text(run.argv)}",
-        f"  limits:    memory={format_size(limits['memory_max'])} cpu="
+        f"  limits:    memory={format_size(limits['memory_max'])} memory-high={format_size(limits['memory_high'])} cpu="
         f"{str(limits['cpu_quota_percent']) + '%' if limits['cpu_quota_percent'] else '-'} "
         f"tasks={limits['tasks_max'] or '-'} io-weight={limits['io_weight'] or '-'} "
         f"runtime={format_duration(limits['runtime_max_sec'])}",
@@ -455,6 +493,8 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
             lines.append(f"    reason: {a['reason']}")
         if a["outcome"]:
             lines.append(f"    measured: {accounting_text(Accounting(**a['accounting']))}")
+            if a["not_measured"]:
+                lines.append(f"    not measured on its host: {not_measured_text(a['not_measured'])}")
             tail = a["output_tail"]
             kept = "-" if tail is None else f"the last {len(tail.splitlines())} lines kept with the outcome"
             lines.append(f"    output:   {kept}")

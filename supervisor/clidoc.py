@@ -29,7 +29,8 @@ its start deadline) |
 | `working_directory`, `user`, `host_pin`, `priority` | as submitted |
 | `private_network` | `true`: the run asked for no network but its loopback (a host's `[runs] \
 private_network` takes it from every run) |
-| `limits` | `memory_max` (bytes), `cpu_quota_percent`, `tasks_max`, `io_weight`, `runtime_max_sec` |
+| `limits` | `memory_max` (bytes), `memory_high` (bytes), `cpu_quota_percent`, `tasks_max`, `io_weight`, \
+`runtime_max_sec` |
 | `max_attempts` | attempts in all |
 | `concurrency_key` | runs with the same key never run at the same time (`null`: none) |
 | `not_before`, `start_deadline` | when the run may first start, and by when it must have (`null`: none) |
@@ -37,7 +38,9 @@ private_network` takes it from every run) |
 | `wait_reason` | while queued: why it has not started: its `not_before` still ahead, the run of its \
 concurrency key it waits for, or why no live host accepts it (`null`: none of these) |
 | `attempts` | list, oldest first: `attempt`, `host`, `unit`, `invocation_id`, `claimed_at`, `started_at`, \
-`ended_at`, `outcome`, `exit_status`, `reason` |
+`ended_at`, `outcome`, `exit_status`, `reason`, `accounting` (`cpu_usage_nsec`, `memory_peak_bytes`, `io_read_bytes`, \
+`io_write_bytes`, `tasks_peak`: null where not measured), `not_measured` (an ended attempt's null figures, each with \
+what its host would need to measure it), `output_tail` |
 | `events` | the recent history, oldest first: `at`, `attempt`, `host`, `state`, `reason` |
 | `logs_command` | the journalctl command that shows the run's output |
 

@@ -92,6 +92,16 @@ class Found:
     accounting: Accounting = Accounting()
 
 
+def without_stop_command(records: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Pure: the records less the exit record of the unit's own stop command (the tasks-peak copy,
+    supervisor/taskspeak.py: ExecStopPost=, which exits 0). PID 1 logs it at debug level only, so on
+    a host that logs at debug it follows the run's own exit record and would be taken for it: a run
+    that exited 3 would read as exit 0, and a unit whose command never ran as one that did."""
+    return [r for r in records
+            if not (r.get("MESSAGE_ID") == MSG_PROCESS_EXIT
+                    and (r.get("COMMAND") == "ExecStopPost" or "Control process exited" in r.get("MESSAGE", "")))]
+
+
 def program_ran(records: list[dict[str, str]], trust_absence: bool) -> bool | None:
     """Pure: whether one invocation's records prove its command was exec'd (True), prove systemd
     failed to set it up (False), or neither (None).
@@ -100,7 +110,7 @@ def program_ran(records: list[dict[str, str]], trust_absence: bool) -> bool | No
     failure (sent before it, on the same socket) would be there too. Never after a reboot: a power cut
     can keep a later journal page and lose an earlier one.
     """
-    ids = {record.get("MESSAGE_ID") for record in records}
+    ids = {record.get("MESSAGE_ID") for record in without_stop_command(records)}
     if MSG_SPAWN_FAILED in ids or MSG_UNIT_SKIPPED in ids:
         return False
     if MSG_UNIT_STARTED in ids:
@@ -179,6 +189,7 @@ def success_from_records(records: list[dict[str, str]]) -> Found | None:
 
 def found_from_records(records: list[dict[str, str]]) -> Found | None:
     """Pure: the outcome PID 1's records about one unit invocation show, if they show one."""
+    records = without_stop_command(records)
     ids = {r.get("MESSAGE_ID") for r in records}
     skipped = [r for r in records if r.get("MESSAGE_ID") == MSG_UNIT_SKIPPED]
     if skipped and (refused := fence.refused_start_outcome(skipped[-1].get("UNIT_RESULT", ""), False)) is not None:
@@ -424,7 +435,8 @@ class Journal:
             records = self._records(unit_name, invocation_id)
             if records is None:
                 return None
-            if any(r.get("MESSAGE_ID") == MSG_PROCESS_EXIT for r in records) or time.monotonic() >= deadline:
+            if (any(r.get("MESSAGE_ID") == MSG_PROCESS_EXIT for r in without_stop_command(records))
+                    or time.monotonic() >= deadline):
                 return program_ran(records, trust_absence=True)
             time.sleep(0.1)
 

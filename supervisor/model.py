@@ -42,6 +42,9 @@ class Run:
     concurrency_key: str | None = None
     not_before: datetime | None = None
     start_deadline: datetime | None = None
+    # MemoryHigh= (schema 017): over it the kernel throttles the run and reclaims its memory, never
+    # kills it; at most memory_max.
+    memory_high: int | None = None
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,17 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Accounting:
-    """What systemd measured of one attempt's unit (sql/007_outcome_record.sql); None: not measured
-    (this systemd or cgroup layout has no such figure, or the outcome was recorded without the unit)."""
+    """What systemd and the kernel measured of one attempt's unit (sql/007_outcome_record.sql,
+    sql/017_accounting.sql); None: not measured (this systemd, kernel or cgroup layout has no such
+    figure, or the outcome was recorded without the unit)."""
 
     cpu_usage_nsec: int | None = None
     memory_peak_bytes: int | None = None
     io_read_bytes: int | None = None
     io_write_bytes: int | None = None
+    # The most tasks the unit had at once: its cgroup's pids.peak, copied by its ExecStopPost=
+    # before the cgroup is removed (supervisor/taskspeak.py).
+    tasks_peak: int | None = None
 
 
 @dataclass(frozen=True)

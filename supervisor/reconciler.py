@@ -55,13 +55,13 @@ import enum
 import logging
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import psycopg
 
-from supervisor import faults, fence, fleet, runenv, store, unitspec
+from supervisor import faults, fence, fleet, runenv, store, taskspeak, unitspec
 from supervisor.config import Settings, cut_off_after
 from supervisor.journal import History, Journal, TailReader, Unreadable
 from supervisor.log import event
@@ -283,10 +283,12 @@ class Reconciler:
 
     def __init__(self, settings: Settings, fence: store.Fence, conn: store.Connection, systemd: Systemd,
                  journal: Journal | None = None, cut_off_units: set[str] | None = None,
-                 env_files: runenv.EnvironmentFiles | None = None) -> None:
+                 env_files: runenv.EnvironmentFiles | None = None,
+                 tasks_peaks: taskspeak.TasksPeakFiles | None = None) -> None:
         """`cut_off_units`: units this host stopped itself while cut off from the database (the guard
         fills it); their outcome is `lost`, whatever the stop made them exit with. `env_files`: where
-        runs' environments are written (runenv.DIRECTORY unless a test says otherwise)."""
+        runs' environments are written (runenv.DIRECTORY unless a test says otherwise); `tasks_peaks`:
+        where units leave their peak number of tasks (taskspeak.DIRECTORY, likewise)."""
         self.settings = settings
         self.fence = fence
         self.host_id = fence.host_id
@@ -303,6 +305,9 @@ class Reconciler:
         self.output_tails = TailReader(self.journal, settings.runs.output_tail_lines, settings.runs.output_tail_bytes,
                                        threaded=False)
         self.env_files = env_files or runenv.EnvironmentFiles()
+        self.tasks_peaks = tasks_peaks or taskspeak.TasksPeakFiles()
+        # Read once: whether this host's kernel keeps a pids.peak for the units to copy (taskspeak.py).
+        self.copy_tasks_peak = taskspeak.available()
         self.random = random.Random()
         self.settled = 0
         self.in_flight = 0
@@ -395,6 +400,7 @@ class Reconciler:
             done.append(Planned(decision))
         self.in_flight = len(pairs)
         self.sweep_environment_files()
+        self.sweep_tasks_peaks()
         self.write_output_tails()
         return done
 
@@ -434,6 +440,27 @@ class Reconciler:
                 event("environment-file-removed", unit=unit or "-", detail="its attempt is not open on this host")
         return removed
 
+    def sweep_tasks_peaks(self) -> list[str]:
+        """Remove every tasks-peak file whose attempt is not open on this host: its outcome was recorded
+        without it (a unit released after its outcome, taskspeak.py), or by a daemon that died before
+        removing it, or elsewhere. Listed before the rows are read, as sweep_environment_files does: a
+        file is written at the end of its unit, whose attempt is open until the outcome that reads it."""
+        try:
+            listing = self.tasks_peaks.listing()
+        except OSError:  # a daemon that is not root starts nothing, so no unit of it writes here
+            return []
+        if not listing:
+            return []
+        owners = store.unit_owners(self.conn, listing)
+        removed = []
+        for unit in listing:
+            owner = owners.get(unit)
+            if owner is not None and owner.outcome is None and owner.host_id == self.host_id:
+                continue
+            if self.tasks_peaks.remove(unit):
+                removed.append(unit)
+        return removed
+
     def reconcile_one(self, run: Run, attempt: Attempt) -> Decision:
         """One attempt between passes: its unit changed, or its run was cancelled (decide_on_change)."""
         return self._act(run, attempt, self._unless_seen(
@@ -466,11 +493,17 @@ class Reconciler:
         lost (the process killed, the database gone first) is left `starting` with its unit loaded,
         which the next pass adopts, as after a kill right after the start."""
         try:
-            props = unitspec.build(run, attempt, self.settings)
+            props = unitspec.build(run, attempt, self.settings, copy_tasks_peak=self.copy_tasks_peak)
             environment = unitspec.environment(run, self.settings.runs)
         except unitspec.Refused as exc:
             self.settle(run, attempt, Outcome("refused", None, str(exc)), unit_exists=False)
             return
+        # Where the unit's stop command leaves its peak number of tasks; it writes nothing without it.
+        if self.copy_tasks_peak:
+            try:
+                self.tasks_peaks.ensure_directory()
+            except OSError as exc:  # the run is started all the same: its tasks_peak is NULL, not measured
+                event("tasks-peak-directory", level=logging.WARNING, unit=attempt.unit_name, detail=str(exc))
         if environment:
             # Written before every start, also one that turns out to be an adoption: the same attempt,
             # the same content. Removed when the outcome is recorded (settle), or by the sweep.
@@ -614,12 +647,22 @@ class Reconciler:
         host's journal once the outcome is recorded, and kept with it (output_tails); `unit_state`: the
         ActiveState the unit ended in, which says how to release it (Systemd.release). Inside
         `batched_outcomes`, all of that waits for the batch's one statement."""
-        ending = _Ending(run, self._settling(run, attempt, outcome, invocation_id, started_at, ended_at, accounting),
+        ending = _Ending(run, self._settling(run, attempt, outcome, invocation_id, started_at, ended_at,
+                                             self._with_tasks_peak(attempt, accounting)),
                          unit_exists, keep_output, unit_state)
         if self._batch is not None:
             self._batch.append(ending)
             return
         self._after(ending, self._record(run, ending.settling))
+
+    def _with_tasks_peak(self, attempt: Attempt, accounting: Accounting | None) -> Accounting | None:
+        """The accounting with the peak the attempt's unit left when it ended (taskspeak.py), read from
+        the file whether systemd's figures came from the unit or its journal records. No file (a unit that
+        never ran here, no pids.peak on this host, /run wiped by a reboot): as it was."""
+        peak = self.tasks_peaks.read(attempt.unit_name)
+        if peak is None:
+            return accounting
+        return replace(accounting or Accounting(), tasks_peak=peak)
 
     @contextlib.contextmanager
     def batched_outcomes(self) -> Iterator[None]:
@@ -734,6 +777,8 @@ class Reconciler:
         self.cut_off_units.discard(attempt.unit_name)
         # Its process has been spawned (PID 1 read the file then) or never will be.
         self.env_files.remove(attempt.unit_name)
+        # Read into this outcome, or stale (the attempt had one already): not needed again either way.
+        self.tasks_peaks.remove(attempt.unit_name)
 
     def _release(self, ending: _Ending) -> None:
         """Released only once the outcome is committed: until then the unit is the only record of it."""

@@ -388,6 +388,7 @@ _SUBMIT_ARGS = {
     "runtime_max_sec": "bigint", "max_attempts": "integer", "host_pin": "text", "priority": "integer",
     "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
     "concurrency_key": "text", "not_before": "timestamptz", "start_deadline": "timestamptz",
+    "memory_high": "bigint",  # schema 017
 }
 _JSON_ARGS = ("environment", "labels")
 
@@ -462,10 +463,11 @@ def get_outcome_records(conn: Connection, run_id: uuid.UUID) -> dict[int, Outcom
     """What each ended attempt of a run keeps besides its outcome (schema 007), by attempt number.
     Read apart from get_attempts, so that the daemon's reads of open attempts never carry the tails."""
     rows = conn.execute(
-        """SELECT a.attempt, a.cpu_usage_nsec, a.memory_peak_bytes, a.io_read_bytes, a.io_write_bytes, a.output_tail
+        """SELECT a.attempt, a.cpu_usage_nsec, a.memory_peak_bytes, a.io_read_bytes, a.io_write_bytes, a.tasks_peak,
+                  a.output_tail
            FROM unitvisor.attempts a WHERE a.run_id = %s AND a.outcome IS NOT NULL ORDER BY a.attempt""",
         (run_id,)).fetchall()
-    return {row[0]: OutcomeRecord(row[0], Accounting(*row[1:5]), row[5]) for row in rows}
+    return {row[0]: OutcomeRecord(row[0], Accounting(*row[1:6]), row[6]) for row in rows}
 
 
 def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dict[str, Any]]:
@@ -901,12 +903,12 @@ def record_outcomes(conn: Connection, fence: Fence, records: Sequence[Settling])
         rows = conn.execute(
             "SELECT t.n, unitvisor.record_outcome(t.run_id, t.attempt, %s, %s, t.outcome, t.exit_status, t.reason, "
             "t.next_state, t.retry_delay, t.invocation_id, t.started_at, t.ended_at, t.cpu_usage_nsec, "
-            "t.memory_peak_bytes, t.io_read_bytes, t.io_write_bytes, %s::timestamptz) "
+            "t.memory_peak_bytes, t.io_read_bytes, t.io_write_bytes, %s::timestamptz, t.tasks_peak) "
             "FROM unnest(%s::uuid[], %s::integer[], %s::text[], %s::text[], %s::text[], %s::text[], %s::interval[], "
             "%s::text[], %s::timestamptz[], %s::timestamptz[], %s::bigint[], %s::bigint[], %s::bigint[], "
-            "%s::bigint[]) WITH ORDINALITY AS t(run_id, attempt, outcome, exit_status, reason, next_state, "
-            "retry_delay, invocation_id, started_at, ended_at, cpu_usage_nsec, memory_peak_bytes, io_read_bytes, "
-            "io_write_bytes, n) ORDER BY t.n",
+            "%s::bigint[], %s::bigint[]) WITH ORDINALITY AS t(run_id, attempt, outcome, exit_status, reason, "
+            "next_state, retry_delay, invocation_id, started_at, ended_at, cpu_usage_nsec, memory_peak_bytes, "
+            "io_read_bytes, io_write_bytes, tasks_peak, n) ORDER BY t.n",
             (fence.host_id, fence.epoch, host_clock(), [r.attempt.run_id for r in records],
              [r.attempt.attempt for r in records],
              [r.outcome.outcome for r in records], [r.outcome.exit_status for r in records],
@@ -914,7 +916,8 @@ def record_outcomes(conn: Connection, fence: Fence, records: Sequence[Settling])
              [r.retry_delay for r in records], [r.invocation_id or None for r in records],
              [r.started_at for r in records], [r.ended_at for r in records],
              [m.cpu_usage_nsec for m in measured], [m.memory_peak_bytes for m in measured],
-             [m.io_read_bytes for m in measured], [m.io_write_bytes for m in measured])).fetchall()
+             [m.io_read_bytes for m in measured], [m.io_write_bytes for m in measured],
+             [m.tasks_peak for m in measured])).fetchall()
     return [bool(took) for _, took in rows]
 
 

@@ -38,6 +38,7 @@ UNIT_PATH_PREFIX = b"/org/freedesktop/systemd1/unit"
 _EXTRA_SIGNATURES = {
     b"ExecStartEx": b"a(sasas)",
     b"ExecConditionEx": b"a(sasas)",  # the lease checked at a run's start (unitspec.start_condition)
+    b"ExecStopPostEx": b"a(sasas)",
     b"LogExtraFields": b"aay",
     b"IOWeight": b"t",
     b"OOMPolicy": b"s",

@@ -14,7 +14,7 @@ import re
 import uuid
 from typing import Any
 
-from supervisor import envpolicy, fence, globs, runenv
+from supervisor import envpolicy, fence, globs, runenv, taskspeak
 from supervisor.config import CAPABILITIES, ROOT, UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
@@ -181,6 +181,11 @@ def _limits(run: Run) -> dict[bytes, Any]:
         # expense of every other run's pages, and it is killed only once swap is full too. A run that
         # wants swap has no way to ask for it yet: that would be a limit of its own, not this one.
         props[b"MemorySwapMax"] = 0
+    if run.memory_high is not None:
+        # Throttled, not killed, over it: the kernel reclaims the run's pages and slows its allocations
+        # (memory.high). Not bounded by swap: MemorySwapMax=0 comes with memory_max only, so a run with
+        # memory_high alone may be pushed into a host's swap, which is what throttling means there.
+        props[b"MemoryHigh"] = run.memory_high
     if run.cpu_quota_percent is not None:
         # CPUQuotaPerSecUSec: CPU time per second of wall time; 100% = one CPU = 1s per second.
         props[b"CPUQuotaPerSecUSec"] = run.cpu_quota_percent * USEC // 100
@@ -242,8 +247,9 @@ def _sandbox(runs: RunSettings, run: Run) -> dict[bytes, Any]:
     return props
 
 
-def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
-    """The unit's properties. Raises Refused when the run may not or cannot run here."""
+def build(run: Run, attempt: Attempt, settings: Settings, copy_tasks_peak: bool = True) -> dict[bytes, Any]:
+    """The unit's properties. Raises Refused when the run may not or cannot run here. `copy_tasks_peak`:
+    the unit copies its cgroup's pids.peak at its end (taskspeak.available(): this host has one)."""
     if attempt.unit_name != unit_name(run.id, attempt.attempt):
         raise Refused(f"attempt row names unit {attempt.unit_name!r}, expected {unit_name(run.id, attempt.attempt)}")
     runs = settings.runs
@@ -280,12 +286,19 @@ def build(run: Run, attempt: Attempt, settings: Settings) -> dict[bytes, Any]:
         # What the outcome records (systemd.accounting_from_properties): systemd measures only what a
         # unit asks for, and its defaults differ by version and cgroup layout (IO is off by default).
         # Each costs PID 1 a counter read when the unit ends; where a controller is unavailable (cgroup
-        # v1 in a container) systemd ignores the request and the outcome records NULL. No
-        # TasksAccounting: systemd keeps no task figure of an ended unit to record.
+        # v1 in a container) systemd ignores the request and the outcome records NULL. TasksAccounting
+        # enables the pids controller on the unit's cgroup (Debian's default already), whose pids.peak
+        # the stop command below copies out: systemd keeps no task figure of an ended unit.
         b"CPUAccounting": True,
         b"MemoryAccounting": True,
         b"IOAccounting": True,
+        b"TasksAccounting": True,
     }
+    if copy_tasks_peak:
+        # The peak number of tasks, read by the unit itself before its cgroup is removed (taskspeak.py):
+        # a fixed command, the same for every run, run by PID 1 as root outside the sandbox. Only where
+        # the kernel has a pids.peak to copy: it costs PID 1 a process per unit.
+        props[b"ExecStopPostEx"] = [taskspeak.STOP_POST_COMMAND]
     # Checked here so that a run this host refuses is never started; the values themselves are not
     # a property (any user reads those over D-Bus): the reconciler writes them to a root-only file
     # and adds EnvironmentFiles= (runenv.py).

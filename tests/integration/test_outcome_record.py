@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("as_bound_roles")
 
 SUCCEEDED = Outcome("success", "exit:0", "exited 0")
 MEASURED = Accounting(cpu_usage_nsec=1_234_567_890, memory_peak_bytes=35_651_584, io_read_bytes=0,
-                      io_write_bytes=2**62)
+                      io_write_bytes=2**62, tasks_peak=21)
 
 
 def claimed(conn: psycopg.Connection, host: str = "h1") -> tuple[uuid.UUID, Attempt]:
@@ -153,7 +153,8 @@ def test_each_attempt_keeps_its_own(conn: psycopg.Connection) -> None:
         1: OutcomeRecord(1, MEASURED, "first"), 2: OutcomeRecord(2, Accounting(), "second")}
 
 
-@pytest.mark.parametrize("field", ["cpu_usage_nsec", "memory_peak_bytes", "io_read_bytes", "io_write_bytes"])
+@pytest.mark.parametrize("field", ["cpu_usage_nsec", "memory_peak_bytes", "io_read_bytes", "io_write_bytes",
+                                   "tasks_peak"])
 def test_a_negative_measurement_is_refused_naming_the_arguments(conn: psycopg.Connection, field: str) -> None:
     run_id, attempt = claimed(conn)
     with pytest.raises(psycopg.errors.CheckViolation) as info:
@@ -187,6 +188,34 @@ def test_a_host_taking_over_a_dead_hosts_attempt_records_nulls(conn: psycopg.Con
     assert store.get_outcome_records(conn, run_id) == {1: OutcomeRecord(1, Accounting(), None)}
 
 
+# -- schema 017: tasks_peak, and the 17-argument record_outcome of 0.6.x daemons -----------------------
+
+def test_the_tasks_peak_is_kept_with_the_outcome_in_a_batch_too(conn: psycopg.Connection) -> None:
+    first, a1 = claimed(conn)
+    second, a2 = claimed(conn)
+    fence = fence_of(conn, "h1")
+    assert store.record_outcomes(conn, fence, [
+        store.Settling(a1, SUCCEEDED, "succeeded", accounting=Accounting(tasks_peak=3)),
+        store.Settling(a2, SUCCEEDED, "succeeded", accounting=MEASURED)]) == [True, True]
+    assert store.get_outcome_records(conn, first)[1].accounting == Accounting(tasks_peak=3)
+    assert conn.execute("SELECT tasks_peak FROM unitvisor.attempts WHERE run_id = %s", (second,)).fetchone() == (21,)
+
+
+def test_the_old_seventeen_argument_call_by_position_records_no_tasks_peak(conn: psycopg.Connection) -> None:
+    """Exactly the statement a 0.6.0 daemon sends (store.record_outcomes of 0.6.0), during a rolling upgrade."""
+    run_id, attempt = claimed(conn)
+    fence = fence_of(conn, "h1")
+    with store._fencing():
+        recorded = conn.execute(
+            "SELECT unitvisor.record_outcome(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+            "%s::timestamptz)",
+            (attempt.run_id, attempt.attempt, fence.host_id, fence.epoch, "success", "exit:0", "exited 0",
+             "succeeded", None, "inv-1", None, None, 5, 6, 7, 8, store.host_clock())).fetchone()[0]
+    assert recorded is True
+    assert store.get_outcome_records(conn, run_id)[1].accounting == Accounting(5, 6, 7, 8, None)
+    assert store.get_run(conn, run_id).state == "succeeded"
+
+
 # -- the CLI: `show` prints them, `logs` answers from the kept tail on any other host ---------------
 
 def ended_on_h1(conn: psycopg.Connection, cli, dsn: str, tail: str | None,
@@ -206,21 +235,25 @@ def ended_on_h1(conn: psycopg.Connection, cli, dsn: str, tail: str | None,
 def test_show_prints_the_accounting_for_people_and_raw_in_json(conn: psycopg.Connection, cli, dsn: str) -> None:
     run_id = ended_on_h1(conn, cli, dsn, "a\nb")
     text = cli("show", str(run_id), dsn=dsn).stdout
-    assert "    measured: 1.2s CPU, 34.0M peak memory, 0B read, 4096.0P written\n" in text
+    assert "    measured: 1.2s CPU, 34.0M peak memory, 0B read, 4096.0P written, 21 tasks at most\n" in text
+    assert "not measured" not in text
     assert "    output:   the last 2 lines kept with the outcome\n" in text
     [attempt] = json.loads(cli("show", "--json", str(run_id), dsn=dsn).stdout)["attempts"]
     assert attempt["accounting"] == {"cpu_usage_nsec": 1_234_567_890, "memory_peak_bytes": 35_651_584,
-                                     "io_read_bytes": 0, "io_write_bytes": 2**62}
+                                     "io_read_bytes": 0, "io_write_bytes": 2**62, "tasks_peak": 21}
+    assert attempt["not_measured"] == {}
     assert attempt["output_tail"] == "a\nb"
 
 
 def test_show_of_an_attempt_with_nothing_measured(conn: psycopg.Connection, cli, dsn: str) -> None:
     run_id = ended_on_h1(conn, cli, dsn, None, Accounting())
     text = cli("show", str(run_id), dsn=dsn).stdout
-    assert "    measured: -\n    output:   -\n" in text
+    assert "    measured: -\n    not measured on its host: CPU (needs " in text
     [attempt] = json.loads(cli("show", "--json", str(run_id), dsn=dsn).stdout)["attempts"]
     assert attempt["accounting"] == dict.fromkeys(("cpu_usage_nsec", "memory_peak_bytes", "io_read_bytes",
-                                                   "io_write_bytes"))
+                                                   "io_write_bytes", "tasks_peak"))
+    assert list(attempt["not_measured"]) == ["cpu_usage_nsec", "memory_peak_bytes", "io_read_bytes",
+                                             "io_write_bytes", "tasks_peak"]
     assert attempt["output_tail"] is None
 
 

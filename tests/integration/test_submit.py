@@ -26,6 +26,7 @@ ARG_TYPES = {
     "retry_backoff_sec": "integer", "retry_backoff_max_sec": "integer", "retry_on": "text[]",
     "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
     "concurrency_key": "text", "not_before": "timestamptz", "start_deadline": "timestamptz",
+    "memory_high": "bigint",
 }
 
 
@@ -290,6 +291,13 @@ REFUSALS = [
     pytest.param({"run_user": "Root"}, "runs_run_user_valid", "run_user: is not a user name", id="run-user"),
     pytest.param({"memory_max": 1024}, "runs_memory_max_valid",
                  "memory_max: 1024 is out of range (1048576 to 4611686018427387904 bytes)", id="memory-max"),
+    pytest.param({"memory_high": 1024}, "runs_memory_high_valid",
+                 "memory_high: 1024 is out of range (1048576 to 4611686018427387904 bytes)", id="memory-high"),
+    pytest.param({"memory_high": (1 << 62) + 1}, "runs_memory_high_valid",
+                 "memory_high: 4611686018427387905 is out of range (1048576 to", id="memory-high-above-max"),
+    pytest.param({"memory_high": 512 << 20, "memory_max": 256 << 20}, "runs_memory_high_valid",
+                 "memory_high: 536870912 is above memory_max (268435456): a run is throttled at memory_high "
+                 "before it is killed at memory_max", id="memory-high-over-memory-max"),
     pytest.param({"cpu_quota_percent": 0}, "runs_cpu_quota_valid",
                  "cpu_quota_percent: 0 is out of range (1 to 100000", id="cpu-quota"),
     pytest.param({"tasks_max": 0}, "runs_tasks_max_valid", "tasks_max: 0 is out of range (1 to 4194304 tasks)",
@@ -514,3 +522,22 @@ def test_under_repeatable_read_a_concurrent_submit_with_one_key_is_a_serializati
         with b.transaction():
             assert call_submit(b, idempotency_key="rr") == first
     assert table_counts(conn)["runs"] == 1
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({"memory_high": 384 << 20}, (None, 384 << 20)),
+    ({"memory_high": 256 << 20, "memory_max": 256 << 20}, (256 << 20, 256 << 20)),  # at the limit: allowed
+    ({}, (None, None)),
+])
+def test_memory_high_is_kept_on_the_run(conn: psycopg.Connection, values: dict, expected: tuple) -> None:
+    run = store.get_run(conn, call_submit(conn, **values))
+    assert (run.memory_max, run.memory_high) == expected
+    assert store.get_run(conn, store.submit_run(conn, argv=["/bin/true"], **values)).memory_high == expected[1]
+
+
+def test_a_row_over_its_memory_max_is_refused_by_the_table_too(conn: psycopg.Connection) -> None:
+    """The constraint behind submit_run's check, for a row written another way (an admin's UPDATE)."""
+    run_id = call_submit(conn, memory_max=256 << 20)
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        conn.execute("UPDATE unitvisor.runs SET memory_high = %s WHERE id = %s", (512 << 20, run_id))
+    assert info.value.diag.constraint_name == "runs_memory_high_valid"

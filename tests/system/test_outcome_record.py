@@ -6,6 +6,7 @@ longer has it."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -40,13 +41,15 @@ def measurable(host: Host) -> dict[str, bool]:
     the unified hierarchy (cgroup v2) CPU and IO counters are kept after the unit's cgroup is gone, and
     the peak of memory from systemd 256 on (MemoryPeak). In a container that sees the cgroup v1
     controllers read-only (this project's test beds, shared/TESTBED.md), systemd realizes no
-    controller for the unit and reports every figure as unavailable."""
+    controller for the unit and reports every figure as unavailable. The peak of tasks is the kernel's
+    pids.peak (cgroup v2, Linux 6.1 on), which the unit's own stop command copies out."""
     unified = host.tb.run("stat", "-fc", "%T", "/sys/fs/cgroup").stdout.strip() == "cgroup2fs"
     version = int(host.tb.run("systemctl", "--version").stdout.split()[1])
     cpuacct = host.tb.run("findmnt", "-no", "OPTIONS", "/sys/fs/cgroup/cpuacct", check=False).stdout
     cpu_v1 = bool(cpuacct) and "rw" in cpuacct.split(",")
+    kernel = tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2])
     return {"cpu_usage_nsec": unified or cpu_v1, "memory_peak_bytes": unified and version >= 256,
-            "io_read_bytes": unified, "io_write_bytes": unified}
+            "io_read_bytes": unified, "io_write_bytes": unified, "tasks_peak": unified and kernel >= (6, 1)}
 
 
 @pytest.fixture
@@ -72,6 +75,8 @@ def test_a_busy_run_records_what_systemd_measured_where_it_can(tails: Host) -> N
         assert measured["cpu_usage_nsec"] > 10_000_000  # the loop alone takes more than 10 ms of CPU
     if expected["memory_peak_bytes"]:
         assert measured["memory_peak_bytes"] >= 64 << 20
+    # Each figure it could not measure is named, with what it needs.
+    assert set(attempt["not_measured"]) == {key for key, can in expected.items() if not can}, attempt
     # The unit asked for every figure; this systemd recorded the request, whatever it could measure.
     shown = tails.cli("show", run_id).stdout
     if not any(expected.values()):

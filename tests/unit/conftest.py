@@ -1,5 +1,5 @@
-"""Unit tests never touch the machine: a run's environment files, the fence's lease and its record of
-stopped units go to a temporary directory."""
+"""Unit tests never touch the machine: a run's environment files, its tasks peak, the fence's lease and
+its record of stopped units go to a temporary directory."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import fence, runenv
+from supervisor import fence, runenv, taskspeak
 
 
 @pytest.fixture(autouse=True)
@@ -23,4 +23,12 @@ def runtime_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     directory = tmp_path / "run-unitvisor"
     monkeypatch.setattr(fence, "LEASE", directory / "lease")
     monkeypatch.setattr(fence, "FENCED", directory / "fenced")
+    return directory
+
+
+@pytest.fixture(autouse=True)
+def tasks_peak_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where units leave their peak number of tasks (supervisor/taskspeak.py)."""
+    directory = tmp_path / "run-unitvisor" / "tasks-peak"
+    monkeypatch.setattr(taskspeak, "DIRECTORY", directory)
     return directory

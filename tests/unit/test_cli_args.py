@@ -199,6 +199,11 @@ def test_debug_in_a_runs_command_does_not_turn_on_tracebacks(run_cli, config, mo
     (["submit", "--memory", "1K"], "--memory: 1K is out of range (1M to 4E)"),
     (["submit", "--memory", "99999999T"], "--memory: 99999999T is out of range (1M to 4E)"),
     (["submit", "--memory", "0"], "--memory: invalid size '0': must be more than zero (the range is 1M to 4E)"),
+    (["submit", "--memory-high", "256"],
+     "--memory-high: 256 bytes is out of range (1M to 4E; a bare number is bytes, use 256M)"),
+    (["submit", "--memory-high", "99999999T"], "--memory-high: 99999999T is out of range (1M to 4E)"),
+    (["submit", "--memory", "256M", "--memory-high", "512M"],
+     "--memory-high: 512M is above --memory 256M: a run is throttled before it is killed"),
     (["submit", "--cpu", "100001%"], "--cpu: 100001% is out of range (1% to 100000%)"),
     (["submit", "--cpu", "100001"], "--cpu: 100001% is out of range (1% to 100000%)"),
     (["submit", "--tasks", "0"], "--tasks: 0 is out of range (1 to 4194304)"),
@@ -222,6 +227,17 @@ def test_a_range_error_names_the_range_and_the_unit(run_cli, config, args, messa
     assert result.code == 2
     command = args[0]
     assert result.line == f"unitvisor: {message}; see 'unitvisor {command} --help'"
+
+
+@pytest.mark.parametrize(("args", "fields"), [
+    (["--memory-high", "384M"], {"memory_high": 384 << 20}),
+    (["--memory", "512M", "--memory-high", "512M"], {"memory_max": 512 << 20, "memory_high": 512 << 20}),
+    ([], {"memory_high": None}),  # not asked: not sent (a database before schema 017 takes the run)
+])
+def test_memory_high_is_submitted_as_bytes(run_cli, submitted, config, args, fields) -> None:
+    result = run_cli("--config", str(config), "--dsn", A, "submit", *args, "--", "/bin/true")
+    assert result.code == 0, result.err
+    assert {key: submitted[0].get(key) for key in fields} == fields
 
 
 def test_an_option_that_is_not_a_number(run_cli, config) -> None:

@@ -325,6 +325,16 @@ def test_a_kept_exit_record_decides_over_the_success_record():
     assert outcome_from_records(records) == Outcome("success", "exit:0", "exited 0" + SUFFIX)
 
 
+def test_the_stop_commands_exit_record_is_not_the_runs():
+    """A host logging at debug keeps the exit record of the unit's own stop command (the tasks-peak
+    copy, ExecStopPost=, exit 0) after the run's: the run's decides."""
+    stop_command = pid1("Control process exited, code=exited, status=0/SUCCESS", MESSAGE_ID=MSG_PROCESS_EXIT,
+                        EXIT_CODE="exited", EXIT_STATUS="0", COMMAND="ExecStopPost")
+    records = [started(), process_exit("exited", 3, "3"), stop_command, failed("exit-code")]
+    assert outcome_from_records(records) == Outcome("exit-code", "exit:3", "exited with status 3" + SUFFIX)
+    assert journal.program_ran([stop_command], trust_absence=True) is None
+
+
 def test_a_failures_resource_usage_is_kept_too():
     found = found_from_records([started(), process_exit("exited", 3, "3"), failed("exit-code"), consumed()])
     assert found.accounting.cpu_usage_nsec == 1_500_000_000

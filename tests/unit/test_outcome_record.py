@@ -11,8 +11,8 @@ from unittest import mock
 
 import pytest
 
-from supervisor import fleet, store
-from supervisor.cli import accounting_text
+from supervisor import fleet, store, taskspeak
+from supervisor.cli import accounting_text, not_measured, not_measured_text
 from supervisor.config import RunSettings, Settings
 from supervisor.journal import Journal, TailReader, cut_tail, log_command, log_matches
 from supervisor.model import Accounting, Attempt, Run
@@ -143,6 +143,8 @@ def test_format_bytes(size, text):
     (MEASURED, "1.2s CPU, 34.0M peak memory, 4.0K read, 0B written"),
     (Accounting(cpu_usage_nsec=1_200_000_000), "1.2s CPU"),
     (Accounting(memory_peak_bytes=1024), "1.0K peak memory"),
+    (Accounting(tasks_peak=21), "21 tasks at most"),
+    (Accounting(cpu_usage_nsec=0, tasks_peak=1), "0us CPU, 1 task at most"),
 ])
 def test_accounting_text(accounting, text):
     assert accounting_text(accounting) == text
@@ -289,3 +291,75 @@ def test_the_outcome_is_unchanged_by_what_is_kept(rec, st):
     run, attempt = pair()
     rec.apply(run, attempt, decide(run, attempt, ended(Accounting())))
     assert st.call_args.args[3] == Outcome("exit-code", "exit:3", "exited with status 3")
+
+
+def test_not_measured_names_each_null_figure_with_what_its_host_lacked():
+    assert not_measured(Accounting(cpu_usage_nsec=1, memory_peak_bytes=2, io_read_bytes=3, io_write_bytes=4,
+                                   tasks_peak=5)) == {}
+    # systemd 252 on cgroup v2 (Debian 12): all but the memory peak
+    missing = not_measured(Accounting(cpu_usage_nsec=1, io_read_bytes=3, io_write_bytes=4, tasks_peak=5))
+    assert list(missing) == ["memory_peak_bytes"] and "systemd 256" in missing["memory_peak_bytes"]
+    # a cgroup v1 host: everything but the CPU
+    missing = not_measured(Accounting(cpu_usage_nsec=1))
+    assert list(missing) == ["memory_peak_bytes", "io_read_bytes", "io_write_bytes", "tasks_peak"]
+    assert "pids.peak" in missing["tasks_peak"]
+    assert not_measured_text({"tasks_peak": "needs x"}) == "peak tasks (needs x)"
+
+
+# -- the peak number of tasks its unit left (taskspeak.py) ------------------------------------------
+
+def test_an_ended_unit_records_the_tasks_peak_it_left_and_the_file_goes(rec, st, tasks_peak_directory):
+    files = taskspeak.TasksPeakFiles()
+    files.ensure_directory()
+    files.path(NAME).write_text("21\n")
+    run, attempt = pair()
+    rec.apply(run, attempt, decide(run, attempt, ended()))
+    assert st.call_args.kwargs["accounting"] == Accounting(cpu_usage_nsec=1_200_000_000, memory_peak_bytes=35_651_584,
+                                                           io_read_bytes=4096, io_write_bytes=0, tasks_peak=21)
+    assert files.listing() == []
+
+
+def test_a_gone_unit_records_the_tasks_peak_it_left_beside_its_journals_figures(rec, st, tasks_peak_directory):
+    """After a restart the unit is gone (collected), its figures from the journal; the file outlives both."""
+    files = taskspeak.TasksPeakFiles()
+    files.ensure_directory()
+    files.path(NAME).write_text("4\n")
+    run, attempt = pair()
+    rec.apply(run, attempt, decide(run, attempt, None))
+    assert st.call_args.kwargs["accounting"] == Accounting(tasks_peak=4)
+    assert files.listing() == []
+
+
+def test_no_file_records_no_tasks_peak(rec, st):
+    run, attempt = pair()
+    rec.apply(run, attempt, decide(run, attempt, ended()))
+    assert st.call_args.kwargs["accounting"] == MEASURED
+
+
+@pytest.mark.parametrize("has_pids_peak", [True, False])
+def test_a_unit_copies_its_tasks_peak_only_where_the_kernel_keeps_one(rec, mocker, tasks_peak_directory,
+                                                                      has_pids_peak):
+    """The stop command costs PID 1 a process per unit: none where it could copy nothing (cgroup v1)."""
+    mocker.patch.object(store, "mark_started")
+    mocker.patch.object(taskspeak, "available", return_value=has_pids_peak)
+    rec = Reconciler(rec.settings, rec.fence, rec.conn, rec.systemd, journal=rec.journal)
+    rec.systemd.start_transient.return_value = True
+    run, attempt = pair(started=False)
+    rec.start(run, attempt)
+    props = rec.systemd.start_transient.call_args.args[1]
+    assert tasks_peak_directory.is_dir() is has_pids_peak
+    assert props.get(b"ExecStopPostEx") == ([taskspeak.STOP_POST_COMMAND] if has_pids_peak else None)
+
+
+def test_the_sweep_removes_the_files_of_attempts_not_open_here(rec, mocker, tasks_peak_directory):
+    files = taskspeak.TasksPeakFiles()
+    files.ensure_directory()
+    for name in ("open-here.service", "settled.service", "elsewhere.service", "unknown.service"):
+        files.path(name).write_text("3\n")
+    owner = mock.Mock
+    mocker.patch.object(store, "unit_owners", return_value={
+        "open-here.service": owner(outcome=None, host_id="me"),
+        "settled.service": owner(outcome="success", host_id="me"),
+        "elsewhere.service": owner(outcome=None, host_id="h2")})
+    assert rec.sweep_tasks_peaks() == ["elsewhere.service", "settled.service", "unknown.service"]
+    assert files.listing() == ["open-here.service"]

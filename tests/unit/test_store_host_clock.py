@@ -23,7 +23,7 @@ def test_record_outcomes_sends_the_hosts_clock_read_at_the_call(mocker) -> None:
     assert store.record_outcome(conn, store.Fence("h1", 7), attempt, Outcome("success", "exit:0", "exited 0"),
                                 "succeeded", ended_at=ended) is True
     query, params = conn.execute.call_args.args
-    assert "t.io_write_bytes, %s::timestamptz)" in query  # record_outcome's 17-argument form
+    assert "t.io_write_bytes, %s::timestamptz, t.tasks_peak)" in query  # record_outcome's 18-argument form
     assert params[:3] == ("h1", 7, read)
     assert [ended] in params  # systemd's reading goes as read: the database moves it
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from supervisor import config, envpolicy
+from supervisor import config, envpolicy, taskspeak
 from supervisor.config import DatabaseSettings, RunSettings, Settings, SystemdSettings
 from supervisor.model import Attempt, Run
 from supervisor.unitspec import (
@@ -182,6 +182,7 @@ def test_build_exact_key_set_without_options():
         b"Description", b"Slice", b"Type", b"RemainAfterExit", b"AddRef", b"ExecStartEx", b"LogExtraFields",
         b"KillMode", b"TimeoutStopUSec", b"SendSIGKILL", b"NoNewPrivileges", b"PrivateTmp", b"ProtectSystem",
         b"ProtectHome", b"DynamicUser", b"CPUAccounting", b"MemoryAccounting", b"IOAccounting",
+        b"TasksAccounting", b"ExecStopPostEx",
     } | set(SANDBOX_DEFAULTS)
 
 
@@ -285,8 +286,27 @@ def test_build_limits_are_integers():
 
 def test_build_without_limits_sets_none():
     props = props_for()
-    for key in (b"MemoryMax", b"MemorySwapMax", b"CPUQuotaPerSecUSec", b"TasksMax", b"IOWeight", b"RuntimeMaxUSec"):
+    for key in (b"MemoryMax", b"MemorySwapMax", b"MemoryHigh", b"CPUQuotaPerSecUSec", b"TasksMax", b"IOWeight",
+                b"RuntimeMaxUSec"):
         assert key not in props
+
+
+def test_build_memory_high_is_memory_high_alone():
+    """MemoryHigh= throttles; it brings no MemorySwapMax= of its own (that comes with memory_max)."""
+    props = props_for(memory_high=384 << 20)
+    assert props[b"MemoryHigh"] == 402_653_184 and type(props[b"MemoryHigh"]) is int
+    assert b"MemoryMax" not in props and b"MemorySwapMax" not in props
+    both = props_for(memory_high=384 << 20, memory_max=512 << 20)
+    assert (both[b"MemoryHigh"], both[b"MemoryMax"], both[b"MemorySwapMax"]) == (384 << 20, 512 << 20, 0)
+
+
+def test_build_every_unit_copies_its_tasks_peak_at_its_end():
+    """The same fixed command in every unit, root's and a DynamicUser's alike: no run's data in it."""
+    first, second = props_for(), props_for(argv=("/usr/bin/true",), attempt=2, run_user="root",
+                                           cfg=settings(allowed_users=("root",)))
+    assert first[b"ExecStopPostEx"] == second[b"ExecStopPostEx"] == [taskspeak.STOP_POST_COMMAND]
+    assert first[b"TasksAccounting"] is True
+    assert b"ExecStopPostEx" not in build(*make(), settings(), copy_tasks_peak=False)
 
 
 def test_build_single_limit_sets_only_that_one():

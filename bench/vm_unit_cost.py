@@ -1,0 +1,49 @@
+"""bench/inside.py unit-cost on the VM tier's Debian 13 guest (systemd 257, cgroup v2), where the
+tasks-peak stop command does all its work (pids.peak is there to copy), unlike in the cgroup-v1 test
+bed. The checkout's `supervisor` package and bench/inside.py are copied into the guest (no .deb):
+the guest has every dependency. Under software emulation: compare the kinds with each other only.
+
+    .venv/bin/python -m bench.vm_unit_cost --n 100 --rounds 2 --only "packaged,tasks-peak"
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tarfile
+
+from tests.harness import vm as vm_mod
+from tests.harness.host import REPO
+
+
+def _tree() -> bytes:
+    """supervisor/ and bench/inside.py as a tar, for the guest's /root/uv."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        tar.add(REPO / "supervisor", "supervisor", filter=lambda t: None if "__pycache__" in t.name else t)
+        tar.add(REPO / "bench" / "inside.py", "bench/inside.py")
+    return out.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", default="packaged,tasks-peak")
+    args = parser.parse_args()
+    reason = vm_mod.available()
+    if reason:
+        raise SystemExit(f"cannot run the benchmark here: {reason}")
+    with vm_mod.Guest() as guest:
+        guest.write("/root/uv.tar", _tree())
+        guest.run("mkdir", "-p", "/root/uv")
+        guest.run("tar", "-C", "/root/uv", "-xf", "/root/uv.tar")
+        out = guest.run("python3", "/root/uv/bench/inside.py", "unit-cost", "--n", str(args.n), "--rounds",
+                        str(args.rounds), "--only", args.only, timeout=3600)
+        version = guest.run("systemctl", "--version").stdout.split()[1]
+    print(json.dumps({"systemd": version, **json.loads(out.stdout)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
