@@ -14,6 +14,8 @@ APT_PACKAGES += spin
 APT_PACKAGES += build-essential dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools \
 	help2man python3-click python3-psycopg python3-pystemd python3-sdnotify python3-pytest python3-pytest-mock \
 	lintian debootstrap python3-prometheus-client
+# piuparts installs, removes and purges the .deb in a minimal bookworm and trixie (tests/package/test_piuparts.py).
+APT_PACKAGES += piuparts
 # The metrics tests run a real Prometheus and promtool (tests/system/test_metrics.py). Installed without
 # its Recommends (prometheus-node-exporter, one more daemon nobody asked for); the prometheus.service
 # the package enables is never used by the tests, which start their own, and is masked in test beds.
@@ -27,7 +29,7 @@ APT_NO_RECOMMENDS += qemu-system-x86 qemu-utils
 DEBIAN_PY_PACKAGES := python3-psycopg python3-pystemd python3-sdnotify python3-click python3-pytest python3-pytest-mock \
 	python3-prometheus-client
 
-.PHONY: try test test-debian deps venv venv-debian lint clean model
+.PHONY: try test test-debian test-trixie deps venv venv-debian lint clean model
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES) $(DEBIAN_PY_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -74,6 +76,17 @@ test: venv venv-debian
 	$(VENV)/bin/pytest -m "not system"
 	.venv-debian/bin/python -m pytest -p no:cacheprovider -m "not package and not vm and not model" \
 		--deselect tests/integration/test_migrate_big.py
+	$(MAKE) test-trixie
+
+# The unit tests with Debian 13's own versions (trixie's python3 3.13 and python3-* packages), as the
+# second pass above runs them with bookworm's: in a trixie chroot (tests/harness/trixie.py, cached in
+# /var/cache/unitvisor-tests, built when missing), entered with systemd-nspawn, the checkout bound in
+# read-only. Not the integration tests: they would add minutes to CI for SQL that PostgreSQL 17 runs in
+# the VM tier anyway; TRIXIE_TESTS=tests/integration runs them there too.
+TRIXIE_TESTS ?= tests/unit
+test-trixie: venv
+	$(VENV)/bin/python -m tests.harness.trixie -m "not package and not vm and not model and not system" \
+		--ignore tests/unit/test_model.py $(TRIXIE_TESTS)
 
 # Only the VM tier: the .deb in a real cgroup-v2 Debian 13 guest (tests/vm; part of `make test`).
 .PHONY: test-vm
