@@ -2,7 +2,8 @@
 #   make try    install everything, then a demo on a real PostgreSQL and a real systemd
 #   make test   the whole test suite (unit, integration, system, package, vm): unit and integration
 #               twice, with the newest dependencies from PyPI (.venv) and with Debian bookworm's own
-#               packages (.venv-debian); package and vm with the first, system with the second (below)
+#               packages (.venv-debian); package and vm with the first, system with the second (below);
+#               then the unit tests with Debian 13 trixie's own packages (test-trixie)
 
 PYTHON      ?= /usr/bin/python3
 VENV        := .venv
@@ -82,7 +83,8 @@ test: venv venv-debian
 # second pass above runs them with bookworm's: in a trixie chroot (tests/harness/trixie.py, cached in
 # /var/cache/unitvisor-tests, built when missing), entered with systemd-nspawn, the checkout bound in
 # read-only. Not the integration tests: they would add minutes to CI for SQL that PostgreSQL 17 runs in
-# the VM tier anyway; TRIXIE_TESTS=tests/integration runs them there too.
+# the VM tier anyway; TRIXIE_TESTS=tests/integration runs them there too (PostgreSQL 17 in the chroot;
+# all but tests/integration/test_wheel.py, which needs git and python3-build, not in the chroot).
 TRIXIE_TESTS ?= tests/unit
 test-trixie: venv
 	$(VENV)/bin/python -m tests.harness.trixie -m "not package and not vm and not model and not system" \
