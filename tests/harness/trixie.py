@@ -1,0 +1,164 @@
+"""Debian 13 (trixie) without booting it: a chroot with trixie's Python 3.13 and python3-* packages,
+PostgreSQL 17 and lintian, for what needs trixie's userland but not its systemd (which refuses to boot
+on this cgroup-v1 machine: that part is the VM tier's, tests/harness/vm.py).
+
+- `make test-trixie` runs the unit tests there, with the checkout bound in read-only, as
+  `.venv-debian` runs them with bookworm's packages (`python -m tests.harness.trixie pytest ...`).
+- The package tests run trixie's lintian there on the .deb (tests/package/test_lintian.py).
+
+The tree is built with debootstrap from the mirror apt uses and cached under CACHE, named after a
+hash of its recipe, like the clean-room image; it is never written to: each use is a
+`systemd-nspawn --volatile=overlay` whose writes land in memory, with systemd-nspawn's --as-pid2 stub
+as PID 1 (no init, no bus: nothing here needs them) and a private network (loopback only: the
+integration tests' PostgreSQL stays inside, and no port can clash with another session's).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tests.harness.cleanroom import CACHE, _discard, mirror
+from tests.harness.vm import CHROOT_ENV, _chroot_mounts, _run
+
+SUITE = "trixie"
+# The .deb's dependencies as trixie has them (debian/control), the test runner, PostgreSQL 17 for the
+# integration tests, and lintian for the package tests.
+PACKAGES = (
+    "python3", "python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click",
+    "python3-prometheus-client", "python3-pytest", "python3-pytest-mock", "postgresql", "lintian",
+)
+RECIPE = 1  # bump when _build() changes, so that an old tree is not reused
+# Tools the tests call that are not what the pass is about (their version is not trixie's to test):
+# bound in read-only from this machine (systemd-nspawn makes the mount points in the overlay).
+# Prometheus and promtool (the unit tests of the metrics' exposition and of the example alerts) are Go
+# binaries that need only libc; trixie's prometheus package would add 100 MB for them.
+HOST_TOOLS = ("/usr/bin/promtool", "/usr/bin/prometheus", "/usr/share/prometheus")
+
+
+class TrixieError(RuntimeError):
+    pass
+
+
+def available() -> str | None:
+    """None when the tree can be built and entered here, else the reason why not."""
+    if os.geteuid() != 0:
+        return "the trixie chroot needs root (debootstrap, systemd-nspawn)"
+    for tool, package in (("debootstrap", "debootstrap"), ("systemd-nspawn", "systemd-container")):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (apt-get install {package})"
+    return None
+
+
+def image_path() -> Path:
+    key = json.dumps([RECIPE, SUITE, mirror(), sorted(PACKAGES)])
+    return CACHE / f"{SUITE}-chroot-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def ensure_image(log: Callable[[str], None] = print) -> Path:
+    """The cached tree, built first if it is missing. Safe from several sessions at once (one builds,
+    the others wait for it)."""
+    path = image_path()
+    if (path / ".complete").is_file():
+        return path
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".trixie-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / ".complete").is_file():
+            return path
+        started = time.monotonic()
+        log(f"building the trixie chroot {path} with debootstrap from {mirror()} (cached for later runs)")
+        _build(path)
+        log(f"built {path} in {time.monotonic() - started:.0f}s")
+    return path
+
+
+def _build(path: Path) -> None:
+    # Under the lock: whatever is at the path is an interrupted build's.
+    if path.exists():
+        _discard(path)
+    work = Path(tempfile.mkdtemp(prefix="uv-trixie-build-", dir=CACHE))
+    root = work / "root"
+    try:
+        _run(["debootstrap", "--variant=minbase", SUITE, str(root), mirror()], timeout=1800)
+        (root / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")  # nothing starts in the chroot
+        (root / "usr/sbin/policy-rc.d").chmod(0o755)
+        shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
+        with _chroot_mounts(root):
+            _run(["chroot", str(root), "apt-get", "-q", "update"], timeout=600, env=CHROOT_ENV)
+            _run(["chroot", str(root), "apt-get", "-q", "-y", "install", "--no-install-recommends", *PACKAGES],
+                 timeout=1800, env=CHROOT_ENV)
+            _run(["chroot", str(root), "apt-get", "clean"], timeout=60, env=CHROOT_ENV)
+        (root / ".complete").write_text(f"{SUITE} {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        root.rename(path)
+    finally:
+        _discard(work)
+
+
+def run(argv: Sequence[str], binds: Sequence[str] = (), chdir: str = "/", timeout: float = 3600,
+        capture: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command in a throwaway container of the tree: `binds` are this machine's paths, bound
+    read-only at the same place. Returns the command's result (not raised on a non-zero exit)."""
+    root = ensure_image()
+    # --keep-unit: no scope of its own (that would need this machine's bus); a machine name of its own,
+    # so that sessions sharing the tree do not share nspawn's state under /run/systemd/nspawn.
+    cmd = ["systemd-nspawn", "--quiet", "--as-pid2", "--register=no", "--keep-unit", "--volatile=overlay",
+           "--private-network", "--console=pipe", f"--machine=uv-trixie-{os.getpid()}", "--directory", str(root),
+           "--chdir", chdir, "--setenv=LANG=C.UTF-8",
+           "--setenv=PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+           # The checkout is read-only in here; Python 3.13's bytecode stays in memory.
+           "--setenv=PYTHONDONTWRITEBYTECODE=1"]
+    if os.environ.get("CI"):
+        cmd.append(f"--setenv=CI={os.environ['CI']}")
+    for path in (*binds, *(t for t in HOST_TOOLS if Path(t).exists())):
+        cmd.append(f"--bind-ro={path}")
+    cmd += ["--", *argv]
+    return subprocess.run(cmd, capture_output=capture, text=True, timeout=timeout, check=False)
+
+
+def pytest(args: Sequence[str], repo: Path) -> int:
+    """pytest in the tree, on the checkout (bound read-only at its own path), with trixie's python3."""
+    result = run(["python3", "-c", _TIMED, "python3", "-m", "pytest", "-p", "no:cacheprovider", *args],
+                 binds=[str(repo)], chdir=str(repo), capture=False)
+    return result.returncode
+
+
+# The CPU time the pass used, said from inside: what runs in the container is not nspawn's child (nspawn
+# reaps the container's PID 1 from another PID namespace), so `time make test-trixie` outside misses it.
+_TIMED = """import resource, subprocess, sys, time
+started = time.monotonic()
+code = subprocess.call(sys.argv[1:])
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"trixie pass: {time.monotonic() - started:.0f}s wall, {used.ru_utime:.0f}s user and "
+      f"{used.ru_stime:.0f}s system CPU", flush=True)
+sys.exit(code)
+"""
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tests.harness.trixie [PYTEST ARGS]`: the pass of `make test-trixie`."""
+    from tests.harness.host import REPO
+
+    reason = available()
+    if reason:
+        print(f"test-trixie: {reason}", file=sys.stderr)
+        return 1
+    ensure_image()
+    versions = run(["python3", "-c", "import sys; from importlib.metadata import version; print('python', "
+                    "sys.version.split()[0], *(f'{n} {version(n)}' for n in ('psycopg', 'pystemd', 'sdnotify', "
+                    "'click', 'prometheus_client', 'pytest', 'pytest-mock')))"])
+    print(f"trixie: {versions.stdout.strip() or versions.stderr.strip()}", flush=True)
+    return pytest(argv, REPO)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
