@@ -124,10 +124,20 @@ def _may_become_root(run: Run, runs: RunSettings) -> bool:
 # unit with 226/NAMESPACE when it is inaccessible (seen in the test bed; systemd #27997 for /run), and
 # TemporaryFileSystem=/run/systemd, which 252 takes, would hide the journal's sockets too (syslog(3),
 # sd_journal_print) and rely on what each systemd version needs there while it sets up the namespace.
+# The other Varlink services of systemd 257 that act for a caller of user id 0 are named one by one
+# (a guest of Debian 13 listed them; tests/vm/test_systemd257.py checks each one it has): sysext
+# merges system extensions over /usr, Credentials decrypts with the host's key, PCRExtend and
+# BootControl write the TPM's measurements and the boot entries, Hostname, ManagedOOM and machined
+# act on the host, and udev's control socket stops or reconfigures device handling. Not the resolver's
+# or userdb's sockets: name lookups go through them.
+ROOT_RUN_VARLINK = ("/run/systemd/io.systemd.sysext", "/run/systemd/io.systemd.Credentials",
+                    "/run/systemd/io.systemd.PCRExtend", "/run/systemd/io.systemd.BootControl",
+                    "/run/systemd/io.systemd.Hostname", "/run/systemd/io.systemd.ManagedOOM",
+                    "/run/systemd/machine/io.systemd.Machine", "/run/udev/control")
 ROOT_RUN_INACCESSIBLE = tuple(
     prefix + path
     for path in ("/run/systemd/private", "/run/systemd/io.systemd.Manager", "/run/systemd/ask-password",
-                 "/run/dbus/system_bus_socket", str(runenv.RUNTIME_DIRECTORY))
+                 "/run/dbus/system_bus_socket", str(runenv.RUNTIME_DIRECTORY), *ROOT_RUN_VARLINK)
     for prefix in ("", "/var")
 ) + ("/etc/unitvisor",)
 # Read-only for such a run: /run is a tmpfs of its own, which ProtectSystem=strict alone did not keep

@@ -590,7 +590,13 @@ def test_allowlist_glob_matches_one_path_component_like_a_shell():
 KEPT_OUT = [b"-/run/systemd/private", b"-/var/run/systemd/private", b"-/run/systemd/io.systemd.Manager",
             b"-/var/run/systemd/io.systemd.Manager", b"-/run/systemd/ask-password",
             b"-/var/run/systemd/ask-password", b"-/run/dbus/system_bus_socket",
-            b"-/var/run/dbus/system_bus_socket", b"-/run/unitvisor", b"-/var/run/unitvisor", b"-/etc/unitvisor"]
+            b"-/var/run/dbus/system_bus_socket", b"-/run/unitvisor", b"-/var/run/unitvisor"] + [
+            b"-" + prefix + path
+            for path in (b"/run/systemd/io.systemd.sysext", b"/run/systemd/io.systemd.Credentials",
+                         b"/run/systemd/io.systemd.PCRExtend", b"/run/systemd/io.systemd.BootControl",
+                         b"/run/systemd/io.systemd.Hostname", b"/run/systemd/io.systemd.ManagedOOM",
+                         b"/run/systemd/machine/io.systemd.Machine", b"/run/udev/control")
+            for prefix in (b"", b"/var")] + [b"-/etc/unitvisor"]
 
 
 @pytest.mark.parametrize(("runs", "run_user"), [
