@@ -161,7 +161,7 @@ def test_show_json(cli, dsn: str, conn: psycopg.Connection) -> None:
     assert data["state"] == "queued"
     assert data["attempts"] == []
     assert data["limits"] == {"memory_max": 256 << 20, "cpu_quota_percent": 50, "tasks_max": 32,
-                              "io_weight": None, "runtime_max_sec": None}
+                              "io_weight": None, "runtime_max_sec": None, "memory_high": None}
     assert data["argv"] == ["/bin/sh", "-c", "echo hi; exit 3"]
     assert [e["state"] for e in data["events"]] == ["queued"]
 
