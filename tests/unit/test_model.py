@@ -23,5 +23,8 @@ def test_model(name: str) -> None:
         if os.environ.get("CI"):
             pytest.fail("spin and gcc are required in CI (make deps installs them)", pytrace=False)
         pytest.skip("spin or gcc is not installed (apt-get install spin)")
-    result = subprocess.run([str(VERIFY), name], capture_output=True, text=True, timeout=600)
+    # A guard against a search that never ends, not a speed target: the fleet configuration (7.3 million
+    # states since the takeover and the lease at a start were modelled) took 349 s on a loaded machine,
+    # and in `make test` this pass yields the CPU to the system tests.
+    result = subprocess.run([str(VERIFY), name], capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
