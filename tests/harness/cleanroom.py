@@ -61,6 +61,23 @@ def available() -> str | None:
     return None
 
 
+def built_once(done: Path, lock_name: str, what: str, build: Callable[[], None],
+               log: Callable[[str], None]) -> None:
+    """Build what the file `done` marks as built, unless it is: several test sessions may ask at once
+    (the passes of `make test` do); one builds, under an flock of CACHE/lock_name, the others wait."""
+    if done.is_file():
+        return
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / lock_name, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.is_file():
+            return
+        started = time.monotonic()
+        log(f"building {what} with debootstrap from {mirror()} (cached for later runs)")
+        build()
+        log(f"built {what} in {time.monotonic() - started:.0f}s")
+
+
 def mirror() -> str:
     """The Debian mirror this machine's apt uses (deb.debian.org unless configured otherwise)."""
     sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.sources")),

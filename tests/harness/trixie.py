@@ -15,7 +15,6 @@ integration tests' PostgreSQL stays inside, and no port can clash with another s
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tests.harness.cleanroom import CACHE, _discard, mirror
+from tests.harness.cleanroom import CACHE, _discard, built_once, mirror
 from tests.harness.vm import CHROOT_ENV, _chroot_mounts, _run
 
 SUITE = "trixie"
@@ -68,17 +67,7 @@ def ensure_image(log: Callable[[str], None] = print) -> Path:
     """The cached tree, built first if it is missing. Safe from several sessions at once (one builds,
     the others wait for it)."""
     path = image_path()
-    if (path / ".complete").is_file():
-        return path
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".trixie-lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (path / ".complete").is_file():
-            return path
-        started = time.monotonic()
-        log(f"building the trixie chroot {path} with debootstrap from {mirror()} (cached for later runs)")
-        _build(path)
-        log(f"built {path} in {time.monotonic() - started:.0f}s")
+    built_once(path / ".complete", ".trixie-lock", f"the trixie chroot {path}", lambda: _build(path), log)
     return path
 
 

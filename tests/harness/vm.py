@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -36,7 +35,7 @@ from pathlib import Path
 
 # The clean room's helpers: what a maintainer script left running in a chroot, and a build directory
 # removed only once nothing is mounted inside it.
-from tests.harness.cleanroom import CACHE, _discard, _stop_processes_under, mirror
+from tests.harness.cleanroom import CACHE, _discard, _stop_processes_under, built_once, mirror
 
 SUITE = "trixie"
 # debootstrap's own set: systemd as PID 1, the bus, udev (the agent's virtio port is a device unit).
@@ -82,17 +81,7 @@ def ensure_image(log: Callable[[str], None] = print) -> Path:
     """The cached image directory (vmlinuz, initrd.img, base.qcow2), built first if it is missing.
     Safe from several test sessions at once (one builds, the others wait for it)."""
     path = image_dir()
-    if (path / "base.qcow2").is_file():
-        return path
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".vm-lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (path / "base.qcow2").is_file():
-            return path
-        started = time.monotonic()
-        log(f"building the VM image {path} with debootstrap from {mirror()} (cached for later runs)")
-        _build(path)
-        log(f"built {path} in {time.monotonic() - started:.0f}s")
+    built_once(path / "base.qcow2", ".vm-lock", f"the VM image {path}", lambda: _build(path), log)
     return path
 
 
