@@ -334,7 +334,10 @@ class Nemesis:
         """Start the daemon and wait until it is up. Without blocking on the start job: on this
         shared 2-core machine a start once took longer than the harness's 120 s bound for a call."""
         member.tb.run("systemctl", "reset-failed", "unitvisor.service", check=False)
-        if not self.packaged:
+        # The clone keeps the virtualenv's units: its daemon is refused the id while the real host
+        # holds it, and dpkg would take that refused start for a failed postinst (a half-installed
+        # package on the clone, the action reported as failed).
+        if not self.packaged or (self.clone is not None and member is self.clone[0]):
             member.host.install_units()
         elif not (member.tb.root / "usr/lib/systemd/system/unitvisor.service").exists():
             self._install(member, self.debs[member.host_id])  # removed (an apt_remove cut short): back
