@@ -189,6 +189,8 @@ test-system-stress: venv
 # schedule of faults and operator actions while runs flow, then an audit of the whole history. Not part
 # of `make test` (CI runs a short schedule, tests/system/test_nemesis.py). NEMESIS_MINUTES (default 30),
 # NEMESIS_SEED (default: a new one, printed); the report and the history go to build/nemesis/seed-N/.
+# The hosts run the real .deb (build/deb, built by packaging/build-deb when the checkout changed), so
+# that apt_upgrade and apt_remove are real dpkg runs; CI's short schedule keeps stand-ins for them.
 # Exits 1 when the checker found a violation.
 NEMESIS_MINUTES ?= 30
 NEMESIS_SEED    ?=

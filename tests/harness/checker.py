@@ -19,7 +19,11 @@ What it checks (docs/fleet.md, "Nemesis"):
   journal contradicts;
 - `action-not-refused`: an operator command whose documented guard should have refused it went
   ahead (`apt remove` while a run unit stayed loaded; `hosts add --new-password` without `--force`
-  while the host was live). A refused command is what the guard promises, not a violation.
+  while the host was live). A refused command is what the guard promises, not a violation;
+- `host-to-host`: during a partition of two hosts from each other (`partition_hosts`), a socket of a
+  host's daemon or fence led somewhere other than that host's own way to PostgreSQL (its proxies): a
+  path between hosts that such a partition would cut. There is none by construction (hosts only ever
+  talk to PostgreSQL), and this is what shows it.
 
 A sampled overlap that the journal proves was not one (the two invocations' intervals are disjoint:
 the hosts were listed a fraction of a second apart, one copy ended and the retry started in between)
@@ -113,6 +117,18 @@ class Operation:
     guarded: bool
     refused: bool
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Contact:
+    """A socket of a host's daemon or fence, listed while that host was partitioned from another
+    (the nemesis's `partition_hosts`): where it leads, and whether that is one of the host's own
+    proxies to PostgreSQL (the only peer a host ever has)."""
+    at: float
+    host_id: str
+    unit: str           # unitvisor.service | unitvisor-fence.service
+    peer: str           # address:port
+    database: bool
 
 
 @dataclass(frozen=True)
@@ -226,7 +242,8 @@ def invocations(records: Iterable[JournalRecord]) -> dict[tuple[str, str], Invoc
 
 
 def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: Sequence[Run],
-          samples: Sequence[Sample], settled: bool = True, operations: Sequence[Operation] = ()) -> Report:
+          samples: Sequence[Sample], settled: bool = True, operations: Sequence[Operation] = (),
+          contacts: Sequence[Contact] = ()) -> Report:
     """Every broken promise in one history; `stats` counts what was looked at. `settled`: the
     history is complete (the fleet healed and every run had time to end), so a run that has not
     ended is a violation; False audits a history still being written (runs still running)."""
@@ -245,6 +262,7 @@ def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: S
     v += _check_states([r for r in runs if settled or r.state in TERMINAL], attempts)
     v += _check_outcomes(attempts, by_unit)
     v += _check_operations(operations)
+    v += _check_contacts(contacts)
     report.stats = {
         "runs": len(runs),
         "attempts": len(attempts),
@@ -252,6 +270,7 @@ def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: S
         "samples": len({s.round for s in samples}),
         "sampler_artifacts": artifacts,
         "operations_refused": sum(1 for op in operations if op.refused),
+        "partition_sockets": len(contacts),
         "outcomes_unverified": sum(1 for a in attempts if a.outcome in ("success", "exit-code", "signal")
                                    and not _ended_invocations(a, by_unit)),
     }
@@ -479,6 +498,14 @@ def _agrees(a: Attempt, said: str) -> bool:
     if a.outcome == "exit-code":
         return said == a.exit_status
     return said.startswith("signal")
+
+
+def _check_contacts(contacts: Sequence[Contact]) -> list[Violation]:
+    """A host that talked to anything but PostgreSQL while partitioned from a peer: one violation per
+    (host, unit, peer), however many times it was listed."""
+    seen = sorted({(c.host_id, c.unit, c.peer) for c in contacts if not c.database})
+    return [Violation("host-to-host", "-", f"{unit} on {host_id} had a socket to {peer}, not to its database "
+                      "proxies, while partitioned from a peer") for host_id, unit, peer in seen]
 
 
 def format_report(seed: int, schedule: Sequence[str], report: Report, figures: dict[str, object] | None = None) -> str:

@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import hashlib
 import json
+import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -34,6 +40,7 @@ from supervisor import store
 from tests.harness import testbed as testbed_mod
 from tests.harness.checker import (
     Attempt,
+    Contact,
     JournalRecord,
     Operation,
     Report,
@@ -60,7 +67,7 @@ MAX_IN_FLIGHT = 12   # the submitter waits while this many runs are not finished
 FAULTS: dict[str, int] = {
     "kill9": 3, "restart": 2, "stop_long": 1, "power_cut": 2, "reboot": 1, "partition_reset": 2,
     "partition_blackhole": 2, "pg_restart": 1, "clone": 1, "wrong_dsn": 1, "drain": 2, "cancel": 2, "resume": 2,
-    "failover": 1, "rotate_password": 1, "apt_upgrade": 1, "apt_remove": 1,
+    "failover": 1, "rotate_password": 1, "apt_upgrade": 1, "apt_remove": 1, "partition_hosts": 1,
 }
 ON_ONE_HOST = frozenset(FAULTS) - {"pg_restart", "failover", "cancel", "resume"}
 # Added after CI's compact schedule had its length (every fault above once, about 3 minutes): the
@@ -68,6 +75,9 @@ ON_ONE_HOST = frozenset(FAULTS) - {"pg_restart", "failover", "cancel", "resume"}
 # time stays about the same and every seed still tries some of them; the long schedule does all.
 LATE_ACTIONS = ("failover", "rotate_password", "apt_upgrade", "apt_remove")
 COMPACT_NEW = 2
+# Added after those, and cheap (a few seconds, no restart): the compact schedule always does them, each
+# put at a seeded place (a generator of its own, so the places LATE_ACTIONS get stay as they were).
+NEWEST_ACTIONS = ("partition_hosts",)
 
 
 @dataclass(frozen=True)
@@ -78,8 +88,15 @@ class Action:
     seconds: float       # how long the fault lasts (0 for instant actions)
     pick: float          # a draw in [0, 1) for actions that choose a run
 
+    @property
+    def partner(self) -> int:
+        """The other host of a host-to-host partition: one of the two that are not `target`."""
+        return (self.target + 1 + int(self.pick * 2)) % len(HOST_IDS)
+
     def describe(self) -> str:
         where = f" {HOST_IDS[self.target]}" if self.name in ON_ONE_HOST else ""
+        if self.name == "partition_hosts":
+            where += f"|{HOST_IDS[self.partner]}"
         lasting = f" for {self.seconds:.0f}s" if self.seconds else ""
         return f"t+{self.at:4.0f}s {self.name}{where}{lasting}"
 
@@ -93,6 +110,7 @@ def _duration(name: str, rng: random.Random) -> float:
         # no primary between its crash and the standby's promotion; the old password in the DSN file
         # after a rotation; the package removed (runs drained first)
         "failover": (0, 6), "rotate_password": (1, DEAD_AFTER + 8), "apt_remove": (2, DEAD_AFTER + 8),
+        "partition_hosts": (2, 6),
     }
     low, high = spans.get(name, (0, 0))
     return round(rng.uniform(low, high), 1) if high else 0.0
@@ -120,7 +138,8 @@ def plan(seed: int, seconds: float, faults: dict[str, int] | None = None, compac
     if compact and faults is None:
         extra = random.Random(seed ^ 0xC1)
         added = extra.sample(LATE_ACTIONS, COMPACT_NEW)
-        weights = {name: weight for name, weight in weights.items() if name not in LATE_ACTIONS}
+        weights = {name: weight for name, weight in weights.items()
+                   if name not in LATE_ACTIONS and name not in NEWEST_ACTIONS}
     rng = random.Random(seed)
     names = sorted(weights)
     rng.shuffle(names)
@@ -132,6 +151,10 @@ def plan(seed: int, seconds: float, faults: dict[str, int] | None = None, compac
         at += steps[-1][2] + OVERHEAD.get(name, 1) + steps[-1][4]
     for name in added:
         steps.insert(extra.randrange(len(steps) + 1), _step(seed, name, extra, compact))
+    if compact and faults is None:
+        newest = random.Random(seed ^ 0xC2)
+        for name in NEWEST_ACTIONS:
+            steps.insert(newest.randrange(len(steps) + 1), _step(seed, name, newest, compact))
     actions: list[Action] = []
     at = 3.0
     for name, target, lasting, pick, pause in steps:
@@ -163,8 +186,19 @@ class Nemesis:
     """One schedule on one fleet: setup, faults, quiesce, collection, audit."""
 
     def __init__(self, seed: int, seconds: float, faults: dict[str, int] | None = None,
-                 out: Path | None = None, log: Callable[[str], None] = print, compact: bool = False) -> None:
+                 out: Path | None = None, log: Callable[[str], None] = print, compact: bool = False,
+                 packaged: bool | None = None) -> None:
         self.seed = seed
+        # The hosts run the real .deb (dpkg -i, /usr/bin/unitvisor, the package's units and maintainer
+        # scripts), and apt_upgrade/apt_remove are real dpkg runs: in the long schedule. CI's compact one
+        # keeps the checkout's virtualenv and the stand-ins (_prerm_stand_in): building the .deb (half a
+        # minute idle, minutes under CI's load, and CI's package pass builds its own) and three
+        # installs would not fit its time budget; tests/package checks the maintainer scripts there.
+        self.packaged = (not compact) if packaged is None else packaged
+        self.deb: Path | None = None           # the .deb as built (packaged)
+        self.debs: dict[str, Path] = {}        # host id -> the .deb installed there now (packaged)
+        self.upgrades = 0
+        self.scratch = Path(tempfile.mkdtemp(prefix="unitvisor-nemesis-"))
         self.schedule = plan(seed, seconds, faults, compact)
         self.seconds = self.schedule[-1].at + self.schedule[-1].seconds if compact and self.schedule else seconds
         self.out = out
@@ -180,6 +214,7 @@ class Nemesis:
         self.standby: Postgres | None = None   # its synchronous standby (none between a failover and its rebuild)
         self.failovers = 0
         self.operations: list[Operation] = []
+        self.contacts: list[Contact] = []       # sockets listed during host-to-host partitions
         self.passwords: dict[str, str] = {}    # host id -> its role's password now
         self.fleet: Fleet | None = None
         self.clone: Fleet | None = None
@@ -205,7 +240,7 @@ class Nemesis:
                 for thread in threads:
                     thread.join(timeout=60)
             records, attempts, runs = self._collect()
-        report = check(records, attempts, runs, self.samples, operations=self.operations)
+        report = check(records, attempts, runs, self.samples, operations=self.operations, contacts=self.contacts)
         text = format_report(self.seed, self._schedule_text(), report, self._figures(attempts, runs))
         if self.out:
             self._dump(records, attempts, runs, text)
@@ -249,6 +284,11 @@ class Nemesis:
                                configs={clone_id: configs[clone_id]})
             self.clone[0].host.dsn = self._role_dsn(self.dsn, clone_id)
             stack.callback(self.clone.destroy)
+            stack.callback(shutil.rmtree, self.scratch, True)
+            if self.packaged:
+                self.deb = ensure_deb()
+                with ThreadPoolExecutor(max_workers=len(HOST_IDS)) as pool:
+                    list(pool.map(lambda m: self._install(m, self.deb), self.fleet))  # type: ignore[arg-type]
             for member in self.fleet:
                 self._start_daemon(member)
             self.log(f"nemesis seed {self.seed}: {len(self.schedule)} actions in {self.seconds:.0f}s; "
@@ -294,7 +334,13 @@ class Nemesis:
         """Start the daemon and wait until it is up. Without blocking on the start job: on this
         shared 2-core machine a start once took longer than the harness's 120 s bound for a call."""
         member.tb.run("systemctl", "reset-failed", "unitvisor.service", check=False)
-        member.host.install_units()
+        # The clone keeps the virtualenv's units: its daemon is refused the id while the real host
+        # holds it, and dpkg would take that refused start for a failed postinst (a half-installed
+        # package on the clone, the action reported as failed).
+        if not self.packaged or (self.clone is not None and member is self.clone[0]):
+            member.host.install_units()
+        elif not (member.tb.root / "usr/lib/systemd/system/unitvisor.service").exists():
+            self._install(member, self.debs[member.host_id])  # removed (an apt_remove cut short): back
         member.tb.run("systemctl", "start", "--no-block", "unitvisor.service")
         wait_for(lambda: member.tb.run("systemctl", "is-active", "unitvisor.service", check=False).stdout.strip()
                  in ("active", "failed"), timeout=timeout, interval=0.5, what=f"{member.host_id}'s daemon to start")
@@ -344,6 +390,29 @@ class Nemesis:
 
     def _do_partition_blackhole(self, action: Action) -> None:
         self._partition(action, "blackhole")
+
+    def _do_partition_hosts(self, action: Action) -> None:
+        """Two hosts partitioned from each other, both still reaching PostgreSQL. The test beds share
+        the machine's network namespace and each reaches PostgreSQL only through proxies of its own,
+        so there is no link between two of them to cut: what the action does is show that there is
+        nothing to cut. Every second for `seconds`, every socket of both hosts' daemon and fence is
+        listed (`ss`, inside the host); the checker reports one that leads anywhere but the host's own
+        proxies (`host-to-host`). The rest of the audit shows that nothing else changes (no start
+        twice, no second live copy; no declaration is possible without a silence towards PostgreSQL)."""
+        assert self.fleet is not None
+        pair = (self._member(action), self.fleet[action.partner])
+        until = time.monotonic() + action.seconds
+        listed = 0
+        while True:
+            for member in pair:
+                found = host_sockets(member)
+                listed += len(found)
+                self.contacts += found
+            if time.monotonic() >= until:
+                break
+            time.sleep(1)
+        self.log(f"    {listed} sockets of {pair[0].host_id} and {pair[1].host_id}'s daemons and fences listed, "
+                 f"{sum(1 for c in self.contacts if not c.database)} not to PostgreSQL so far")
 
     def _do_pg_restart(self, action: Action) -> None:
         assert self.pg is not None
@@ -451,6 +520,31 @@ class Nemesis:
                 assert self.clone is not None
                 self.clone[0].host.dsn = self._role_dsn(self.dsn, host_id)
 
+    def _install(self, member: Member, deb: Path) -> None:
+        """`dpkg -i` of `deb` on the host, as an administrator installs or upgrades it: the package's
+        own maintainer scripts run (an upgrade's prerm, postinst's enable and (re)start of the daemon
+        and the fence). The configuration the harness wrote is kept (--force-confold, as answering
+        "keep" to dpkg's question). Restart=no (a drop-in, written once) so that, as with the
+        virtualenv's units, a drill decides when the daemon comes back."""
+        if not (member.tb.root / "etc/systemd/system/unitvisor.service.d/nemesis.conf").exists():
+            member.tb.write("/etc/systemd/system/unitvisor.service.d/nemesis.conf", "[Service]\nRestart=no\n")
+            # The machine's / (the test bed's lower layer) is a container image whose policy-rc.d
+            # forbids maintainer scripts to start or stop services: a host's own dpkg must.
+            member.tb.run("rm", "-f", "/usr/sbin/policy-rc.d")
+            member.tb.run("systemctl", "daemon-reload")
+        target = member.tb.root / "var/cache/unitvisor-nemesis" / deb.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            shutil.copyfile(deb, target)
+        inside = f"/{target.relative_to(member.tb.root)}"
+        inside = f"/{target.relative_to(member.tb.root)}"
+        result = member.tb.run("dpkg", "-i", "--force-confold", "--force-confdef", inside, check=False, timeout=300,
+                               env={"DEBIAN_FRONTEND": "noninteractive"})
+        if result.returncode != 0:
+            raise RuntimeError(f"dpkg -i {deb.name} on {member.host_id} exited {result.returncode}: "
+                               f"{(result.stdout + result.stderr).strip()[-300:]}")
+        self.debs[member.host_id] = deb
+
     def _prerm(self, member: Member, *args: str) -> subprocess.CompletedProcess:
         """The package's own prerm (debian/unitvisor.prerm), as dpkg runs it. Its #DEBHELPER# line is a
         comment in the source: what debhelper puts there (stopping the services) the callers do."""
@@ -462,6 +556,13 @@ class Nemesis:
         the daemon from this checkout, so the code itself does not change), daemon-reload, and both
         services restarted (dh_installsystemd's postinst)."""
         member = self._member(action)
+        if self.packaged:
+            assert self.deb is not None
+            self.upgrades += 1
+            newer = versioned_deb(self.deb, f"+nemesis{self.upgrades}", self.scratch)
+            self._install(member, newer)  # the old prerm `upgrade`, unpack, postinst `configure`: restarts
+            self.log(f"    {member.host_id} upgraded to {newer.name} by dpkg -i")
+            return
         result = self._prerm(member, "upgrade", "0.6.0")
         if result.returncode != 0:
             raise RuntimeError(f"prerm upgrade refused: {result.stderr.strip()[:200]}")
@@ -499,7 +600,13 @@ class Nemesis:
 
     def _remove(self, member: Member) -> bool:
         before = set(member.host.loaded_run_units())
-        result = self._prerm(member, "remove")
+        if self.packaged:  # the real thing: dpkg runs the prerm, removes the files, runs the postrm
+            result = member.tb.run("dpkg", "-r", "unitvisor", check=False, timeout=300,
+                                   env={"DEBIAN_FRONTEND": "noninteractive"})
+            if result.returncode != 0 and "refusing to remove" not in result.stderr:
+                raise RuntimeError(f"dpkg -r unitvisor exited {result.returncode}: {result.stderr.strip()[-300:]}")
+        else:
+            result = self._prerm(member, "remove")
         held = before & set(member.host.loaded_run_units())  # loaded throughout: the prerm saw them
         refused = result.returncode != 0
         self.operations.append(Operation(time.time(), "apt_remove", member.host_id, bool(held), refused,
@@ -507,8 +614,8 @@ class Nemesis:
         self.figures.outcomes["apt_remove refused" if refused else "apt_remove removed"] += 1
         self.log(f"    apt remove on {member.host_id}: {'refused' if refused else 'removed'} "
                  f"({len(before)} run units loaded before)")
-        if refused:
-            return False
+        if refused or self.packaged:
+            return not refused
         # What dh_installsystemd's prerm and postrm do after the package's own check.
         member.tb.run("systemctl", "stop", "unitvisor.service", "unitvisor-fence.service", check=False, timeout=120)
         member.tb.run("rm", "-rf", "/etc/systemd/system/unitvisor.service", "/etc/systemd/system/unitvisor.service.d",
@@ -694,7 +801,49 @@ class Nemesis:
             "seed": self.seed, "schedule": self._schedule_text(),
             "journal": [asdict(r) for r in records], "attempts": [asdict(a) for a in attempts],
             "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in self.samples],
-            "operations": [asdict(o) for o in self.operations]}))
+            "operations": [asdict(o) for o in self.operations],
+            "contacts": [asdict(c) for c in self.contacts]}))
+
+
+def ensure_deb() -> Path:
+    """build/deb/unitvisor_<version>_all.deb of this checkout as it is now (HEAD and uncommitted
+    edits of tracked files), built by packaging/build-deb when the one there is of another source.
+    Under an flock, so that two nemeses of one checkout build it once. Without the unit tests
+    (DEB_BUILD_OPTIONS=nocheck): they are CI's first pass; here they would double the build."""
+    out = REPO / "build" / "deb"
+    out.mkdir(parents=True, exist_ok=True)
+    source = hashlib.sha256()
+    for cmd in (["git", "rev-parse", "HEAD^{tree}"], ["git", "diff", "HEAD", "--binary"]):
+        source.update(subprocess.run(cmd, cwd=REPO, capture_output=True, check=True).stdout)
+    stamp = out / ".nemesis-source"
+    with open(out / ".nemesis.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        debs = sorted(out.glob("unitvisor_*_all.deb"))
+        if len(debs) == 1 and stamp.exists() and stamp.read_text() == source.hexdigest():
+            return debs[0]
+        result = subprocess.run([str(REPO / "packaging" / "build-deb")], capture_output=True, text=True,
+                                env={**os.environ, "DEB_BUILD_OPTIONS": "nocheck"}, timeout=1800, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"packaging/build-deb exited {result.returncode}: {result.stderr[-2000:]}")
+        stamp.write_text(source.hexdigest())
+        return Path(result.stdout.strip().splitlines()[-1])
+
+
+def versioned_deb(deb: Path, suffix: str, scratch: Path) -> Path:
+    """`deb` again with `suffix` appended to its version (0.7.0 -> 0.7.0+nemesis1), so that dpkg -i of
+    it is an upgrade (the old prerm's `upgrade`, the new postinst's restart) of the same code."""
+    tree = scratch / f"tree{suffix}"
+    subprocess.run(["dpkg-deb", "-R", str(deb), str(tree)], check=True, capture_output=True, timeout=120)
+    control = tree / "DEBIAN" / "control"
+    text = control.read_text()
+    version = re.search(r"^Version: (\S+)$", text, re.M)
+    assert version is not None, text
+    control.write_text(text.replace(version.group(0), f"Version: {version.group(1)}{suffix}"))
+    target = scratch / deb.name.replace(f"_{version.group(1)}_", f"_{version.group(1)}{suffix}_")
+    subprocess.run(["dpkg-deb", "-Zgzip", "--build", str(tree), str(target)], check=True, capture_output=True,
+                   timeout=120)
+    shutil.rmtree(tree)
+    return target
 
 
 def database_history(dsn: str) -> tuple[list[Attempt], list[Run]]:
@@ -728,6 +877,38 @@ def live_units(list_units_output: str) -> tuple[str, ...]:
     return tuple(sorted(live))
 
 
+def host_sockets(member: Member) -> list[Contact]:
+    """Every TCP and UDP socket of the host's daemon and fence that has a peer, and whether that peer
+    is one of the host's own proxies to PostgreSQL. `ss` runs inside the host: the network namespace
+    is the machine's (every host's sockets are listed), but only the host's own processes are named."""
+    pids: dict[int, str] = {}
+    for unit in ("unitvisor.service", "unitvisor-fence.service"):
+        out = member.tb.run("systemctl", "show", "-p", "MainPID", "--value", unit, check=False, timeout=10).stdout
+        if out.strip().isdigit() and int(out) > 0:
+            pids[int(out)] = unit
+    if not pids:
+        return []
+    out = member.tb.run("ss", "-H", "-t", "-u", "-a", "-n", "-p", check=False, timeout=10).stdout
+    ports = {str(proxy.port) for proxy in member.proxies}
+    now = time.time()
+    return [Contact(now, member.host_id, pids[pid], peer, peer.rsplit(":", 1)[1] in ports and
+                    peer.rsplit(":", 1)[0] in ("127.0.0.1", "[::1]", "[::ffff:127.0.0.1]"))
+            for pid, peer in socket_peers(out) if pid in pids]
+
+
+def socket_peers(ss_output: str) -> list[tuple[int, str]]:
+    """(pid, peer address:port) of every socket with a peer in `ss -H -tuanp` output; a listening or
+    unconnected socket (peer `*`) has none."""
+    found = []
+    for line in ss_output.splitlines():
+        parts = line.split()
+        if len(parts) < 7 or parts[5].endswith(":*"):
+            continue
+        for pid in re.findall(r"pid=(\d+)", line):
+            found.append((int(pid), parts[5]))
+    return found
+
+
 def read_journal(member: Member) -> str:
     """PID 1's records of every boot of a machine, read from its disk (the overlay's upper layer is on
     the harness's tmpfs), so that a machine that is powered off is read too."""
@@ -749,7 +930,8 @@ def audit_history(history: dict) -> tuple[Report, str]:
                    [Run(**{**r, "retry_on": tuple(r["retry_on"]) if r["retry_on"] is not None else None})
                     for r in history["runs"]],
                    [Sample(**{**s, "units": tuple(s["units"])}) for s in history["samples"]],
-                   operations=[Operation(**o) for o in history.get("operations", [])])
+                   operations=[Operation(**o) for o in history.get("operations", [])],
+                   contacts=[Contact(**c) for c in history.get("contacts", [])])
     return report, format_report(history["seed"], history["schedule"], report)
 
 

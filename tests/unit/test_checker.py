@@ -15,6 +15,7 @@ from tests.harness.checker import (
     MSG_STARTED,
     MSG_SUCCEEDED,
     Attempt,
+    Contact,
     JournalRecord,
     Operation,
     Run,
@@ -23,7 +24,15 @@ from tests.harness.checker import (
     format_report,
     parse_journal,
 )
-from tests.harness.nemesis import COMPACT_NEW, FAULTS, LATE_ACTIONS, live_units, plan
+from tests.harness.nemesis import (
+    COMPACT_NEW,
+    FAULTS,
+    LATE_ACTIONS,
+    NEWEST_ACTIONS,
+    live_units,
+    plan,
+    socket_peers,
+)
 
 RUN = "11111111-2222-3333-4444-555555555555"
 OTHER = "99999999-2222-3333-4444-555555555555"
@@ -327,10 +336,11 @@ def test_a_schedule_is_fixed_by_its_seed_and_a_short_one_covers_every_fault() ->
 def test_a_compact_schedule_is_the_one_before_the_new_actions_with_them_put_in() -> None:
     """Adding actions to the compact schedule keeps what a seed did before (a failure seen on seed N
     can be run again), with the new ones at seeded places."""
+    later = (*LATE_ACTIONS, *NEWEST_ACTIONS)
     for seed in (1, 21, 22):
-        old = {name: weight for name, weight in FAULTS.items() if name not in LATE_ACTIONS}
+        old = {name: weight for name, weight in FAULTS.items() if name not in later}
         before = plan(seed, 0, old, compact=True)
-        after = [a for a in plan(seed, 0, compact=True) if a.name not in LATE_ACTIONS]
+        after = [a for a in plan(seed, 0, compact=True) if a.name not in later]
         assert [(a.name, a.target, a.seconds, a.pick) for a in after] == \
             [(a.name, a.target, a.seconds, a.pick) for a in before]
 
@@ -358,6 +368,38 @@ def test_a_guarded_operator_command_that_went_ahead_is_reported_and_a_refused_on
     assert kinds(report) == ["action-not-refused"]
     assert "apt_remove on h3" in str(report.violations[0]) and "stayed loaded" in str(report.violations[0])
     assert report.stats["operations_refused"] == 2
+
+
+def test_a_socket_to_anything_but_the_database_during_a_host_partition_is_reported() -> None:
+    contacts = [
+        Contact(100, "h1", "unitvisor.service", "127.0.0.1:40001", database=True),
+        Contact(100, "h2", "unitvisor-fence.service", "127.0.0.1:40002", database=True),
+        Contact(101, "h1", "unitvisor.service", "127.0.0.1:40777", database=False),  # another host's port
+        Contact(102, "h1", "unitvisor.service", "127.0.0.1:40777", database=False),  # listed again: one
+    ]
+    report = check([], [], [], [], contacts=contacts)
+    assert kinds(report) == ["host-to-host"]
+    assert "127.0.0.1:40777" in str(report.violations[0]) and "h1" in str(report.violations[0])
+    assert report.stats["partition_sockets"] == 4
+    assert check([], [], [], [], contacts=contacts[:2]).violations == []
+
+
+def test_the_sockets_of_a_host_s_processes_are_read_from_ss() -> None:
+    out = (
+        'tcp LISTEN 0 444 127.0.0.1:22762 0.0.0.0:* users:(("postgres",pid=16127,fd=5))\n'
+        'tcp ESTAB 0 0 127.0.0.1:51234 127.0.0.1:40001 users:(("unitvisor",pid=88,fd=7))\n'
+        'udp UNCONN 0 0 0.0.0.0:68 0.0.0.0:* users:(("dhclient",pid=9,fd=6))\n'
+        'tcp TIME-WAIT 0 0 127.0.0.1:26369 127.0.0.1:60462\n'
+        'tcp ESTAB 0 0 127.0.0.1:51235 [::1]:40002 users:(("unitvisor",pid=88,fd=8),("sh",pid=90,fd=8))\n'
+    )
+    assert socket_peers(out) == [(88, "127.0.0.1:40001"), (88, "[::1]:40002"), (90, "[::1]:40002")]
+
+
+def test_ci_s_compact_schedule_partitions_two_distinct_hosts_once() -> None:
+    for seed in (1, 21, 22):
+        [partition] = [a for a in plan(seed, 0, compact=True) if a.name == "partition_hosts"]
+        assert partition.partner != partition.target
+        assert "|nem-" in partition.describe()
 
 
 def test_the_report_prints_the_seed_the_schedule_and_every_violation() -> None:
@@ -394,13 +436,17 @@ def test_a_written_history_audits_again_to_the_same_violations() -> None:
     runs = [Run(RUN, "succeeded", 3, retry_on=("exit-code",))]
     samples = [Sample(1, 25, "m1", "h1", (unit(),)), Sample(1, 25, "clone", "h1", (unit(),))]
     operations = [Operation(30, "apt_remove", "h1", True, False, "run units stayed loaded: x")]
+    contacts = [Contact(31, "h1", "unitvisor.service", "127.0.0.1:9", False)]
     history = json.loads(json.dumps({"seed": 9, "schedule": ["t+ 3s clone nem-1 for 5s"],
                                      "journal": [asdict(r) for r in records], "attempts": [asdict(a) for a in attempts],
                                      "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in samples],
-                                     "operations": [asdict(o) for o in operations]}))
+                                     "operations": [asdict(o) for o in operations],
+                                     "contacts": [asdict(c) for c in contacts]}))
     report, text = audit_history(history)
-    assert report.violations == check(records, attempts, runs, samples, operations=operations).violations
-    assert kinds(report) == ["action-not-refused", "live-copies", "overlap-in-journal", "started-twice"]
-    del history["operations"]  # a history written before operations were recorded
+    assert report.violations == check(records, attempts, runs, samples, operations=operations,
+                                      contacts=contacts).violations
+    assert kinds(report) == ["action-not-refused", "host-to-host", "live-copies", "overlap-in-journal",
+                             "started-twice"]
+    del history["operations"], history["contacts"]  # a history written before they were recorded
     assert kinds(audit_history(history)[0]) == ["live-copies", "overlap-in-journal", "started-twice"]
     assert "nemesis seed 9" in text
