@@ -11,7 +11,8 @@
 -- * fleet_upkeep_turn: one daemon of the fleet per interval gets the upkeep's turn (a lease row: the
 --   moment of the last turn), the others skip it.
 -- * fleet_refusal asks each live host once; explain_waiting computes it once per kind of run (what
---   host_refusal reads of a run) instead of once per run, and goes on from where the last pass stopped.
+--   host_refusal reads of a run) instead of once per run, takes at most about 10,000 refusals' worth of
+--   kinds a pass, and goes on from where the last pass stopped.
 -- * declare_dead: declare_dead_hosts with its guards: nobody is declared while the declarer's own
 --   heartbeat is late, or while most of the other hosts are late too, and at most max_hosts at once.
 -- * renew_heartbeat: the heartbeat alone, which a daemon sends on a connection of its own when its loop
@@ -97,28 +98,45 @@ $$;
 -- * fleet_refusal is computed once per kind of run, not once per run: two runs with the same argv[0],
 --   user, environment, memory_max and pin are refused by the same hosts for the same reasons
 --   (host_refusal reads nothing else of a run). 1,000 runs of one rollout cost one fleet_refusal.
--- * A pass looks at max_runs due jobs from where the last one stopped (fleet_upkeep.explained_*), so
---   that a backlog longer than that is explained batch by batch; a pass that reaches the end starts the
---   next from the beginning.
--- * plpgsql, to keep that place; the statement is still one.
+-- * A pass is bounded by its cost, not only by its runs: it takes the due jobs in order from where the
+--   last pass stopped (fleet_upkeep.explained_*), at most max_runs of them, and stops before the kind
+--   that would take it over REFUSALS_PER_PASS (10,000) host_refusal calls (kinds x live hosts; one kind at
+--   least). 1,000 runs of 1,000 different kinds on 300 hosts are explained 33 kinds a pass, instead of
+--   one pass of 300,000 refusals that outlives the statement_timeout, is rolled back, and so never ends.
+--   A pass that reaches the end of the queue makes the next one start from the beginning.
+-- * plpgsql, to keep that place; the work is still one statement.
 CREATE OR REPLACE FUNCTION unitvisor.explain_waiting(min_wait interval, max_runs integer DEFAULT 1000)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    refusals_per_pass constant integer := 10000;
     after_at timestamptz;
     after_job bigint;
-    looked integer;
+    max_kinds integer;
+    candidates integer;
+    cut boolean;
     last_at timestamptz;
     last_job bigint;
     written integer;
 BEGIN
     SELECT u.explained_at, u.explained_job INTO after_at, after_job FROM unitvisor.fleet_upkeep u;
-    WITH due AS MATERIALIZED (
+    SELECT greatest(1, refusals_per_pass / greatest(count(*), 1))::integer INTO max_kinds
+    FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h);
+    WITH candidate AS MATERIALIZED (
         SELECT j.id AS job_id, j.scheduled_at, r AS run,
-               jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_pin) AS kind
+               jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_pin) AS kind,
+               row_number() OVER (ORDER BY j.scheduled_at, j.id) AS pos
         FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now() - explain_waiting.min_wait AND r.state = 'queued'
           AND (after_at IS NULL OR (j.scheduled_at, j.id) > (after_at, after_job))
         ORDER BY j.scheduled_at, j.id LIMIT explain_waiting.max_runs
+    ),
+    -- Where the first kind past max_kinds first appears: the pass stops just before it.
+    cutoff AS (
+        SELECT f.first FROM (SELECT min(c.pos) AS first FROM candidate c GROUP BY c.kind) f
+        ORDER BY f.first OFFSET max_kinds LIMIT 1
+    ),
+    due AS MATERIALIZED (
+        SELECT c.* FROM candidate c WHERE c.pos < coalesce((SELECT cutoff.first FROM cutoff), c.pos + 1)
     ),
     kinds AS MATERIALIZED (
         SELECT k.kind, unitvisor.fleet_refusal(k.run) AS refused
@@ -149,13 +167,13 @@ BEGIN
         RETURNING 1
     ),
     last AS (
-        SELECT d.scheduled_at, d.job_id FROM due d ORDER BY d.scheduled_at DESC, d.job_id DESC LIMIT 1
+        SELECT d.scheduled_at, d.job_id FROM due d ORDER BY d.pos DESC LIMIT 1
     )
-    SELECT (SELECT count(*) FROM events)::integer, (SELECT count(*) FROM due)::integer,
-           (SELECT last.scheduled_at FROM last), (SELECT last.job_id FROM last)
-    INTO written, looked, last_at, last_job;
-    -- A short pass reached the end: the next one starts from the beginning.
-    IF looked < explain_waiting.max_runs THEN
+    SELECT (SELECT count(*) FROM events)::integer, (SELECT count(*) FROM candidate)::integer,
+           EXISTS (SELECT 1 FROM cutoff), (SELECT last.scheduled_at FROM last), (SELECT last.job_id FROM last)
+    INTO written, candidates, cut, last_at, last_job;
+    -- A pass that was neither cut nor full reached the end: the next one starts from the beginning.
+    IF NOT cut AND candidates < explain_waiting.max_runs THEN
         last_at := NULL;
         last_job := NULL;
     END IF;

@@ -122,6 +122,25 @@ def test_a_backlog_longer_than_one_pass_is_explained_a_batch_a_pass(conn: psycop
     assert len(reasons(conn)) == 3
 
 
+def test_a_pass_takes_only_as_many_kinds_as_its_refusal_budget_allows(conn: psycopg.Connection) -> None:
+    """About 10,000 host_refusal calls a pass: with 2,500 live hosts, 4 kinds of run. Runs of many
+    kinds (each its own argv[0]) on a big fleet are explained a few kinds a pass, where one pass over
+    all of them would outlive the statement_timeout, be rolled back, and never end."""
+    register(conn, "h1", allowed=("/usr/bin/*",))
+    conn.execute("""INSERT INTO unitvisor.hosts
+                    SELECT (jsonb_populate_record(h, jsonb_build_object(
+                               'id', 'c' || g, 'instance', 'inst-c' || g, 'epoch', nextval('unitvisor.host_epochs')))).*
+                    FROM unitvisor.hosts h, generate_series(1, 2499) g WHERE h.id = 'h1'""")
+    for kind in range(10):
+        submit(conn, f"/opt/tool{kind}")
+    waited_for_long(conn)
+    explained = []
+    for _ in range(3):
+        store.explain_waiting(conn, MINUTE)
+        explained.append(len(reasons(conn)))
+    assert explained == [4, 8, 10]  # before 019: [10, 10, 10], whatever it cost
+
+
 # -- declare_dead --------------------------------------------------------------------------------
 
 
