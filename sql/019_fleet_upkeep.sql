@@ -183,11 +183,15 @@ BEGIN
 END $$;
 
 -- declare_dead_hosts as in 013 (the same lock, the same hosts, the same reasons), with the guards that
--- tell a silent host from a database or a fleet that is behind (docs/fleet.md, Dead hosts):
--- * the declarer's own heartbeat is late (older than two of its poll intervals, by the database's
---   clock): the database, or this daemon, is behind; a host it would declare may be as slow as itself;
--- * most of the other hosts are late (more than half of the active and draining hosts that are neither
---   the declarer nor overdue missed two heartbeats): the database is behind, not those hosts;
+-- tell a silent host from a database or a fleet that is behind (docs/fleet.md, Dead hosts). A host is
+-- late when its heartbeat is older than two of its poll intervals and half its host_dead_after (by the
+-- database's clock): a loop that keeps time, or whose thread sends the heartbeat aside, is never that
+-- late (at most 1.5 poll intervals and a statement), and half of host_dead_after keeps the fast test
+-- settings (1 s polls) from calling a loaded machine's ordinary delays late.
+-- * the declarer's own heartbeat is late: the database, or this daemon, is behind; a host it would
+--   declare may be as slow as itself;
+-- * most of the other hosts are late: more than half, and at least two, of the active and draining
+--   hosts that are neither the declarer nor overdue: the database is behind, not the silent hosts;
 -- * at most max_hosts are declared at once, the longest silent first; the rest wait for the next pass.
 -- Held declarations are said in held (how many) and held_why ('declarer-late', 'fleet-late', 'cap')
 -- with held_detail, on every row; a pass that declares nobody but held some returns one row whose
@@ -223,21 +227,21 @@ BEGIN
         RETURN;
     END IF;
     own_age := extract(epoch FROM clock_timestamp() - me.heartbeat_at)::double precision;
-    IF own_age > 2 * coalesce(me.poll_interval_sec, 10) THEN
+    IF own_age > greatest(2 * coalesce(me.poll_interval_sec, 10), coalesce(me.dead_after_sec, 60) / 2) THEN
         RETURN QUERY SELECT NULL::text, NULL::double precision, NULL::double precision, overdue, 'declarer-late',
-            format('this host''s own heartbeat is %s s old (over two of its poll intervals): the database or '
-                   'this daemon is behind', round(own_age::numeric));
+            format('this host''s own heartbeat is %s s old (over two of its poll intervals and half its '
+                   'host_dead_after): the database or this daemon is behind', round(own_age::numeric));
         RETURN;
     END IF;
-    SELECT count(*), count(*) FILTER (WHERE h.heartbeat_at < now() - make_interval(
-                                          secs => 2 * coalesce(h.poll_interval_sec, 10)))
+    SELECT count(*), count(*) FILTER (WHERE h.heartbeat_at < now() - make_interval(secs => greatest(
+                                          2 * coalesce(h.poll_interval_sec, 10), coalesce(h.dead_after_sec, 60) / 2)))
     INTO others, late
     FROM unitvisor.hosts h
     WHERE h.id <> declare_dead.declarer AND h.state IN ('active', 'draining') AND NOT unitvisor.host_is_overdue(h);
-    IF late * 2 > others THEN
+    IF late * 2 > others AND late >= 2 THEN
         RETURN QUERY SELECT NULL::text, NULL::double precision, NULL::double precision, overdue, 'fleet-late',
-            format('%s of the %s other live hosts missed two heartbeats too: the database is behind, not '
-                   'the %s silent host(s)', late, others, overdue);
+            format('%s of the %s other live hosts are late too: the database is behind, not the %s silent '
+                   'host(s)', late, others, overdue);
         RETURN;
     END IF;
     RETURN QUERY

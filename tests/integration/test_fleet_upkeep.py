@@ -179,25 +179,40 @@ def test_a_silent_host_is_declared_dead_as_before(conn: psycopg.Connection, flee
 
 def test_nobody_is_declared_while_the_declarers_own_heartbeat_is_late(conn: psycopg.Connection, fleet) -> None:
     silence(conn, "a", 100)
-    silence(conn, "declarer", 25)  # two of its 10 s poll intervals and more: the database is behind
+    silence(conn, "declarer", 25)  # two of its 10 s polls, but not half its 60 s host_dead_after: on time
+    assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["a"]
+    silence(conn, "b", 100)
+    silence(conn, "declarer", 31)  # two of its polls and half its host_dead_after: the database is behind
     declaration = declare(conn, fleet["declarer"])
     assert (declaration.dead, declaration.held, declaration.held_why) == ([], 1, "declarer-late")
-    assert "own heartbeat is 25 s old" in declaration.held_detail
-    assert states(conn)["a"] == "active"
+    assert "own heartbeat is 31 s old" in declaration.held_detail
+    assert states(conn)["b"] == "active"
     silence(conn, "declarer", 0)
-    assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["a"]
+    assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["b"]
 
 
 def test_nobody_is_declared_while_most_of_the_fleet_is_late_too(conn: psycopg.Connection, fleet) -> None:
     silence(conn, "a", 100)
     for host in ("b", "c", "d"):
-        silence(conn, host, 30)  # late (two polls missed), not overdue: three of the other four
+        silence(conn, host, 40)  # late (over half their host_dead_after), not overdue: three of the other four
     declaration = declare(conn, fleet["declarer"])
     assert (declaration.dead, declaration.held, declaration.held_why) == ([], 1, "fleet-late")
-    assert declaration.held_detail.startswith("3 of the 4 other live hosts missed two heartbeats too")
+    assert declaration.held_detail.startswith("3 of the 4 other live hosts are late too")
     assert states(conn)["a"] == "active"
-    silence(conn, "d", 0)  # half late is not most
+    silence(conn, "d", 25)  # two polls, but not half of host_dead_after: not late; and half late is not most
     assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["a"]
+
+
+def test_one_late_peer_is_not_the_fleet(conn: psycopg.Connection, dsn: str) -> None:
+    """Three hosts, one of them silent: the one other peer being late holds nothing back (at least two)."""
+    declarer = register(conn, "declarer")
+    connected(conn, "declarer")
+    with connection(dsn) as c1, connection(dsn) as c2:
+        register(c1, "a")
+        register(c2, "b")
+        silence(conn, "a", 100)
+        silence(conn, "b", 40)
+        assert [d.host_id for d in declare(conn, declarer).dead] == ["a"]
 
 
 def test_a_fleet_that_mostly_died_is_still_declared(conn: psycopg.Connection, fleet) -> None:
