@@ -9,6 +9,7 @@ with SQL (heartbeat_at, turn_at), never slept through.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from supervisor import store
+from supervisor import heartbeat, store
 from tests.integration.conftest import connected, register, silence
 
 MINUTE = timedelta(minutes=1)
@@ -258,3 +259,24 @@ def test_renew_heartbeat_renews_and_a_fenced_host_renews_nothing(conn: psycopg.C
     assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["a"]
     assert store.renew_heartbeat(conn, fleet["a"]) is None
     assert states(conn)["a"] == "dead"
+
+
+def test_a_late_loops_heartbeat_is_sent_aside_on_a_connection_of_its_own(conn: psycopg.Connection, dsn: str) -> None:
+    """supervisor/heartbeat.py against the real database: the loop's connection stays busy (a lock held
+    in an open transaction, as a statement waiting on a slow database), yet the heartbeat lands."""
+    fence = register(conn, "h1")
+    silence(conn, "h1", 40)
+    renewals: list[float] = []
+    now = time.monotonic()
+    loop = heartbeat.Loop(fence=lambda: fence, dsn=lambda: dsn, renewed_at=lambda: now - 40,
+                          alive_at=lambda: now, renewed=lambda sent, boot: bool(renewals.append(sent)) or True)
+    aside = heartbeat.AsideHeartbeat(loop, poll_interval=10.0, dead_after=60.0)
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(4242)")  # the loop's connection, busy in a transaction
+            assert aside.check(time.monotonic()) is True
+        age = conn.execute("SELECT extract(epoch FROM now() - heartbeat_at) FROM unitvisor.hosts WHERE id = 'h1'")
+        assert age.fetchone()[0] < 5
+        assert len(renewals) == 1 and aside.conn is not None and aside.conn is not conn
+    finally:
+        aside.stop()
