@@ -51,6 +51,9 @@
 #ifndef OUTCOME_ONCE
 #define OUTCOME_ONCE 1       /* record_outcome changes only an attempt with no outcome */
 #endif
+#ifndef ASIDE_HB
+#define ASIDE_HB 1           /* a busy loop's heartbeat is sent by a thread on a connection of its own */
+#endif
 
 /* -- bounds (the state space) ------------------------------------------------------------------ */
 #ifndef MAXA
@@ -433,7 +436,22 @@ end:
     :: atomic { up[m] && ep[m] && todo[m] -> a = todo[m]; todo[m] = 0; start_unit(a); a = 0 }
     RECONCILE(1)
     RECONCILE(2)
-    /* fleet upkeep: declare silent hosts dead */
+#if ASIDE_HB
+    /* the heartbeat sent aside (supervisor/heartbeat.py, schema 19's renew_heartbeat): while the loop
+       is busy (here: a claimed batch not started yet, when IDLE is false), a thread sends the heartbeat
+       alone on a connection of its own. Committed or not, answered or not, it never drops the loop's
+       connection; a fenced answer is left to the loop's next request. */
+    :: atomic { up[m] && ep[m] && todo[m] && stamps[k] < STAMP_BOUND(k) ->
+                kind = HB; arg = 0; e = ep[m];
+                if
+                :: db_commit();
+                   if :: r == R_OK -> renew() :: true -> skip fi   /* the answer, or its loss */
+                :: skip                                             /* lost before it committed */
+                fi;
+                k = HID(m); kind = 0; arg = 0; e = 0; r = 0; r_arg = 0; r_gen = 0 }
+#endif
+    /* fleet upkeep: declare silent hosts dead (schema 19's guards and cap only hold declarations back:
+       each pass they let through is one this step already allows) */
     :: atomic { IDLE && overdue[1 - k] -> rpc(DECL, 0) }
     /* a crash: the units keep running, the lease file stays */
     :: atomic { m == 0 && up[m] && downs[m] < DOWNS -> downs[m]++; drop_connection(); up[m] = 0; printf("m%d crashes\n", m) }

@@ -88,6 +88,12 @@ class FleetSettings:
     # other host may declare it dead, so two live copies of one run never exist, even in a network
     # partition; off, a partitioned host's runs keep running while their retries start elsewhere.
     stop_runs_when_cut_off: bool = False
+    # At most this many hosts are declared dead in one pass of the fleet upkeep (one pass per poll
+    # interval), the longest silent first; the rest in the next passes. A live host taken for dead costs
+    # its runs (lost, run again elsewhere) and a takeover's work on a database that is already behind;
+    # many hosts silent at once is more often the database than a rack. A rack that did die is declared
+    # a few hosts a poll interval: 5 hosts of 50 in 10 intervals.
+    max_dead_per_pass: int = 5
 
 
 @dataclass(frozen=True)

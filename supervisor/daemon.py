@@ -14,6 +14,7 @@ import math
 import os
 import select
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from types import FrameType
 import psycopg
 import sdnotify
 
-from supervisor import __version__, faults, fence, fleet, pressure, store, unitspec
+from supervisor import __version__, faults, fence, fleet, heartbeat, pressure, store, unitspec
 from supervisor.config import UNIT_PREFIX, ConfigError, Settings, machine_id
 from supervisor.guard import Guard, GuardedConnection
 from supervisor.journal import Journal, TailReader
@@ -51,6 +52,12 @@ RETENTION_PAUSE = 0.5
 PRESSURE_EVERY = 2.0
 # A figure that moved by less than this (percentage points) is not written to the host row again.
 PRESSURE_REPORT_STEP = 1.0
+
+# What a fleet upkeep step may fail with and leave the loop going: the server gave up on the statement
+# (statement_timeout, lock_timeout) or rolled it back (a deadlock, a serialization failure); the
+# connection is fine. Other operational errors mean a lost connection, which the loop handles.
+UPKEEP_CONTAINED = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable, psycopg.errors.TransactionRollback,
+                    psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
 @dataclass
@@ -125,6 +132,17 @@ class Daemon:
         # Ended attempts' output tails, read off the loop; it wakes the loop when one is ready.
         self.output_tails = TailReader(Journal(), settings.runs.output_tail_lines, settings.runs.output_tail_bytes,
                                        wake=self._wake)
+        # The heartbeat's renewal may come from the loop (its probe) or from the aside thread (when the
+        # loop is late): one at a time, and never backwards (an older send must not shorten the lease).
+        self.renew_lock = threading.Lock()
+        self.last_renewed_sent = -math.inf
+        self.alive_at = time.monotonic()  # the loop's last sign of progress (its watchdog feed)
+        self.aside = heartbeat.AsideHeartbeat(
+            heartbeat.Loop(fence=lambda: self.fence if self.conn is not None else None, dsn=lambda: self.dsn,
+                           renewed_at=lambda: self.guard.renewed_at, alive_at=lambda: self.alive_at,
+                           renewed=self._renewed),
+            settings.daemon.poll_interval, settings.fleet.host_dead_after,
+            on_sent=self.metrics.heartbeats_aside.inc)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -145,6 +163,7 @@ class Daemon:
               instance=self.instance)
         self.metrics.serve(self.settings.metrics.listen)
         self.guard.start()
+        self.aside.start()
         ready = False
         while not self.stopping:
             if not self._connected():
@@ -185,6 +204,7 @@ class Daemon:
         self.output_tails.close(TailReader.DELAY + 2.0)
         self._guard(lambda: self.reconciler.write_output_tails() if self.conn and self.reconciler else None)
         self._guard(lambda: store.mark_host_stopped(self.conn, self.fence) if self.conn and self.fence else None)
+        self.aside.stop()
         self.guard.stop()
         self._disconnect()
         self.metrics.close()
@@ -300,19 +320,26 @@ class Daemon:
                   detail=f"{registration.detail}; settled the {settled} attempt(s) it had open as lost "
                          "(their runs move on by their own policy)")
 
-    def _renewed(self, sent: float, sent_boot: float) -> None:
+    def _renewed(self, sent: float, sent_boot: float) -> bool:
         """The heartbeat sent at monotonic `sent` (boottime `sent_boot`) was committed: renew the
         guard's clock and the fence's lease. A lease that cannot be written is not fatal: the old one
-        expires and the fence stops the runs (the safe side), so it is said, once, and the loop goes on."""
-        self.guard.renewed(sent)
-        try:
-            fence.write_lease(fence.daemon_lease(self.settings, sent_boot, self.boot_id))
-        except OSError as exc:
-            if str(exc) != self.lease_error:
-                event("lease-not-written", level=logging.ERROR, path=str(fence.LEASE), detail=str(exc))
-            self.lease_error = str(exc)
-        else:
-            self.lease_error = ""
+        expires and the fence stops the runs (the safe side), so it is said, once, and the loop goes on.
+        Called by the loop and by the aside heartbeat's thread; one sent before the last renewal renews
+        nothing (returns False)."""
+        with self.renew_lock:
+            if sent < self.last_renewed_sent:
+                return False
+            self.last_renewed_sent = sent
+            self.guard.renewed(sent)
+            try:
+                fence.write_lease(fence.daemon_lease(self.settings, sent_boot, self.boot_id))
+            except OSError as exc:
+                if str(exc) != self.lease_error:
+                    event("lease-not-written", level=logging.ERROR, path=str(fence.LEASE), detail=str(exc))
+                self.lease_error = str(exc)
+            else:
+                self.lease_error = ""
+            return True
 
     def _trouble(self, message: str) -> None:
         message = " ".join(message.split())
@@ -416,6 +443,7 @@ class Daemon:
             # while the host row said stopped).
             wake_claim = wake_claim or (before == pressure.STOPPED and after != pressure.STOPPED) or (
                 before == pressure.SLOWED and after in (pressure.OPEN, pressure.OFF))
+        upkeep = False
         if now >= self.timers.claim:
             sent, sent_boot = time.monotonic(), fence.boottime()
             probe = store.probe(self.conn, self.fence, fleet.explain_after(self.settings))
@@ -424,12 +452,15 @@ class Daemon:
             self.host_state = probe.host_state
             wake_claim, wake_cancel = wake_claim or probe.claimable, wake_cancel or probe.cancels
             self.timers.claim = now + self.settings.daemon.poll_interval
-            if probe.upkeep and now >= self.timers.upkeep:
-                self._fleet_upkeep()
+            upkeep = probe.upkeep and now >= self.timers.upkeep
         if wake_cancel:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, cancel_requested=True))
         if wake_claim:
             self._claim_and_spawn()
+        # After this host's own claim, never before it (issue 23): the fleet's upkeep on a busy database
+        # may take up to the statement_timeout, and a failure in it is contained there.
+        if upkeep:
+            self._fleet_upkeep()
         if now >= self.timers.reconcile or reloaded:
             self._reconcile()
         self.reconciler.write_output_tails()
@@ -492,16 +523,40 @@ class Daemon:
 
     def _fleet_upkeep(self) -> None:
         """Declare silent hosts dead and take over their runs; expire runs past their start deadline; say
-        why runs wait that no host takes. Every daemon tries at most once a poll interval; one at a time
-        declares hosts dead (the database decides). The probe's upkeep flag comes for a silent host, a job
-        due for long, or a run past its start deadline (which no claim expires)."""
-        if self.reconciler.take_over_dead_hosts(time.monotonic() - self.connected_since):
+        why runs wait that no host takes. The probe's upkeep flag comes for a silent host, a job due for
+        long, or a run past its start deadline (which no claim expires); every daemon so flagged asks for
+        the turn at most once a poll interval, and one daemon of the fleet gets it per poll interval
+        (unitvisor.fleet_upkeep_turn). Each step's failure (a statement timeout on a busy database, a
+        lock) is said and counted, and the others and the rest of the loop go on: a lost connection or a
+        fence is the loop's to handle, and goes up."""
+        self.timers.upkeep = time.monotonic() + self.settings.daemon.poll_interval  # also when it fails
+        every = timedelta(seconds=self.settings.daemon.poll_interval)
+        turn = self._upkeep_step("turn", lambda: store.fleet_upkeep_turn(self.conn, self.fence, every))
+        if not turn:
+            return
+        if self._upkeep_step("declare-dead", lambda: self.reconciler.take_over_dead_hosts(
+                time.monotonic() - self.connected_since)):
             # The dead id may have been this very machine's (a changed [host] id): units of what was
             # just taken over are stopped by the next pass, so it comes now, not at its interval.
             self.timers.reconcile = 0.0
-        self.reconciler.expire_overdue()
-        self.reconciler.explain_waiting()
-        self.timers.upkeep = time.monotonic() + self.settings.daemon.poll_interval
+        self._upkeep_step("expire", self.reconciler.expire_overdue)
+        self._upkeep_step("explain-waiting", self.reconciler.explain_waiting)
+
+    def _upkeep_step(self, step: str, work: Callable[[], object]) -> object:
+        """One step of the fleet upkeep: its result, or None when it failed on the database (said once
+        per failure, and counted). Raises what the loop must act on: a lost connection, a fence."""
+        try:
+            return work()
+        except UPKEEP_CONTAINED as exc:
+            failure: psycopg.Error = exc
+        except psycopg.Error as exc:
+            if isinstance(exc, store.CONNECTION_LOST):
+                raise
+            failure = exc
+        event("fleet-upkeep-failed", level=logging.WARNING, host=self.host_id, step=step,
+              detail=store.one_line(failure))
+        self.metrics.upkeep_failures.inc()
+        return None
 
     def _prune(self) -> None:
         """One batch of the fleet's retention ([retention]), committed on its own, when no other daemon
@@ -559,6 +614,7 @@ class Daemon:
 
     def _feed_watchdog(self) -> None:
         now = time.monotonic()
+        self.alive_at = now
         if self.watchdog_interval and now >= self.timers.watchdog:
             self.notifier.notify("WATCHDOG=1")
             self.timers.watchdog = now + self.watchdog_interval

@@ -79,6 +79,11 @@ class Guard:
         self._renewed_at = sent_at
         self.cut_off = False
 
+    @property
+    def renewed_at(self) -> float | None:
+        """Monotonic send time of the last heartbeat committed, None before the first."""
+        return self._renewed_at
+
     def renewed_within(self, seconds: float, now: float) -> bool:
         """Whether the heartbeat was last renewed (sent, then committed) less than `seconds` before
         monotonic `now`."""

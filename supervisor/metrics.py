@@ -36,6 +36,8 @@ from supervisor.outcomes import OUTCOMES
 # said; a live daemon never reads its own host as stopped or dead), and `unregistered` while it has
 # no registration it can vouch for (no database, fenced and registering again, host id held by another).
 PRUNED_TABLES = ("runs", "attempts", "events", "jobs")  # the counts of a retention batch (model.Pruned)
+# Why the fleet upkeep held a silent host's declaration back (unitvisor.declare_dead, sql/019_fleet_upkeep.sql).
+HELD_REASONS = ("declarer-late", "fleet-late", "cap")
 HOST_STATES = ("active", "draining", "unregistered")
 
 # Buckets that suit each quantity. A claim's latency is NOTIFY-fast when a host is free (well under a
@@ -121,6 +123,18 @@ class Metrics:
             self.outcomes.labels(outcome)
         self.hosts_declared_dead = Counter("unitvisor_hosts_declared_dead", "Silent hosts this daemon declared "
                                            "dead (their open attempts became lost)", registry=r)
+        self.dead_declarations_held = Counter(
+            "unitvisor_dead_declarations_held", "Silent hosts this daemon's fleet upkeep found and did not declare "
+            "dead in a pass, by why: declarer-late (its own heartbeat was late), fleet-late (most hosts were), "
+            "cap ([fleet] max_dead_per_pass)", ["reason"], registry=r)
+        for reason in HELD_REASONS:
+            self.dead_declarations_held.labels(reason)
+        self.upkeep_failures = Counter("unitvisor_fleet_upkeep_failures", "Fleet upkeep passes of this daemon that "
+                                       "failed (a statement timeout, a lock): the claim and the rest of the loop "
+                                       "went on", registry=r)
+        self.heartbeats_aside = Counter("unitvisor_heartbeats_aside", "Heartbeats sent on a connection of their own "
+                                        "because the loop was late with its probe (busy on a slow database)",
+                                        registry=r)
         # Outcomes count attempts; an expired run has none that started, so its end is counted here.
         self.runs_expired = Counter("unitvisor_runs_expired", "Queued runs past their start deadline that this "
                                     "daemon's fleet upkeep ended as expired (the one caller that expires runs "
@@ -175,6 +189,9 @@ class Metrics:
 
     def declared_dead(self, hosts: int) -> None:
         self.hosts_declared_dead.inc(hosts)
+
+    def declarations_held(self, reason: str, hosts: int) -> None:
+        self.dead_declarations_held.labels(reason).inc(hosts)
 
     def expired(self, runs: int) -> None:
         """This daemon's call of unitvisor.expire_runs committed, ending `runs` runs as expired."""

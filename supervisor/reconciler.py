@@ -794,14 +794,22 @@ class Reconciler:
         are settled, or nothing changed. Its runs then retry elsewhere or fail, by their own policy."""
         taken: list[str] = []  # outcomes recorded, counted once the transaction committed
         with self.conn.transaction():
-            dead = store.declare_dead_hosts(self.conn, self.fence, connected_for)
+            declaration = store.declare_dead(self.conn, self.fence, connected_for,
+                                             self.settings.fleet.max_dead_per_pass)
+            dead = declaration.dead
             for host in dead:
                 count = self._settle_open_of(
                     host.host_id, lambda run, host=host: fleet.takeover_outcome(run, host, self.host_id), taken)
                 event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=count,
                       detail=f"silent for {host.silent:.0f}s (host_dead_after {host.dead_after:g}s)")
+        if declaration.held_why is not None:
+            # Said each pass it holds: an operator sees silent hosts that are not being declared, and why.
+            event("host-dead-held", level=logging.WARNING, held=declaration.held, why=declaration.held_why,
+                  declared=len(dead), detail=declaration.held_detail)
         if self.metrics is not None:
             self.metrics.declared_dead(len(dead))
+            if declaration.held_why is not None:
+                self.metrics.declarations_held(declaration.held_why, declaration.held)
         self._count_settled(taken)
         return dead
 
@@ -851,5 +859,6 @@ class Reconciler:
         return expired
 
     def explain_waiting(self) -> int:
-        """Say why runs wait that no live host accepts (in unitvisor.run_waits, and one event each)."""
-        return store.explain_waiting(self.conn, fleet.explain_after(self.settings))
+        """Say why runs wait that no live host accepts (in unitvisor.run_waits, and one event each), a
+        batch of them per pass (the next pass goes on where this one stopped)."""
+        return store.explain_waiting(self.conn, fleet.explain_after(self.settings), fleet.EXPLAIN_BATCH)

@@ -702,6 +702,46 @@ def declare_dead_hosts(conn: Connection, fence: Fence, connected_for: float) -> 
     return [DeadHost(row[0], row[1], row[2]) for row in rows]
 
 
+@dataclass(frozen=True)
+class Declaration:
+    """One pass of declare_dead: the hosts declared dead, and how many more silent hosts were held back
+    and why ('declarer-late', 'fleet-late' or 'cap'; None when none was)."""
+
+    dead: list[DeadHost]
+    held: int = 0
+    held_why: str | None = None
+    held_detail: str = ""
+
+
+def declare_dead(conn: Connection, fence: Fence, connected_for: float, max_hosts: int) -> Declaration:
+    """declare_dead_hosts with the guards of schema 19 (sql/019_fleet_upkeep.sql): nobody while this
+    host's own heartbeat, or most of the fleet's, is late, and at most `max_hosts` at once. Inside the
+    caller's transaction, whose job it is to settle the declared hosts' open attempts in it."""
+    with _fencing():
+        rows = conn.execute(
+            "SELECT host_id, silent_sec, dead_after_sec, held, held_why, held_detail "
+            "FROM unitvisor.declare_dead(%s, %s, %s, %s)",
+            (fence.host_id, fence.epoch, connected_for, max_hosts)).fetchall()
+    dead = [DeadHost(row[0], row[1], row[2]) for row in rows if row[0] is not None]
+    if not rows or not rows[0][3]:
+        return Declaration(dead)
+    return Declaration(dead, rows[0][3], rows[0][4], rows[0][5] or "")
+
+
+def fleet_upkeep_turn(conn: Connection, fence: Fence, every: timedelta) -> bool:
+    """Whether this host does the fleet's upkeep now: true for one live host of the fleet per `every`
+    (a lease row; committed on return, whatever the upkeep then does)."""
+    with _fencing():
+        return bool(conn.execute("SELECT unitvisor.fleet_upkeep_turn(%s, %s, %s)",
+                                 (fence.host_id, fence.epoch, every)).fetchone()[0])
+
+
+def renew_heartbeat(conn: Connection, fence: Fence) -> str | None:
+    """The heartbeat alone (no question about work): the host's state, or None when its epoch is over
+    (the loop's next probe then finds it fenced and registers again)."""
+    return conn.execute("SELECT unitvisor.renew_heartbeat(%s, %s)", (fence.host_id, fence.epoch)).fetchone()[0]
+
+
 def expire_runs(conn: Connection, fence: Fence) -> int:
     """End as `expired` every queued run past its start deadline that never started (any host may, as
     any may explain why a run waits); returns how many."""
@@ -740,10 +780,11 @@ def prune_count(conn: Connection, older_than: timedelta) -> Pruned:
     return Pruned(*row)
 
 
-def explain_waiting(conn: Connection, waited: timedelta) -> int:
-    """Record why each run due for longer than `waited` waits, when no live host accepts it; returns
-    how many runs got a new reason (each with an event)."""
-    return conn.execute("SELECT unitvisor.explain_waiting(%s)", (waited,)).fetchone()[0]
+def explain_waiting(conn: Connection, waited: timedelta, batch: int = 1000) -> int:
+    """Record why each run due for longer than `waited` waits, when no live host accepts it, for at
+    most `batch` runs, going on where the last pass stopped; returns how many runs got a new reason
+    (each with an event)."""
+    return conn.execute("SELECT unitvisor.explain_waiting(%s, %s)", (waited, batch)).fetchone()[0]
 
 
 # -- the daemon's queries -----------------------------------------------------------------------

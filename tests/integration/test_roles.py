@@ -163,6 +163,15 @@ def test_host_cannot_declare_hosts_dead_as_another_host(world: World) -> None:
     assert store.host_fence(world.admin, "h1")[0] == "active"
 
 
+def test_host_cannot_take_the_upkeeps_turn_declare_or_heartbeat_as_another_host(world: World) -> None:
+    """Schema 19's host functions check the caller as the older ones do."""
+    silence(world.admin, "h1", 3600)
+    refused_call(lambda: store.fleet_upkeep_turn(world.h1, world.f2, timedelta(seconds=10)))
+    refused_call(lambda: store.declare_dead(world.h1, world.f2, 3600, 5))
+    refused_call(lambda: store.renew_heartbeat(world.h1, world.f2))
+    assert store.host_fence(world.admin, "h1")[0] == "active"
+
+
 def test_host_cannot_expire_runs_as_another_host(world: World) -> None:
     refused_call(lambda: store.expire_runs(world.h1, world.f2))
 
@@ -481,7 +490,7 @@ HOST_FUNCTIONS = {
     "mark_started", "max_rows_bound", "my_host_id", "prune_history", "record_event", "record_outcome",
     "record_output_tails", "register_host", "register_host_allowlist", "register_host_environment", "run_status",
     "runs_with_labels", "wait_reason", "whoami", "host_holds_run", "host_may_see", "unit_owners", "host_in_flight",
-    "set_host_pressure"}
+    "set_host_pressure", "fleet_upkeep_turn", "declare_dead", "renew_heartbeat"}
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight"}
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}

@@ -67,7 +67,14 @@ def test_unknown_fleet_key_is_an_error_naming_the_known_ones():
     with pytest.raises(ConfigError) as info:
         fleet("[fleet]\nhost_dead_afer = \"90s\"\n")
     assert str(info.value) == ("u.toml: [fleet] host_dead_afer: unknown key "
-                               "(known: host_dead_after, stop_runs_when_cut_off)")
+                               "(known: host_dead_after, max_dead_per_pass, stop_runs_when_cut_off)")
+
+
+def test_max_dead_per_pass_defaults_to_five_and_takes_a_whole_number():
+    assert fleet("").fleet.max_dead_per_pass == 5
+    assert fleet("[fleet]\nmax_dead_per_pass = 20\n").fleet.max_dead_per_pass == 20
+    with pytest.raises(ConfigError, match=r"\[fleet\] max_dead_per_pass: expected a whole number of at least 1"):
+        fleet("[fleet]\nmax_dead_per_pass = 0\n")
 
 
 def test_fleet_must_be_a_table():

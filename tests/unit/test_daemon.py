@@ -508,12 +508,90 @@ def test_fleet_upkeep_passes_how_long_this_daemon_has_been_connected(make, mocke
     d = make()
     d.reconciler = mock.Mock()
     d.connected_since = 1000.0
+    turn = mocker.patch.object(store, "fleet_upkeep_turn", return_value=True)
     mocker.patch.object(daemon_mod, "time").monotonic.return_value = 1075.0
     d._fleet_upkeep()
+    turn.assert_called_once_with(d.conn, store.Fence("h1", 4), timedelta(seconds=10))
     d.reconciler.take_over_dead_hosts.assert_called_once_with(75.0)
     # Expired runs first: a run that just expired needs no reason for waiting.
     assert [c[0] for c in d.reconciler.method_calls[1:]] == ["expire_overdue", "explain_waiting"]
     assert d.timers.upkeep == 1085.0
+
+
+def test_fleet_upkeep_does_nothing_but_ask_when_it_is_another_hosts_turn(make, mocker):
+    d = make()
+    d.reconciler = mock.Mock()
+    mocker.patch.object(store, "fleet_upkeep_turn", return_value=False)
+    mocker.patch.object(daemon_mod, "time").monotonic.return_value = 1075.0
+    d._fleet_upkeep()
+    assert d.reconciler.method_calls == []
+    assert d.timers.upkeep == 1085.0  # asks again a poll interval later
+
+
+TIMEOUT = psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+
+@pytest.mark.parametrize("failing", ["take_over_dead_hosts", "expire_overdue", "explain_waiting"])
+def test_a_failing_upkeep_step_leaves_the_other_steps_going(make, mocker, events, failing):
+    d = make()
+    d.metrics = mock.Mock()
+    d.reconciler = mock.Mock()
+    getattr(d.reconciler, failing).side_effect = TIMEOUT
+    mocker.patch.object(store, "fleet_upkeep_turn", return_value=True)
+    d._fleet_upkeep()
+    assert [c[0] for c in d.reconciler.method_calls] == ["take_over_dead_hosts", "expire_overdue", "explain_waiting"]
+    (failed,) = [c for c in events.call_args_list if c.args[0] == "fleet-upkeep-failed"]
+    assert failed.kwargs["detail"] == "canceling statement due to statement timeout"
+    d.metrics.upkeep_failures.inc.assert_called_once_with()
+
+
+def test_a_lost_connection_in_the_upkeep_goes_up_to_the_loop(make, mocker):
+    d = make()
+    d.reconciler = mock.Mock()
+    d.reconciler.expire_overdue.side_effect = psycopg.OperationalError("server closed the connection unexpectedly")
+    mocker.patch.object(store, "fleet_upkeep_turn", return_value=True)
+    with pytest.raises(psycopg.OperationalError):
+        d._fleet_upkeep()
+
+
+@pytest.mark.parametrize("failure", [TIMEOUT, psycopg.errors.LockNotAvailable("lock timeout"),
+                                     psycopg.errors.DeadlockDetected("deadlock detected")])
+def test_a_failing_upkeep_never_skips_the_hosts_own_claim(make, mocker, events, failure):
+    """Issue 23: on a busy database the upkeep's explain_waiting hit the statement_timeout, and the
+    failure ended the loop's iteration before the claim the probe had asked for. (Failed before the
+    fix: the claim was never called, and the iteration failed.)"""
+    d = make()
+    d.metrics = mock.Mock()
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    mocker.patch.object(store, "probe", return_value=store.Probe("active", True, False, True))
+    mocker.patch.object(store, "fleet_upkeep_turn", return_value=True, create=True)
+    claim = mocker.patch.object(store, "claim", return_value=[])
+    d.watcher.drain.return_value = (set(), False)
+    d.reconciler = mock.Mock(settled=0, in_flight=0)
+    d.reconciler.explain_waiting.side_effect = failure
+    d.reconciler.take_over_dead_hosts.side_effect = failure
+    d.timers = daemon_mod.Timers(claim=0.0, reconcile=0.0, retention=math.inf, upkeep=0.0)
+    assert d._guard(d._iteration) is True
+    claim.assert_called_once()
+    d.reconciler.reconcile_pass.assert_called_once_with()  # the rest of the iteration too
+    assert d.conn is not None and d.problem == ""
+
+
+def test_a_heartbeat_sent_before_the_last_renewal_renews_nothing(make, mocker):
+    """The loop and the aside thread both renew: an older send must not pull the lease back."""
+    d = make()
+    write = mocker.patch.object(daemon_mod.fence, "write_lease")
+    assert d._renewed(100.0, 5100.0) is True
+    assert d._renewed(99.0, 5099.0) is False
+    assert d.guard.renewed_at == 100.0 and write.call_count == 1
+    assert d._renewed(101.0, 5101.0) is True and d.guard.renewed_at == 101.0
+
+
+def test_the_loop_shows_progress_when_it_feeds_the_watchdog(make, mocker):
+    d = make()
+    mocker.patch.object(daemon_mod, "time").monotonic.return_value = 4242.0
+    d._feed_watchdog()
+    assert d.alive_at == 4242.0
 
 
 # -- retention ---------------------------------------------------------------------------------------

@@ -187,14 +187,15 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_claim_latency_seconds", "unitvisor_spawn_latency_seconds", "unitvisor_claim_duration_seconds",
         "unitvisor_reconcile_duration_seconds", "unitvisor_build_info", "unitvisor_runs_in_flight",
         "unitvisor_database_up", "unitvisor_systemd_up", "unitvisor_host_state", "unitvisor_pruned_rows",
-        "unitvisor_runs_expired",
+        "unitvisor_runs_expired", "unitvisor_dead_declarations_held", "unitvisor_fleet_upkeep_failures",
+        "unitvisor_heartbeats_aside",
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}
     # Only bounded labels: no run id, no unit name anywhere in a scrape.
     assert str(pair(1)[0].id) not in text and "unitvisor-run-" not in text
     label_names = {key for f in families.values() for s in f.samples for key in s.labels}
-    assert label_names <= {"outcome", "state", "version", "le", "table"}
+    assert label_names <= {"outcome", "state", "version", "le", "table", "reason"}
 
 
 def test_exposition_passes_promtool():
@@ -442,7 +443,7 @@ def test_reconcile_is_timed(bare_daemon):
 
 @pytest.fixture
 def rec(mocker):
-    for name, value in {"record_outcome": True, "mark_started": None, "declare_dead_hosts": [],
+    for name, value in {"record_outcome": True, "mark_started": None, "declare_dead": store.Declaration([]),
                         "open_attempts": []}.items():
         mocker.patch.object(store, name, return_value=value)
     mocker.patch("supervisor.reconciler.event")
@@ -477,7 +478,7 @@ def test_reconciler_counts_an_outcome_once_it_is_recorded(rec):
 
 def test_reconciler_counts_a_dead_hosts_runs_as_lost_after_the_takeover_commits(rec):
     dead = store.DeadHost("web-2", 75.0, 60.0)
-    store.declare_dead_hosts.return_value = [dead]
+    store.declare_dead.return_value = store.Declaration([dead])
     store.open_attempts.return_value = [pair(1), pair(2)]
     rec.take_over_dead_hosts(100.0)
     assert value(rec.metrics, "unitvisor_hosts_declared_dead_total") == 1
@@ -495,7 +496,7 @@ def test_reconciler_counts_the_runs_its_expire_call_ended(rec, mocker):
 
 
 def test_reconciler_counts_nothing_of_a_takeover_that_failed(rec):
-    store.declare_dead_hosts.return_value = [store.DeadHost("web-2", 75.0, 60.0)]
+    store.declare_dead.return_value = store.Declaration([store.DeadHost("web-2", 75.0, 60.0)])
     store.open_attempts.return_value = [pair(1), pair(2)]
     store.record_outcome.side_effect = [True, store.Fenced("epoch over")]
     with pytest.raises(store.Fenced):

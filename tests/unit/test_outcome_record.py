@@ -272,7 +272,7 @@ def test_a_refused_run_keeps_nothing(rec, st):
 def test_a_dead_hosts_attempts_keep_nothing(rec, st, mocker):
     run, attempt = pair()
     dead = store.DeadHost("h2", 90.0, 60.0)
-    mocker.patch.object(store, "declare_dead_hosts", return_value=[dead])
+    mocker.patch.object(store, "declare_dead", return_value=store.Declaration([dead]))
     mocker.patch.object(store, "open_attempts", return_value=[(run, attempt)])
     rec.take_over_dead_hosts(100.0)
     assert st.call_args.args[3] == fleet.takeover_outcome(run, dead, "me")

@@ -81,7 +81,7 @@ def st(mocker, log):
     """Every store function the reconciler calls, logged in order; exceptions stay the real ones."""
     patched = {}
     defaults = {"open_attempts": [], "unit_owners": {}, "unclaimed_attempts": set(), "record_outcome": True,
-                "mark_started": None, "record_event": None, "declare_dead_hosts": [], "explain_waiting": 0,
+                "mark_started": None, "record_event": None, "declare_dead": store.Declaration([]), "explain_waiting": 0,
                 "expire_runs": 0, "record_outcomes": [True, True], "now": T0 + timedelta(seconds=30),
                 "record_output_tails": 0}
     def logged(name, fake):
@@ -143,15 +143,15 @@ def test_take_over_settles_every_open_attempt_of_each_dead_host_in_one_transacti
     dead_a, dead_b = store.DeadHost("web-2", 75.0, 60.0), store.DeadHost("web-3", 90.0, 60.0)
     a1, a2 = pair(1, host="web-2"), pair(2, host="web-2", started=False)
     b1 = pair(3, host="web-3", cancelled=True)
-    st.declare_dead_hosts.return_value = [dead_a, dead_b]
+    st.declare_dead.return_value = store.Declaration([dead_a, dead_b])
     attempts_of = {"web-2": [a1, a2], "web-3": [b1]}
     st.open_attempts.side_effect = lambda conn, host_id: (log.append(f"open_attempts {host_id}"),
                                                           attempts_of[host_id])[1]
 
     assert rec.take_over_dead_hosts(123.0) == [dead_a, dead_b]
 
-    st.declare_dead_hosts.assert_called_once_with(rec.conn, FENCE, 123.0)
-    assert labels(log) == ["begin", "declare_dead_hosts",
+    st.declare_dead.assert_called_once_with(rec.conn, FENCE, 123.0, 5)  # [fleet] max_dead_per_pass
+    assert labels(log) == ["begin", "declare_dead",
                            "open_attempts web-2", "record_outcome", "record_outcome",
                            "open_attempts web-3", "record_outcome",
                            "commit"]
@@ -172,7 +172,7 @@ def test_take_over_settles_every_open_attempt_of_each_dead_host_in_one_transacti
 
 def test_take_over_retries_a_run_with_attempts_left(rec, st):
     run, attempt = pair(1, host="web-2", max_attempts=3)
-    st.declare_dead_hosts.return_value = [store.DeadHost("web-2", 61.0, 60.0)]
+    st.declare_dead.return_value = store.Declaration([store.DeadHost("web-2", 61.0, 60.0)])
     st.open_attempts.return_value = [(run, attempt)]
     rec.take_over_dead_hosts(100.0)
     (call,) = st.record_outcome.call_args_list
@@ -183,7 +183,7 @@ def test_take_over_retries_a_run_with_attempts_left(rec, st):
 
 def test_take_over_leaves_a_run_without_lost_in_retry_on_failed(rec, st):
     run, attempt = pair(1, host="web-2", max_attempts=3, retry_on=["exit-code"])
-    st.declare_dead_hosts.return_value = [store.DeadHost("web-2", 61.0, 60.0)]
+    st.declare_dead.return_value = store.Declaration([store.DeadHost("web-2", 61.0, 60.0)])
     st.open_attempts.return_value = [(run, attempt)]
     rec.take_over_dead_hosts(100.0)
     assert recorded(st) == [(attempt, fleet.takeover_outcome(run, store.DeadHost("web-2", 61.0, 60.0), "me"),
@@ -193,14 +193,14 @@ def test_take_over_leaves_a_run_without_lost_in_retry_on_failed(rec, st):
 
 def test_take_over_with_no_dead_host_records_nothing(rec, st, systemd, log):
     assert rec.take_over_dead_hosts(5.0) == []
-    assert labels(log) == ["begin", "declare_dead_hosts", "commit"]
+    assert labels(log) == ["begin", "declare_dead", "commit"]
     st.open_attempts.assert_not_called()
     st.record_outcome.assert_not_called()
     assert systemd.mock_calls == []
 
 
 def test_take_over_is_all_or_nothing(rec, st, log):
-    st.declare_dead_hosts.return_value = [store.DeadHost("web-2", 61.0, 60.0)]
+    st.declare_dead.return_value = store.Declaration([store.DeadHost("web-2", 61.0, 60.0)])
     st.open_attempts.return_value = [pair(1, host="web-2"), pair(2, host="web-2")]
     st.record_outcome.side_effect = [True, psycopg.OperationalError("server closed the connection")]
     with pytest.raises(psycopg.OperationalError):
@@ -209,7 +209,7 @@ def test_take_over_is_all_or_nothing(rec, st, log):
 
 
 def test_take_over_of_a_fenced_declarer_propagates(rec, st, log):
-    st.declare_dead_hosts.side_effect = store.Fenced("host me is fenced")
+    st.declare_dead.side_effect = store.Fenced("host me is fenced")
     with pytest.raises(store.Fenced):
         rec.take_over_dead_hosts(100.0)
     assert log == ["begin", "rollback"]
@@ -218,7 +218,7 @@ def test_take_over_of_a_fenced_declarer_propagates(rec, st, log):
 def test_explain_waiting_asks_for_two_poll_intervals(rec, st):
     st.explain_waiting.return_value = 3
     assert rec.explain_waiting() == 3
-    st.explain_waiting.assert_called_once_with(rec.conn, timedelta(seconds=20))
+    st.explain_waiting.assert_called_once_with(rec.conn, timedelta(seconds=20), fleet.EXPLAIN_BATCH)
 
 
 def test_expire_overdue_asks_the_database_with_this_hosts_fence(rec, st):
