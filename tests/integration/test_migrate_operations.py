@@ -23,7 +23,7 @@ from tests.harness.host import REPO
 # from the migrations before 005 to 008 added their constraints NOT VALID and 008 its indexes IF NOT
 # EXISTS: those edits must leave the schema exactly as it was.
 RELEASED_SCHEMA = Path(__file__).resolve().parent / "data" / "schema_001_012.txt"
-RELEASED = [path.stem for path in sorted(store.SQL_DIR.glob("*.sql")) if int(path.name[:3]) <= 12]
+RELEASED = [path.stem for path in sorted(store.MIGRATIONS_DIR.glob("*.sql")) if int(path.name[:3]) <= 12]
 README = REPO / "README.md"
 
 
@@ -46,7 +46,7 @@ def sql_dir_up_to(tmp_path: Path, last: int) -> Path:
     """A migrations directory with the repository's migrations 001 to `last`."""
     target = tmp_path / f"sql_up_to_{last:03d}"
     target.mkdir()
-    for path in sorted(store.SQL_DIR.glob("*.sql")):
+    for path in sorted(store.MIGRATIONS_DIR.glob("*.sql")):
         if int(path.name[:3]) <= last:
             shutil.copy(path, target / path.name)
     return target
@@ -79,7 +79,7 @@ def test_a_migration_longer_than_the_statement_timeout_completes_and_a_second_mi
     the second on the lock timeout."""
     sql_dir = tmp_path / "sql"
     sql_dir.mkdir()
-    shutil.copy(store.SQL_DIR / "001_schema.sql", sql_dir / "001_schema.sql")
+    shutil.copy(store.MIGRATIONS_DIR / "001_schema.sql", sql_dir / "001_schema.sql")
     (sql_dir / "002_slow.sql").write_text("SELECT pg_sleep(16);\n")
     results: dict[str, list[str]] = {}
     errors: list[BaseException] = []
