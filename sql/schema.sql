@@ -94,23 +94,49 @@ SET LOCAL ROLE unitvisor_admin;
 -- end, then open each to the roles that call it).
 ALTER DEFAULT PRIVILEGES FOR ROLE unitvisor_admin REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 
--- == the closed vocabularies ========================================================================
+-- == the checks of a run's arguments ==============================================================
 --
--- As CHECK constraints rather than enum types: adding a value later is a one-line constraint swap in a
--- migration, where an enum would need ALTER TYPE outside a transaction. The functions here are the
--- ones the constraints call, so they come before the tables.
+-- Each check of what a run may hold is written once, in run_argument_problem: the table's one constraint
+-- on the arguments (runs_arguments_valid) calls it, and so does submit_run, to say which argument it
+-- refuses and why. The closed vocabularies are CHECKs rather than enum types: adding a value later is
+-- a function replaced in a migration, where an enum would need ALTER TYPE outside a transaction. The
+-- functions here come before the tables, whose constraints call them.
 
--- Environment: a JSON object of NAME -> string. Names as POSIX shells accept them; no newline in a
--- value, because systemd's Environment= and journald both treat it as a record separator. (jsonb
--- cannot hold NUL at all.)
+-- The environment's checks, with the message of the first that fails (NULL: none fails). Names may be
+-- echoed only once they are valid names (an invalid one may be a "NAME=secret" pasted as a name);
+-- values never.
+CREATE FUNCTION unitvisor.environment_problem(env jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    bad_names bigint;
+    bad_name text;
+BEGIN
+    IF jsonb_typeof(env) <> 'object' THEN
+        RETURN format('environment: must be a JSON object of NAME -> string, not a JSON %s', jsonb_typeof(env));
+    END IF;
+    SELECT count(*) INTO bad_names FROM jsonb_object_keys(env) AS e(name) WHERE e.name !~ '^[A-Za-z_][A-Za-z0-9_]{0,127}$';
+    IF bad_names > 0 THEN
+        RETURN format('environment: %s name(s) are not valid variable names (letters, digits and _, not starting with a digit, 1 to 128 characters)',
+                      bad_names);
+    END IF;
+    SELECT min(e.name) INTO bad_name FROM jsonb_each(env) AS e(name, value) WHERE jsonb_typeof(e.value) <> 'string';
+    IF bad_name IS NOT NULL THEN
+        RETURN format('environment: the value of %s is not a string (every value must be a JSON string)', bad_name);
+    END IF;
+    -- No newline in a value: systemd's Environment= and journald both take it for a record separator.
+    -- (jsonb cannot hold NUL at all.)
+    SELECT min(e.name) INTO bad_name FROM jsonb_each_text(env) AS e(name, value) WHERE strpos(e.value, E'\n') > 0;
+    IF bad_name IS NOT NULL THEN
+        RETURN format('environment: the value of %s contains a newline, which systemd and journald take for a record separator',
+                      bad_name);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- 001's test, now the same checks as the message above: one definition of a valid environment.
 CREATE FUNCTION unitvisor.environment_is_valid(env jsonb) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN jsonb_typeof(env) <> 'object' THEN false ELSE NOT EXISTS (
-        SELECT 1 FROM jsonb_each(env) AS e(name, value)
-        WHERE e.name !~ '^[A-Za-z_][A-Za-z0-9_]{0,127}$'
-           OR jsonb_typeof(e.value) <> 'string'
-           OR strpos(e.value #>> '{}', E'\n') > 0)
-    END
+    SELECT unitvisor.environment_problem(env) IS NULL
 $$;
 
 -- Labels: a control plane's own tags on a run (tenant, job, pipeline step), to find its runs again
@@ -127,6 +153,148 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
                OR (l.value #>> '{}') ~ '[[:cntrl:]]')
     END
 $$;
+
+-- Every check of a run's arguments, in submit_run's order: the first that fails, as the constraint it
+-- is named by in errors (docs/sql-api.md), its message and a hint; three NULLs when every argument
+-- passes. A NULL argument passes (the column's NOT NULL, where there is one, refuses it), as a CHECK
+-- constraint lets NULL pass. The table's trigger runs_arguments_valid calls it too, so the two cannot
+-- disagree.
+-- Sizes (check_run_sizes) are not here: they bound what a host can start, not what a row may hold.
+CREATE FUNCTION unitvisor.run_argument_problem(
+    argv text[], environment jsonb, working_directory text, run_user text, memory_max bigint,
+    memory_high bigint, cpu_quota_percent integer, tasks_max integer, io_weight integer,
+    runtime_max_sec bigint, max_attempts integer, retry_backoff_sec integer, retry_backoff_max_sec integer,
+    retry_on text[], labels jsonb, idempotency_key text, concurrency_key text, not_before timestamptz,
+    start_deadline timestamptz, OUT constraint_name text, OUT message text, OUT hint text)
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- What a run may be retried after: it names the outcomes of unitvisor.attempts.
+    retryable CONSTANT text[] := ARRAY['exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog',
+                                       'start-failed', 'lost'];
+    -- Memory: below 1 MiB nothing starts at all; the upper end is what the kernel and systemd accept.
+    memory_min CONSTANT bigint := 1048576;
+    memory_top CONSTANT bigint := 4611686018427387904;
+    backoff_top CONSTANT integer := 604800;
+    problem text;
+    bound record;
+BEGIN
+    -- argv[0] must be absolute: a bare name would be looked up in systemd's PATH, and the host
+    -- allowlist could not say which binary it allowed. One dimension, indexed from 1: an array like
+    -- '[2:3]={sh,-c}' has no argv[1] to check.
+    IF cardinality(argv) < 1 OR array_ndims(argv) <> 1 OR array_lower(argv, 1) <> 1 THEN
+        constraint_name := 'runs_argv_valid';
+        message := 'argv: must be a one-dimensional array of at least one element, indexed from 1';
+    ELSIF array_position(argv, NULL) IS NOT NULL THEN
+        constraint_name := 'runs_argv_valid';
+        message := format('argv: element %s is NULL (every element must be text)', array_position(argv, NULL));
+    ELSIF argv[1] NOT LIKE '/%' THEN
+        constraint_name := 'runs_argv_valid';
+        message := 'argv: the first element must be an absolute path (starting with /)';
+        hint := 'a bare program name would be looked up in systemd''s PATH; give its full path';
+    END IF;
+    IF message IS NOT NULL THEN
+        RETURN;
+    END IF;
+
+    problem := unitvisor.environment_problem(environment);
+    IF problem IS NOT NULL THEN
+        constraint_name := 'runs_environment_valid';
+        message := problem;
+    ELSIF working_directory NOT LIKE '/%' OR strpos(working_directory, E'\n') > 0 THEN
+        constraint_name := 'runs_working_directory_valid';
+        message := 'working_directory: must be an absolute path (starting with /) without a newline';
+    ELSIF run_user !~ '^[a-z_][a-z0-9_-]{0,31}$' THEN
+        constraint_name := 'runs_run_user_valid';
+        message := 'run_user: is not a user name (lower-case letters, digits, _ and -, not starting with a digit or -, 1 to 32 characters)';
+    END IF;
+    IF message IS NOT NULL THEN
+        RETURN;
+    END IF;
+
+    -- The numbers, echoed with their bounds: the upper ends are what the kernel and systemd accept. A
+    -- value outside a bound is a typo, and refusing it at insert time is kinder than a unit that fails
+    -- to start.
+    SELECT b.argument, b.value, b.low, b.high, b.unit, b.constraint_name INTO bound
+    FROM (VALUES (1, 'memory_max', memory_max, memory_min, memory_top, ' bytes', 'runs_memory_max_valid'),
+                 (2, 'memory_high', memory_high, memory_min, memory_top, ' bytes', 'runs_memory_high_valid'),
+                 (3, 'cpu_quota_percent', cpu_quota_percent::bigint, 1, 100000, ' percent of one CPU', 'runs_cpu_quota_valid'),
+                 (4, 'tasks_max', tasks_max, 1, 4194304, ' tasks', 'runs_tasks_max_valid'),
+                 (5, 'io_weight', io_weight, 1, 10000, '', 'runs_io_weight_valid'),
+                 (6, 'runtime_max_sec', runtime_max_sec, 1, 315360000, ' seconds', 'runs_runtime_max_valid'),
+                 (7, 'max_attempts', max_attempts, 1, 1000, '', 'runs_max_attempts_valid'),
+                 (8, 'retry_backoff_sec', retry_backoff_sec, 0, 86400, ' seconds', 'runs_backoff_valid'))
+         AS b(place, argument, value, low, high, unit, constraint_name)
+    WHERE b.value NOT BETWEEN b.low AND b.high
+    ORDER BY b.place LIMIT 1;
+    IF FOUND THEN
+        constraint_name := bound.constraint_name;
+        message := format('%s: %s is out of range (%s to %s%s)', bound.argument, bound.value, bound.low, bound.high,
+                          bound.unit);
+    -- memory_high: never above memory_max (systemd would take a MemoryHigh= above MemoryMax= and never
+    -- reach it: the run would be killed before it is throttled, which is not what its submitter asked for).
+    ELSIF memory_high > memory_max THEN
+        constraint_name := 'runs_memory_high_valid';
+        message := format('memory_high: %s is above memory_max (%s): a run is throttled at memory_high before it is killed at memory_max',
+                          memory_high, memory_max);
+    ELSIF retry_backoff_max_sec NOT BETWEEN retry_backoff_sec AND backoff_top THEN
+        constraint_name := 'runs_backoff_valid';
+        message := format('retry_backoff_max_sec: %s is out of range (retry_backoff_sec, here %s, to %s seconds)',
+                          retry_backoff_max_sec, retry_backoff_sec, backoff_top);
+    -- A NULL element is in no array (<@ compares with =), so it is refused too.
+    ELSIF NOT retry_on <@ retryable THEN
+        constraint_name := 'runs_retry_on_valid';
+        message := 'retry_on: may hold only ' || array_to_string(retryable[1:cardinality(retryable) - 1], ', ')
+                   || ' and ' || retryable[cardinality(retryable)];
+
+    ELSIF NOT unitvisor.labels_are_valid(labels) THEN
+        constraint_name := 'runs_labels_valid';
+        message := 'labels: must be a JSON object of at most 64 key -> string pairs; a key is 1 to 63 letters, digits, ".", "_", "-" and "/", starting and ending with a letter or digit; a value is at most 255 characters, without control characters';
+    -- The caller's own strings: bounded, one line.
+    ELSIF length(idempotency_key) NOT BETWEEN 1 AND 255 OR idempotency_key ~ '[[:cntrl:]]' THEN
+        constraint_name := 'runs_idempotency_key_valid';
+        message := 'idempotency_key: must be 1 to 255 characters without control characters (or NULL: none)';
+    ELSIF length(concurrency_key) NOT BETWEEN 1 AND 255 OR concurrency_key ~ '[[:cntrl:]]' THEN
+        constraint_name := 'runs_concurrency_key_valid';
+        message := 'concurrency_key: must be 1 to 255 characters without control characters (or NULL: none)';
+    -- 'infinity' is no time: a not_before of infinity would never start, a deadline of infinity is none.
+    ELSIF NOT isfinite(not_before) THEN
+        constraint_name := 'runs_not_before_valid';
+        message := 'not_before: must be a finite time (or NULL: as soon as possible)';
+    ELSIF NOT isfinite(start_deadline) THEN
+        constraint_name := 'runs_start_deadline_valid';
+        message := 'start_deadline: must be a finite time (or NULL: none)';
+    ELSIF start_deadline <= not_before THEN
+        constraint_name := 'runs_start_deadline_valid';
+        message := 'start_deadline: must be later than not_before (a run cannot have to start before it may)';
+    END IF;
+END $$;
+
+-- The eighteen constraints become one trigger that asks run_argument_problem, and raises what submit_run
+-- raises: a row written another way (an admin's UPDATE) is refused with the same clear error, naming the
+-- argument and its check, where a constraint's error would show the whole row. A trigger on the argument
+-- columns, not a CHECK constraint, as 002's runs_argv0_normalised is: a CHECK is evaluated on every
+-- update of every row (each claim, start and outcome changes runs), and a new one must be validated by
+-- a scan of the whole table; the trigger runs only when an argument is written, and the rows already
+-- there passed the eighteen constraints it replaces, which refused exactly what it refuses.
+CREATE FUNCTION unitvisor.refuse_invalid_arguments() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    problem record;
+BEGIN
+    problem := unitvisor.run_argument_problem(NEW.argv, NEW.environment, NEW.working_directory, NEW.run_user,
+        NEW.memory_max, NEW.memory_high, NEW.cpu_quota_percent, NEW.tasks_max, NEW.io_weight, NEW.runtime_max_sec,
+        NEW.max_attempts, NEW.retry_backoff_sec, NEW.retry_backoff_max_sec, NEW.retry_on, NEW.labels,
+        NEW.idempotency_key, NEW.concurrency_key, NEW.not_before, NEW.start_deadline);
+    IF problem.hint IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
+                  CONSTRAINT = problem.constraint_name, HINT = problem.hint;
+    ELSIF problem.message IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = problem.constraint_name;
+    END IF;
+    RETURN NEW;
+END $$;
 
 -- == tables =========================================================================================
 --
@@ -182,45 +350,10 @@ CREATE TABLE unitvisor.runs (
     -- systemd's MemoryHigh=: over it the kernel reclaims and throttles, never kills (memory_max does).
     memory_high         bigint,
 
+    -- Every argument of submit_run is checked by the trigger runs_arguments_valid (below): the bounds,
+    -- the forms and why each is refused are in run_argument_problem (above), and only there.
     CONSTRAINT runs_state_valid CHECK (state IN
-        ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired')),
-    -- argv[0] must be absolute: a bare name would be looked up in systemd's PATH, and the host
-    -- allowlist could not say which binary it allowed.
-    -- One dimension, indexed from 1: an array like '[2:3]={sh,-c}' has no argv[1] to check.
-    CONSTRAINT runs_argv_valid CHECK (
-        cardinality(argv) >= 1 AND array_ndims(argv) = 1 AND array_lower(argv, 1) = 1
-        AND array_position(argv, NULL) IS NULL AND argv[1] LIKE '/%'),
-    CONSTRAINT runs_environment_valid CHECK (unitvisor.environment_is_valid(environment)),
-    CONSTRAINT runs_working_directory_valid CHECK (
-        working_directory IS NULL OR (working_directory LIKE '/%' AND strpos(working_directory, E'\n') = 0)),
-    CONSTRAINT runs_run_user_valid CHECK (run_user IS NULL OR run_user ~ '^[a-z_][a-z0-9_-]{0,31}$'),
-    -- Bounds: below 1 MiB nothing starts at all, and the upper ends are what the kernel and
-    -- systemd accept. A value outside them is a typo, and refusing it at insert time is kinder
-    -- than a unit that fails to start.
-    CONSTRAINT runs_memory_max_valid CHECK (memory_max IS NULL OR memory_max BETWEEN 1048576 AND 4611686018427387904),
-    CONSTRAINT runs_cpu_quota_valid CHECK (cpu_quota_percent IS NULL OR cpu_quota_percent BETWEEN 1 AND 100000),
-    CONSTRAINT runs_tasks_max_valid CHECK (tasks_max IS NULL OR tasks_max BETWEEN 1 AND 4194304),
-    CONSTRAINT runs_io_weight_valid CHECK (io_weight IS NULL OR io_weight BETWEEN 1 AND 10000),
-    CONSTRAINT runs_runtime_max_valid CHECK (runtime_max_sec IS NULL OR runtime_max_sec BETWEEN 1 AND 315360000),
-    CONSTRAINT runs_max_attempts_valid CHECK (max_attempts BETWEEN 1 AND 1000),
-    CONSTRAINT runs_backoff_valid CHECK (
-        retry_backoff_sec BETWEEN 0 AND 86400 AND retry_backoff_max_sec BETWEEN retry_backoff_sec AND 604800),
-    CONSTRAINT runs_retry_on_valid CHECK (retry_on IS NULL OR retry_on <@ ARRAY[
-        'exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog', 'start-failed', 'lost']::text[]),
-    CONSTRAINT runs_labels_valid CHECK (unitvisor.labels_are_valid(labels)),
-    CONSTRAINT runs_idempotency_key_valid CHECK (
-        idempotency_key IS NULL OR (length(idempotency_key) BETWEEN 1 AND 255 AND idempotency_key !~ '[[:cntrl:]]')),
-    -- As idempotency_key: the caller's own string, bounded, one line.
-    CONSTRAINT runs_concurrency_key_valid CHECK (
-        concurrency_key IS NULL OR (length(concurrency_key) BETWEEN 1 AND 255 AND concurrency_key !~ '[[:cntrl:]]')),
-    -- 'infinity' is no time: a not_before of infinity would never start, a deadline of infinity is none.
-    CONSTRAINT runs_not_before_valid CHECK (not_before IS NULL OR isfinite(not_before)),
-    CONSTRAINT runs_start_deadline_valid CHECK (
-        start_deadline IS NULL OR (isfinite(start_deadline) AND (not_before IS NULL OR start_deadline > not_before))),
-    -- Bounds as memory_max's, and never above it: systemd would take a MemoryHigh= above MemoryMax= and
-    -- never reach it (the run would be killed before it is throttled).
-    CONSTRAINT runs_memory_high_valid CHECK (
-        memory_high BETWEEN 1048576 AND 4611686018427387904 AND (memory_max IS NULL OR memory_high <= memory_max))
+        ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired'))
 );
 
 CREATE INDEX runs_state_idx ON unitvisor.runs (state) WHERE state IN ('queued', 'starting', 'running');
@@ -478,11 +611,14 @@ $$;
 -- submit_run: the one way to create a run, for the CLI and for any control plane in any language.
 -- It inserts the run, its first spawn job and its first event, so calling it inside the caller's
 -- own transaction makes "the run exists" and "the run will be started" one atomic fact. Each
--- argument refused gets its own error, naming the argument and the table constraint it would
--- break (docs/sql-api.md); new arguments come last and defaulted, so that every call written for
--- an earlier schema, positional or named, keeps its meaning.
+-- argument refused gets its own error, naming the argument and its check (run_argument_problem,
+-- docs/sql-api.md); new arguments come last and defaulted, so that every call written for an
+-- earlier schema, positional or named, keeps its meaning.
 --
 --   SELECT unitvisor.submit_run(ARRAY['/usr/bin/env', 'echo', 'hi'], memory_max => 268435456);
+-- As 017's, with its checks replaced by one call of run_argument_problem, and a NULL where the column has
+-- none reported from the column's refusal. Replaced in place (same arguments and result): its grants
+-- stay, and every caller of 017's, positional or named, gets the same answers.
 CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
     environment           jsonb   DEFAULT '{}'::jsonb,
@@ -515,159 +651,25 @@ DECLARE
     new_id uuid;
     env jsonb := coalesce(submit_run.environment, '{}'::jsonb);
     run_labels jsonb := coalesce(submit_run.labels, '{}'::jsonb);
-    bad_name text;
+    problem record;
     refused_constraint text;
     refused_state text;
+    refused_column text;
 BEGIN
-    -- argv
-    IF submit_run.argv IS NULL THEN
-        RAISE EXCEPTION 'argv: must not be NULL (an array of text whose first element is an absolute path)'
-            USING ERRCODE = 'not_null_violation', SCHEMA = 'unitvisor', TABLE = 'runs', COLUMN = 'argv';
-    END IF;
-    IF cardinality(submit_run.argv) < 1 OR array_ndims(submit_run.argv) <> 1 OR array_lower(submit_run.argv, 1) <> 1 THEN
-        RAISE EXCEPTION 'argv: must be a one-dimensional array of at least one element, indexed from 1'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_argv_valid';
-    END IF;
-    IF array_position(submit_run.argv, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'argv: element % is NULL (every element must be text)', array_position(submit_run.argv, NULL)
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_argv_valid';
-    END IF;
-    IF submit_run.argv[1] NOT LIKE '/%' THEN
-        RAISE EXCEPTION 'argv: the first element must be an absolute path (starting with /)'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_argv_valid',
-                  HINT = 'a bare program name would be looked up in systemd''s PATH; give its full path';
-    END IF;
-
-    -- environment: names may be echoed only once they are valid names (an invalid one may be a
-    -- "NAME=secret" pasted as a name); values never.
-    IF jsonb_typeof(env) <> 'object' THEN
-        RAISE EXCEPTION 'environment: must be a JSON object of NAME -> string, not a JSON %', jsonb_typeof(env)
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_environment_valid';
-    END IF;
-    IF EXISTS (SELECT 1 FROM jsonb_object_keys(env) AS e(name) WHERE e.name !~ '^[A-Za-z_][A-Za-z0-9_]{0,127}$') THEN
-        RAISE EXCEPTION 'environment: % name(s) are not valid variable names (letters, digits and _, not starting with a digit, 1 to 128 characters)',
-            (SELECT count(*) FROM jsonb_object_keys(env) AS e(name) WHERE e.name !~ '^[A-Za-z_][A-Za-z0-9_]{0,127}$')
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_environment_valid';
-    END IF;
-    SELECT min(e.name) INTO bad_name FROM jsonb_each(env) AS e(name, value) WHERE jsonb_typeof(e.value) <> 'string';
-    IF bad_name IS NOT NULL THEN
-        RAISE EXCEPTION 'environment: the value of % is not a string (every value must be a JSON string)', bad_name
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_environment_valid';
-    END IF;
-    SELECT min(e.name) INTO bad_name FROM jsonb_each_text(env) AS e(name, value) WHERE strpos(e.value, E'\n') > 0;
-    IF bad_name IS NOT NULL THEN
-        RAISE EXCEPTION 'environment: the value of % contains a newline, which systemd and journald take for a record separator', bad_name
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_environment_valid';
-    END IF;
-
-    IF submit_run.working_directory IS NOT NULL
-            AND (submit_run.working_directory NOT LIKE '/%' OR strpos(submit_run.working_directory, E'\n') > 0) THEN
-        RAISE EXCEPTION 'working_directory: must be an absolute path (starting with /) without a newline'
+    -- Every argument's check, written once (run_argument_problem, which the table's trigger runs_arguments_valid
+    -- calls too): the first refused argument, in an error that names it and the constraint it breaks.
+    problem := unitvisor.run_argument_problem(submit_run.argv, env, submit_run.working_directory,
+        submit_run.run_user, submit_run.memory_max, submit_run.memory_high, submit_run.cpu_quota_percent,
+        submit_run.tasks_max, submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts,
+        submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec, submit_run.retry_on, run_labels,
+        submit_run.idempotency_key, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline);
+    IF problem.hint IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
-                  CONSTRAINT = 'runs_working_directory_valid';
-    END IF;
-    IF submit_run.run_user IS NOT NULL AND submit_run.run_user !~ '^[a-z_][a-z0-9_-]{0,31}$' THEN
-        RAISE EXCEPTION 'run_user: is not a user name (lower-case letters, digits, _ and -, not starting with a digit or -, 1 to 32 characters)'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_run_user_valid';
-    END IF;
-
-    -- the numbers: echoed, with their bounds
-    IF submit_run.memory_max NOT BETWEEN 1048576 AND 4611686018427387904 THEN
-        RAISE EXCEPTION 'memory_max: % is out of range (1048576 to 4611686018427387904 bytes)', submit_run.memory_max
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_memory_max_valid';
-    END IF;
-    -- memory_high: a quantity as memory_max is, and never above it (systemd would take a MemoryHigh=
-    -- above MemoryMax= and never reach it: the run would be killed before it is throttled, which is not
-    -- what its submitter asked for).
-    IF submit_run.memory_high NOT BETWEEN 1048576 AND 4611686018427387904 THEN
-        RAISE EXCEPTION 'memory_high: % is out of range (1048576 to 4611686018427387904 bytes)', submit_run.memory_high
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_memory_high_valid';
-    END IF;
-    IF submit_run.memory_high > submit_run.memory_max THEN
-        RAISE EXCEPTION 'memory_high: % is above memory_max (%): a run is throttled at memory_high before it is killed at memory_max',
-            submit_run.memory_high, submit_run.memory_max
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_memory_high_valid';
-    END IF;
-    IF submit_run.cpu_quota_percent NOT BETWEEN 1 AND 100000 THEN
-        RAISE EXCEPTION 'cpu_quota_percent: % is out of range (1 to 100000 percent of one CPU)', submit_run.cpu_quota_percent
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_cpu_quota_valid';
-    END IF;
-    IF submit_run.tasks_max NOT BETWEEN 1 AND 4194304 THEN
-        RAISE EXCEPTION 'tasks_max: % is out of range (1 to 4194304 tasks)', submit_run.tasks_max
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_tasks_max_valid';
-    END IF;
-    IF submit_run.io_weight NOT BETWEEN 1 AND 10000 THEN
-        RAISE EXCEPTION 'io_weight: % is out of range (1 to 10000)', submit_run.io_weight
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_io_weight_valid';
-    END IF;
-    IF submit_run.runtime_max_sec NOT BETWEEN 1 AND 315360000 THEN
-        RAISE EXCEPTION 'runtime_max_sec: % is out of range (1 to 315360000 seconds)', submit_run.runtime_max_sec
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_runtime_max_valid';
-    END IF;
-    -- Arguments whose columns are NOT NULL: an explicit NULL is refused as the column refused it.
-    IF submit_run.max_attempts IS NULL THEN
-        RAISE EXCEPTION 'max_attempts: must not be NULL (1 to 1000; the default is 1)'
-            USING ERRCODE = 'not_null_violation', SCHEMA = 'unitvisor', TABLE = 'runs', COLUMN = 'max_attempts';
-    END IF;
-    IF submit_run.max_attempts NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'max_attempts: % is out of range (1 to 1000)', submit_run.max_attempts
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_max_attempts_valid';
-    END IF;
-    IF submit_run.priority IS NULL THEN
-        RAISE EXCEPTION 'priority: must not be NULL (any integer; the default is 0)'
-            USING ERRCODE = 'not_null_violation', SCHEMA = 'unitvisor', TABLE = 'runs', COLUMN = 'priority';
-    END IF;
-    IF submit_run.retry_backoff_sec IS NULL OR submit_run.retry_backoff_max_sec IS NULL THEN
-        RAISE EXCEPTION '%: must not be NULL (the defaults are 10 and 600 seconds)',
-            CASE WHEN submit_run.retry_backoff_sec IS NULL THEN 'retry_backoff_sec' ELSE 'retry_backoff_max_sec' END
-            USING ERRCODE = 'not_null_violation', SCHEMA = 'unitvisor', TABLE = 'runs';
-    END IF;
-    IF submit_run.retry_backoff_sec NOT BETWEEN 0 AND 86400 THEN
-        RAISE EXCEPTION 'retry_backoff_sec: % is out of range (0 to 86400 seconds)', submit_run.retry_backoff_sec
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_backoff_valid';
-    END IF;
-    IF submit_run.retry_backoff_max_sec NOT BETWEEN submit_run.retry_backoff_sec AND 604800 THEN
-        RAISE EXCEPTION 'retry_backoff_max_sec: % is out of range (retry_backoff_sec, here %, to 604800 seconds)',
-            submit_run.retry_backoff_max_sec, submit_run.retry_backoff_sec
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_backoff_valid';
-    END IF;
-    IF NOT submit_run.retry_on <@ ARRAY['exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog',
-                                         'start-failed', 'lost']::text[]
-            OR array_position(submit_run.retry_on, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'retry_on: may hold only exit-code, signal, core-dump, timeout, oom-kill, watchdog, start-failed and lost'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_retry_on_valid';
-    END IF;
-
-    IF NOT unitvisor.labels_are_valid(run_labels) THEN
-        RAISE EXCEPTION 'labels: must be a JSON object of at most 64 key -> string pairs; a key is 1 to 63 letters, digits, ".", "_", "-" and "/", starting and ending with a letter or digit; a value is at most 255 characters, without control characters'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_labels_valid';
-    END IF;
-    IF submit_run.idempotency_key IS NOT NULL AND (length(submit_run.idempotency_key) NOT BETWEEN 1 AND 255
-                                                   OR submit_run.idempotency_key ~ '[[:cntrl:]]') THEN
-        RAISE EXCEPTION 'idempotency_key: must be 1 to 255 characters without control characters (or NULL: none)'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
-                  CONSTRAINT = 'runs_idempotency_key_valid';
-    END IF;
-
-    IF submit_run.concurrency_key IS NOT NULL AND (length(submit_run.concurrency_key) NOT BETWEEN 1 AND 255
-                                                   OR submit_run.concurrency_key ~ '[[:cntrl:]]') THEN
-        RAISE EXCEPTION 'concurrency_key: must be 1 to 255 characters without control characters (or NULL: none)'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
-                  CONSTRAINT = 'runs_concurrency_key_valid';
-    END IF;
-    IF NOT isfinite(submit_run.not_before) THEN
-        RAISE EXCEPTION 'not_before: must be a finite time (or NULL: as soon as possible)'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_not_before_valid';
-    END IF;
-    IF NOT isfinite(submit_run.start_deadline) THEN
-        RAISE EXCEPTION 'start_deadline: must be a finite time (or NULL: none)'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
-                  CONSTRAINT = 'runs_start_deadline_valid';
-    END IF;
-    IF submit_run.start_deadline <= submit_run.not_before THEN
-        RAISE EXCEPTION 'start_deadline: must be later than not_before (a run cannot have to start before it may)'
-            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
-                  CONSTRAINT = 'runs_start_deadline_valid';
+                  CONSTRAINT = problem.constraint_name, HINT = problem.hint;
+    ELSIF problem.message IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = problem.constraint_name;
     END IF;
 
     -- Sizes, once every argument has its form (so that a name it echoes is a valid name): one helper
@@ -719,14 +721,20 @@ BEGIN
         VALUES (new_id, submit_run.priority, greatest(now(), submit_run.not_before));
         INSERT INTO unitvisor.run_events (run_id, state, reason) VALUES (new_id, 'queued', 'submitted');
     EXCEPTION WHEN integrity_constraint_violation THEN
-        GET STACKED DIAGNOSTICS refused_constraint = CONSTRAINT_NAME, refused_state = RETURNED_SQLSTATE;
+        GET STACKED DIAGNOSTICS refused_constraint = CONSTRAINT_NAME, refused_state = RETURNED_SQLSTATE,
+                                refused_column = COLUMN_NAME;
+        -- An explicit NULL for an argument whose column has none (max_attempts, priority, the backoffs, argv):
+        -- the column's NOT NULL refused it; the argument is named, as every other refusal names its own.
+        IF refused_state = '23502' AND refused_column <> '' THEN
+            RAISE EXCEPTION '%: must not be NULL (leave it out for its default)', refused_column
+                USING ERRCODE = 'not_null_violation', SCHEMA = 'unitvisor', TABLE = 'runs', COLUMN = refused_column;
+        END IF;
         RAISE EXCEPTION 'the run was refused by constraint %', coalesce(nullif(refused_constraint, ''), '(unnamed)')
             USING ERRCODE = refused_state, CONSTRAINT = coalesce(refused_constraint, '');
     END;
     RETURN new_id;
 END $$;
 
---
 -- A 1 MB environment value was accepted and the run then failed at exec (203/EXEC: E2BIG); a
 -- 100,000-character host_pin was accepted. The bounds, each from the limit it protects, all here:
 --
@@ -2092,7 +2100,6 @@ BEGIN
     RETURN NULL;
 END $$;
 
---
 -- Whenever a run reaches succeeded, failed or cancelled (by any path: an outcome, a cancel of a
 -- queued run, an admin's UPDATE), one notification on the documented channel unitvisor_run_finished
 -- with the payload {"run_id": "<uuid>", "state": "<terminal state>"}. NOTIFY is delivered at commit,
@@ -2107,6 +2114,15 @@ BEGIN
                       json_build_object('run_id', NEW.id, 'state', NEW.state)::text);
     RETURN NULL;
 END $$;
+
+-- Every argument written to runs, checked as submit_run checks it (refuse_invalid_arguments says why a
+-- trigger, not a CHECK).
+CREATE TRIGGER runs_arguments_valid
+    BEFORE INSERT OR UPDATE OF argv, environment, working_directory, run_user, memory_max, memory_high,
+        cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, retry_backoff_sec,
+        retry_backoff_max_sec, retry_on, labels, idempotency_key, concurrency_key, not_before, start_deadline
+    ON unitvisor.runs
+    FOR EACH ROW EXECUTE FUNCTION unitvisor.refuse_invalid_arguments();
 
 -- A normalised argv[0] at submit time (refuse_unnormalised_argv0 says why a trigger, not a CHECK).
 CREATE TRIGGER runs_argv0_normalised BEFORE INSERT OR UPDATE OF argv ON unitvisor.runs
@@ -2242,4 +2258,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('014_host_reads'),
     ('015_run_privilege'),
     ('017_accounting'),
-    ('018_admission_pressure');
+    ('018_admission_pressure'),
+    ('022_argument_checks');
