@@ -18,9 +18,10 @@
 -- constraints refused (run_argument_problem is written from their expressions). Nothing is scanned:
 -- dropping a constraint and creating a trigger hold runs' lock for a moment only.
 
--- submit_run is replaced whole below, from the text 017 gave it. A migration merged between 017 and this
--- one that changed submit_run would be undone without a word: refuse instead, so that its change is
--- folded into this file's submit_run first.
+-- submit_run is replaced whole below, from the text 017 gave it, and the constraints of runs dropped
+-- below are those 018 left. A migration merged between 018 and this one that changed either would be
+-- undone without a word: refuse instead, so that its change is folded into this file first (then
+-- update the two digests here: md5 of submit_run's prosrc, and of runs' CHECK constraints as below).
 DO $$
 BEGIN
     IF (SELECT md5(p.prosrc) FROM pg_catalog.pg_proc p WHERE p.oid = to_regprocedure(
@@ -29,6 +30,12 @@ BEGIN
             IS DISTINCT FROM 'a34ba2a134c53b3cfbe35018cf719f88' THEN
         RAISE EXCEPTION 'migration 022_argument_checks: unitvisor.submit_run is not as 017_accounting left it'
             USING HINT = 'a migration before 022 changed submit_run: fold its change into 022''s submit_run';
+    END IF;
+    IF (SELECT md5(string_agg(c.conname || ' ' || pg_catalog.pg_get_constraintdef(c.oid), E'\n' ORDER BY c.conname))
+        FROM pg_catalog.pg_constraint c WHERE c.conrelid = 'unitvisor.runs'::regclass AND c.contype = 'c')
+            IS DISTINCT FROM '9e0822d8b07e5fbfca48b61743f1662d' THEN
+        RAISE EXCEPTION 'migration 022_argument_checks: the CHECK constraints of unitvisor.runs are not as 018 left them'
+            USING HINT = 'a migration before 022 changed one: fold its change into run_argument_problem';
     END IF;
 END $$;
 
