@@ -378,7 +378,7 @@ def _validate_constraints(conn: Connection) -> None:
 # then applied as on any database. Why:
 # - the file a reader opens is the file that made the database: what they read is what runs;
 # - one transaction of final definitions, where the history creates, drops and re-creates functions in
-#   17 transactions (and validates constraints after each): a new host's first `migrate` is quicker;
+#   a transaction per migration (and validates constraints after each): a new database's `migrate` is quicker;
 # - the history is not left untested by it: every upgrade applies migrations, and
 #   tests/integration/test_schema_file.py builds a database by every migration and one from schema.sql
 #   and fails, saying what differs, unless their catalogs are the same.
