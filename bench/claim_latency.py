@@ -44,8 +44,8 @@ from tests.harness.postgres import Postgres
 FMT = unitspec.UNIT_NAME_FORMAT
 BATCH = 32  # the packaged claim_batch
 MAX_RUNS = 64  # the packaged max_runs
-# The schemas compared with the current one: before sql/009_claim_cost.sql and sql/010_wake_targets.sql,
-# and before sql/011_commit_wake_cost.sql.
+# The schemas compared with the current one: before sql/migrations/009_claim_cost.sql and
+# sql/migrations/010_wake_targets.sql, and before sql/migrations/011_commit_wake_cost.sql.
 BASELINES = (8, 10)
 
 
@@ -97,7 +97,7 @@ def fleet_database(pg: Postgres, name: str, upto: int | None, hosts: int, open_p
     with schema_dir(upto) as where:
         store.migrate(conn, where)
     if upto is not None:
-        # The current store registers a host's environment allowlist with sql/015's function, which an
+        # The current store registers a host's environment allowlist with sql/migrations/015's function, which an
         # older schema lacks: there, the denylist as the older daemons registered it (the runs here set
         # no environment, so the claims compared do not depend on it).
         conn.execute("""CREATE FUNCTION unitvisor.register_host_allowlist(h text, e bigint, denied text[],

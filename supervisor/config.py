@@ -197,7 +197,7 @@ class MetricsSettings:
 
 
 # [retention] bounds. The least age is the database's floor for a host's pruning
-# (unitvisor.prune_history_min_age() in sql/008_retention.sql): a lower value would be refused there at
+# (unitvisor.prune_history_min_age() in sql/migrations/008_retention.sql): a lower value would be refused there at
 # every pass, so it is refused here, at start-up. A batch is one transaction of the daemon's session,
 # which must end well inside its statement_timeout (store.SESSION_SETTINGS) on a loaded database.
 RETENTION_MIN_KEEP = 3600.0
@@ -351,7 +351,7 @@ def _section(cls: type, name: str, table: Any) -> Any:
     return cls(**values)
 
 
-# A run's host_pin holds at most this (unitvisor.check_run_sizes, sql/015): a longer id could not be pinned.
+# A run's host_pin holds at most this (unitvisor.check_run_sizes, sql/migrations/015): a longer id could not be pinned.
 HOST_ID_MAX = 255
 
 

@@ -307,7 +307,7 @@ class Daemon:
             taking.count_taken()
         self.fence = store.Fence(self.host_id, registration.epoch)
         self.host_state = registration.state
-        # A new registration voids the host row's pressure report (sql/018): said again at once.
+        # A new registration voids the host row's pressure report (sql/migrations/018): said again at once.
         self.reported, self.timers.pressure = None, 0.0
         self._renewed(sent, sent_boot)
         self.connected_since = time.monotonic()
@@ -587,7 +587,7 @@ class Daemon:
 
     def _heard(self, channel: str, payload: str) -> None:
         """Note a notification for the loop, unless it is a spawn hint this host should not act on: one
-        that names other hosts (sql/010_wake_targets.sql), or one that comes while the host is draining
+        that names other hosts (sql/migrations/010_wake_targets.sql), or one that comes while the host is draining
         or has every slot taken, when its claim could take nothing. Ignoring a hint is safe: the probe
         of every poll interval, and the claim after each run that ends, find what it was about."""
         if channel == store.SPAWN_CHANNEL:

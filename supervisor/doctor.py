@@ -180,7 +180,7 @@ def host_id_check(host_id: str, row: dict | None, instance: str) -> Check:
     if "conflict" in state:
         return Check("host id", "fail", f"{host_id}: {row['conflict_detail']} {row['conflict_age']:.0f}s ago; give "
                      "each host its own [host] id (or machine id: systemd-machine-id-setup)")
-    # The rule register_host applies (sql/013_fleet_promises.sql): another instance holds the id while it
+    # The rule register_host applies (sql/migrations/013_fleet_promises.sql): another instance holds the id while it
     # is heard from within its own host_dead_after and is active or draining, or has attempts open.
     dead_after = row.get("dead_after_sec") or 60.0
     if row["instance"] not in (None, instance) and row["heartbeat_age"] < dead_after:

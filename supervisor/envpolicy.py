@@ -15,7 +15,7 @@ interpreter documents it reads at start.
 
 This is the one place the rule lives: the unit spec refuses by it (unitspec.py), and each host
 registers its allowlist (exact names, pattern regexes) and DENIED's regexes (fleet.host_profile),
-which the claim in the database matches (unitvisor.refused_environment_name, sql/015), so a host
+which the claim in the database matches (unitvisor.refused_environment_name, sql/migrations/015), so a host
 never claims a run it would refuse.
 """
 

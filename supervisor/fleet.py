@@ -1,7 +1,7 @@
 """The fleet's own decisions: who this host is, what it tells the database it may run, what a run of a
 dead host ends with, and how the hosts' states read to an operator. Pure: no I/O, no clock.
 
-The database decides the rest from what hosts register (sql/002_fleet.sql): which host may claim
+The database decides the rest from what hosts register (sql/migrations/002_fleet.sql): which host may claim
 which run (host_refusal), when a host is dead (declare_dead_hosts) and whose writes still count
 (check_fence). The reconciler is the one place that acts on a dead host's runs; the daemon registers.
 docs/fleet.md says what the fleet promises, and why each timeout is what it is.

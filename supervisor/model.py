@@ -64,8 +64,8 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Accounting:
-    """What systemd and the kernel measured of one attempt's unit (sql/007_outcome_record.sql,
-    sql/017_accounting.sql); None: not measured (this systemd, kernel or cgroup layout has no such
+    """What systemd and the kernel measured of one attempt's unit (sql/migrations/007_outcome_record.sql,
+    sql/migrations/017_accounting.sql); None: not measured (this systemd, kernel or cgroup layout has no such
     figure, or the outcome was recorded without the unit)."""
 
     cpu_usage_nsec: int | None = None
@@ -88,7 +88,7 @@ class OutcomeRecord:
 
 @dataclass(frozen=True)
 class RunStatus:
-    """A run's status as unitvisor.run_status reports it to any control plane (sql/005_sql_api.sql):
+    """A run's status as unitvisor.run_status reports it to any control plane (sql/migrations/005_sql_api.sql):
     the run's state and its latest attempt's, if any."""
     id: uuid.UUID
     state: str

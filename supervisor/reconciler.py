@@ -216,7 +216,7 @@ def _started_at(decision: Decision) -> datetime | None:
 
 
 def _holder(owner: store.UnitOwner) -> str:
-    # No host id: the run is pinned to a host whose runs this one may not read (sql/014_host_reads.sql).
+    # No host id: the run is pinned to a host whose runs this one may not read (sql/migrations/014_host_reads.sql).
     return f"host {owner.host_id}" if owner.host_id is not None else "another host"
 
 
@@ -849,7 +849,7 @@ class Reconciler:
 
     def expire_overdue(self) -> int:
         """End as `expired` the queued runs past their start deadline that never started
-        (unitvisor.expire_runs): the one place that does, claims do not (sql/012_expiry_owner.sql), so
+        (unitvisor.expire_runs): the one place that does, claims do not (sql/migrations/012_expiry_owner.sql), so
         that the fleet's counters have every expiry."""
         expired = store.expire_runs(self.conn, self.fence)  # autocommit: committed on return
         if expired:

@@ -27,24 +27,39 @@ from psycopg.types.json import Jsonb
 from supervisor.model import Accounting, Attempt, OutcomeRecord, Pruned, Run, RunStatus
 from supervisor.outcomes import Outcome
 
-# Where the numbered migrations are, first found wins: inside the package in an installed wheel
-# (pyproject.toml maps the top-level sql/ to supervisor/sql), beside the package in a checkout and in
-# the Debian package (/usr/share/unitvisor/sql, with the package in /usr/share/unitvisor/supervisor).
+# Where the SQL is, first found wins: inside the package in an installed wheel (pyproject.toml maps the
+# top-level sql/ to supervisor/sql), beside the package in a checkout and in the Debian package
+# (/usr/share/unitvisor/sql, with the package in /usr/share/unitvisor/supervisor).
+#
+# The layout inside it, the one rule the loader knows:
+#   sql/schema.sql             the whole current schema, the file a reader opens (and what `migrate`
+#                              applies to an empty database, see migrate());
+#   sql/migrations/NNN_*.sql   the history: every file there is a migration, applied in the order of
+#                              its name (three or more digits, then lower-case words), each once.
+# Nothing else in sql/ is read; a migration left at the top level of sql/ is an error (stray_migrations),
+# so that one merged from an older branch cannot be skipped silently.
 SQL_DIRS = (Path(__file__).resolve().parent / "sql", Path(__file__).resolve().parent.parent / "sql")
+MIGRATIONS_SUBDIR = "migrations"
+SCHEMA_FILE_NAME = "schema.sql"
 
 
 def find_sql_dir(candidates: tuple[Path, ...] = SQL_DIRS) -> Path | None:
-    """The first of the candidates that holds a .sql file, or None."""
-    return next((d for d in candidates if d.is_dir() and any(d.glob("*.sql"))), None)
+    """The first of the candidates whose migrations/ holds a .sql file, or None."""
+    return next((d for d in candidates if any((d / MIGRATIONS_SUBDIR).glob("*.sql"))), None)
 
 
-# Tests name files in it; None when this installation has no migrations (an error at migrate time).
-SQL_DIR = find_sql_dir()
+# Tests name files in them; None when this installation has no migrations (an error at migrate time).
+SQL_ROOT = find_sql_dir()
+MIGRATIONS_DIR = SQL_ROOT / MIGRATIONS_SUBDIR if SQL_ROOT is not None else None
+SCHEMA_FILE = SQL_ROOT / SCHEMA_FILE_NAME if SQL_ROOT is not None else None
+# The directory of the migrations under the name it had when they lay in sql/ itself: tests written
+# before the move (store.SQL_DIR / "001_schema.sql") keep finding them.
+SQL_DIR = MIGRATIONS_DIR
 _MIGRATION_RE = re.compile(r"^(\d{3,})_[a-z0-9_]+\.sql\Z")
 # pg_advisory_lock key for migrations: the bytes of "unitvisr" as a bigint, so that two hosts that
 # migrate at once run one after the other.
 MIGRATION_LOCK_KEY = int.from_bytes(b"unitvisr", "big") & 0x7FFF_FFFF_FFFF_FFFF
-# The migration that creates the three roles (sql/004_roles.sql): those after it run as the admin.
+# The migration that creates the three roles (sql/migrations/004_roles.sql): those after it run as the admin.
 ROLES_MIGRATION = 4
 ADMIN_ROLE = "unitvisor_admin"
 SUBMITTER_ROLE = "unitvisor_submitter"
@@ -54,7 +69,7 @@ CANCEL_CHANNEL = "unitvisor_cancel"
 
 
 def spawn_hint_targets(payload: str) -> frozenset[str] | None:
-    """The hosts a notification on SPAWN_CHANNEL asks to claim (sql/010_wake_targets.sql:
+    """The hosts a notification on SPAWN_CHANNEL asks to claim (sql/migrations/010_wake_targets.sql:
     {"hosts": [...]}), or None for every host: the empty payload (as before 010), and one this release
     cannot read, which costs a claim that finds nothing at worst, where ignoring it could leave a run to
     the next poll."""
@@ -167,7 +182,7 @@ def set_idle_session_timeout(conn: Connection, seconds: float) -> None:
 
 # -- migrations ---------------------------------------------------------------------------------
 #
-# The rule for every migration in sql/ (a rolling upgrade runs old and new daemons side by side on
+# The rule for every migration in sql/migrations/ (a rolling upgrade runs old and new daemons side by side on
 # one schema, host by host; README "Upgrades"):
 #
 # 1. Expand, then contract. A migration only adds: tables, columns with defaults (or nullable),
@@ -187,11 +202,17 @@ def set_idle_session_timeout(conn: Connection, seconds: float) -> None:
 #    Upgrade section gives the CREATE INDEX CONCURRENTLY an operator runs first on a big database.
 
 
-def migration_files(sql_dir: Path | None = None) -> list[tuple[str, Path]]:
-    """The migrations in order, from sql_dir or else the first of SQL_DIRS that has any. None found
-    is an error: an installation without its migrations must never report the schema as current."""
-    where = (sql_dir,) if sql_dir is not None else SQL_DIRS
-    found = find_sql_dir(where)
+def migration_files(migrations_dir: Path | None = None) -> list[tuple[str, Path]]:
+    """The migrations in order, from migrations_dir or else the migrations/ of the first of SQL_DIRS
+    that has any. None found is an error: an installation without its migrations must never report
+    the schema as current."""
+    if migrations_dir is not None:
+        found: Path | None = migrations_dir if any(migrations_dir.glob("*.sql")) else None
+        where: tuple[Path, ...] = (migrations_dir,)
+    else:
+        root = find_sql_dir(SQL_DIRS)
+        found = root / MIGRATIONS_SUBDIR if root is not None else None
+        where = tuple(d / MIGRATIONS_SUBDIR for d in SQL_DIRS)
     if found is None:
         raise DatabaseError(f"no migration files (NNN_name.sql) in {' or '.join(map(str, where))}: "
                             "this installation of unitvisor is incomplete")
@@ -202,6 +223,12 @@ def migration_files(sql_dir: Path | None = None) -> list[tuple[str, Path]]:
             raise DatabaseError(f"{path}: migration files are named NNN_name.sql")
         files.append((path.stem, path))
     return files
+
+
+def stray_migrations(sql_root: Path) -> list[Path]:
+    """Migration files at the top level of sql/ instead of in sql/migrations/: one written on a branch
+    from before the move. The loader never reads them; the unit tests refuse them."""
+    return sorted(p for p in sql_root.glob("*.sql") if _MIGRATION_RE.match(p.name))
 
 
 def _migration_number(version: str) -> int:
@@ -215,8 +242,8 @@ def applied_migrations(conn: Connection) -> set[str]:
     return {row[0] for row in conn.execute("SELECT version FROM unitvisor.schema_migrations")}
 
 
-def pending_migrations(conn: Connection, sql_dir: Path | None = None) -> list[str]:
-    files = migration_files(sql_dir)  # first: none found is an error, whatever the database holds
+def pending_migrations(conn: Connection, migrations_dir: Path | None = None) -> list[str]:
+    files = migration_files(migrations_dir)  # first: none found is an error, whatever the database holds
     done = applied_migrations(conn)
     return [version for version, _ in files if version not in done]
 
@@ -301,7 +328,7 @@ def _apply_migration(conn: Connection, version: str, path: Path) -> None:
     with conn.transaction():
         if _migration_number(version) > ROLES_MIGRATION:
             # What a later migration creates must be the admin's, not the login role's that
-            # happens to migrate (sql/004_roles.sql); SET LOCAL ends with the transaction.
+            # happens to migrate (sql/migrations/004_roles.sql); SET LOCAL ends with the transaction.
             conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(ADMIN_ROLE)))
         conn.execute(path.read_text())
         conn.execute("INSERT INTO unitvisor.schema_migrations (version) VALUES (%s)", (version,))
@@ -345,11 +372,61 @@ def _validate_constraints(conn: Connection) -> None:
                 "run `unitvisor migrate` again to validate it") from None
 
 
-def migrate(conn: Connection, sql_dir: Path | None = None,
-            on_wait: Callable[[str], None] | None = None) -> list[str]:
-    """Apply the missing migrations in order, each in its own transaction, then validate what each added
-    NOT VALID. Returns what it applied. Waits for a migrate of another session (on_wait is told why)."""
-    files = migration_files(sql_dir)
+# A new database is made from sql/schema.sql, not by replaying the history (decided for issue 24, as
+# procrastinate does): `migrate` on a database that has no migration recorded applies schema.sql in one
+# transaction, which records the migrations it holds (its last statement); those after them, if any, are
+# then applied as on any database. Why:
+# - the file a reader opens is the file that made the database: what they read is what runs;
+# - one transaction of final definitions, where the history creates, drops and re-creates functions in
+#   a transaction per migration (and validates constraints after each): a new database's `migrate` is quicker;
+# - the history is not left untested by it: every upgrade applies migrations, and
+#   tests/integration/test_schema_file.py builds a database by every migration and one from schema.sql
+#   and fails, saying what differs, unless their catalogs are the same.
+# What would break: a schema.sql that lags its migrations makes new databases differ from upgraded
+# ones (that test catches it before a release), and one that records a migration it does not hold
+# would skip it (it records its list in the same file, beside the change, and the same test checks both).
+# The history alone still makes a database: migrate(..., from_schema=False), or a migrations directory
+# with no schema.sql beside it.
+
+
+def schema_file_beside(migrations_dir: Path) -> Path | None:
+    """sql/schema.sql for sql/migrations/: the directory's sibling, when the directory is named
+    migrations/ and the file exists; None for any other directory (a test's partial history)."""
+    candidate = migrations_dir.parent / SCHEMA_FILE_NAME
+    return candidate if migrations_dir.name == MIGRATIONS_SUBDIR and candidate.is_file() else None
+
+
+def _apply_schema_file(conn: Connection, schema_file: Path, versions: list[str]) -> list[str]:
+    """Apply schema.sql in one transaction; the migrations it records as held, in order. Refused (and
+    rolled back) when it records one that is not among `versions`: an installation whose schema.sql is
+    newer than its migrations is broken, and must not mark a migration applied that the next release
+    would then skip."""
+    recorded: list[str] = []
+
+    def work() -> None:
+        with conn.transaction():
+            # schema.sql creates the roles, then SET LOCAL ROLE unitvisor_admin itself, as 004 does.
+            conn.execute(schema_file.read_text())
+            recorded[:] = [row[0] for row in conn.execute(
+                "SELECT version FROM unitvisor.schema_migrations ORDER BY version")]
+            unknown = sorted(set(recorded) - set(versions))
+            if unknown:
+                raise DatabaseError(f"{schema_file} records migration(s) {', '.join(unknown)}, which are not "
+                                    f"among the migrations beside it: this installation of unitvisor is incomplete")
+
+    _retrying_lock_timeouts(f"the schema in {schema_file}", work)
+    return recorded
+
+
+def migrate(conn: Connection, migrations_dir: Path | None = None,
+            on_wait: Callable[[str], None] | None = None, from_schema: bool = True) -> list[str]:
+    """Bring the database up to the last migration, and return what that applied: on a database with no
+    migration recorded, schema.sql beside the migrations (when there is one and from_schema) and the
+    migrations after those it holds; on any other, the missing migrations in order, each in its own
+    transaction, then validate what each added NOT VALID. Waits for a migrate of another session (on_wait
+    is told why)."""
+    files = migration_files(migrations_dir)
+    schema_file = schema_file_beside(files[0][1].parent) if from_schema else None
     with _session_settings(conn, MIGRATION_SESSION_SETTINGS), _migration_lock(conn, on_wait):
         with conn.transaction():
             conn.execute("CREATE SCHEMA IF NOT EXISTS unitvisor")
@@ -359,6 +436,9 @@ def migrate(conn: Connection, sql_dir: Path | None = None,
         _validate_constraints(conn)  # those an interrupted migrate left
         done = applied_migrations(conn)
         applied = []
+        if not done and schema_file is not None:
+            applied = _apply_schema_file(conn, schema_file, [version for version, _ in files])
+            done = set(applied)
         for version, path in files:
             if version in done:
                 continue
@@ -374,8 +454,8 @@ def migrate(conn: Connection, sql_dir: Path | None = None,
 # a control plane must not break a daemon that does not know it.
 _RUN_FIELDS = [f.name for f in fields(Run)]
 _ATTEMPT_FIELDS = [f.name for f in fields(Attempt)]
-# wait_reason is not a column of runs (0.1.0's SELECT * would break on it: sql/002_fleet.sql); the
-# function that run_status reads it with too (sql/006_lifecycle.sql), so that the two agree.
+# wait_reason is not a column of runs (0.1.0's SELECT * would break on it: sql/migrations/002_fleet.sql); the
+# function that run_status reads it with too (sql/migrations/006_lifecycle.sql), so that the two agree.
 _RUN_COLUMN_SQL = {"wait_reason": "unitvisor.wait_reason(r) AS wait_reason"}
 _RUN_COLUMNS = ", ".join(_RUN_COLUMN_SQL.get(name, f"r.{name}") for name in _RUN_FIELDS)
 _ATTEMPT_COLUMNS = ", ".join(f"a.{name}" for name in _ATTEMPT_FIELDS)
@@ -407,13 +487,13 @@ def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
         return conn.execute(call, params).fetchone()[0]
     except psycopg.errors.CheckViolation as exc:
         # submit_run's message names the argument and what is allowed, and holds no value of the
-        # environment (sql/005_sql_api.sql); the constraint's name is what a script may match on.
+        # environment (sql/migrations/005_sql_api.sql); the constraint's name is what a script may match on.
         message = exc.diag.message_primary or ""
         constraint = exc.diag.constraint_name
         raise DatabaseError(f"the database refused the run: {message} ({constraint})" if message and constraint
                             else f"the database refused the run: {constraint or message}") from None
     except psycopg.errors.InvalidParameterValue as exc:
-        # An argument over its size bound (unitvisor.check_run_sizes, sql/015): the primary message names
+        # An argument over its size bound (unitvisor.check_run_sizes, sql/migrations/015): the primary message names
         # it, its size and the limit; the rest (PL/pgSQL's CONTEXT) says nothing to an operator.
         raise DatabaseError(f"the database refused the run: {exc.diag.message_primary or one_line(exc)}") from None
     except psycopg.DataError as exc:
@@ -425,7 +505,7 @@ def get_run(conn: Connection, run_id: uuid.UUID) -> Run | None:
         return cur.execute(f"SELECT {_RUN_COLUMNS} FROM unitvisor.runs r WHERE r.id = %s", (run_id,)).fetchone()
 
 
-# In the order unitvisor.run_status returns them (sql/005_sql_api.sql), named, never `*`.
+# In the order unitvisor.run_status returns them (sql/migrations/005_sql_api.sql), named, never `*`.
 _RUN_STATUS_COLUMNS = ", ".join(f.name for f in fields(RunStatus))
 
 
@@ -672,7 +752,7 @@ def set_pressure(conn: Connection, fence: Fence, state: str, resource: str | Non
                  detail: str) -> None:
     """Report this host's admission by pressure (supervisor/pressure.py) in its row: `hosts` shows it,
     and while it is `stopped` the database's claim and a waiting run's reason treat the host as one
-    that refuses every run (unitvisor.host_refusal, sql/018_admission_pressure.sql)."""
+    that refuses every run (unitvisor.host_refusal, sql/migrations/018_admission_pressure.sql)."""
     with _fencing():
         conn.execute("SELECT unitvisor.set_host_pressure(%s, %s, %s, %s, %s, %s)",
                      (fence.host_id, fence.epoch, state, resource, Jsonb(figures), detail))
@@ -814,7 +894,7 @@ def open_attempts(conn: Connection, host_id: str, unit_names: Sequence[str] | No
     """A host's attempts without an outcome, with their runs: all of them, those of the named units,
     or those whose run an operator asked to cancel. One statement, so one snapshot of both rows: it
     runs for every batch of unit changes, on every run's path (docs/benchmarks.md, Statements per run).
-    Every such run is one a host may read (the policy on runs, sql/004_roles.sql): its own attempt's,
+    Every such run is one a host may read (the policy on runs, sql/migrations/004_roles.sql): its own attempt's,
     or a dead host's open attempt's."""
     rows = conn.execute(
         f"""SELECT {_ATTEMPT_COLUMNS}, {_RUN_COLUMNS}
@@ -847,14 +927,14 @@ def unclaimed_attempts(conn: Connection, attempts: Sequence[tuple[uuid.UUID, int
 class UnitOwner:
     """Who the attempt of a unit name belongs to, as the database says now."""
 
-    host_id: str | None  # None: a host whose run the caller may not see (sql/014_host_reads.sql)
+    host_id: str | None  # None: a host whose run the caller may not see (sql/migrations/014_host_reads.sql)
     outcome: str | None  # None: still open
 
 
 def unit_owners(conn: Connection, unit_names: Sequence[str]) -> dict[str, UnitOwner]:
     """The attempt rows behind these unit names (names with no row are absent). Read after the units
     were listed, so that an attempt claimed while the listing ran is seen as its host's, not as gone.
-    Through unitvisor.unit_owners (sql/014_host_reads.sql): a host role does not read the attempts of a
+    Through unitvisor.unit_owners (sql/migrations/014_host_reads.sql): a host role does not read the attempts of a
     run pinned to another host, yet must learn that such a unit is held elsewhere (host_id None) or
     ended (outcome 'ended'), never take it for an orphan."""
     rows = conn.execute("SELECT unit_name, host_id, outcome FROM unitvisor.unit_owners(%s)",
@@ -927,7 +1007,7 @@ class Settling:
 
 def host_clock() -> datetime:
     """This host's clock, sent with its outcomes: the database moves the times systemd read on this
-    host by the difference between its own clock and this one (sql/013_fleet_promises.sql), so that an
+    host by the difference between its own clock and this one (sql/migrations/013_fleet_promises.sql), so that an
     attempt's start (the database's clock) and end (this host's) make a duration on one clock."""
     return datetime.now(UTC)
 
@@ -983,7 +1063,7 @@ def now(conn: Connection) -> datetime:
     return conn.execute("SELECT now()").fetchone()[0]
 
 
-# -- roles (sql/004_roles.sql) ------------------------------------------------------------------
+# -- roles (sql/migrations/004_roles.sql) ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ at its very end: an `ExecStopPost=` runs in the unit's own cgroup after every pr
 gone (KillMode=control-group) and before systemd removes the cgroup, whatever ended the run (an exit,
 a signal, an OOM kill, a timeout, a stop). It copies the figure to `<DIRECTORY>/<unit name>`; the
 daemon (or the reconciler after a restart) reads it with the outcome, keeps it in the attempt's
-`tasks_peak` (sql/017_accounting.sql), and removes the file once the outcome is recorded; the
+`tasks_peak` (sql/migrations/017_accounting.sql), and removes the file once the outcome is recorded; the
 reconciler's sweep removes what no open attempt of this host owns.
 
 The command is the same for every unit (STOP_POST_COMMAND): no run's data is in it, nothing of it is

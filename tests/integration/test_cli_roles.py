@@ -192,18 +192,27 @@ def test_a_submitter_submits_cancels_resumes_and_reads_with_the_cli(cli, dsn: st
     assert run_id[:8] in cli("runs", dsn=submitter).stdout
 
 
-def test_migrate_by_a_role_that_may_not_create_roles_says_what_it_needs(cli, empty_dsn: str,
-                                                                         postgres: Postgres) -> None:
+@pytest.mark.parametrize("schema", ["before 004 (001 to 003)", "new (sql/schema.sql)"])
+def test_migrate_by_a_role_that_may_not_create_roles_says_what_it_needs(cli, empty_dsn: str, postgres: Postgres,
+                                                                         tmp_path, schema: str) -> None:
     """The one login role of a deployment before 004 owns the database but may not create or grant
-    roles: migration 004 is refused, in one line, and nothing of it is left behind."""
+    roles: migration 004 is refused, in one line, and nothing of it is left behind. So is a new
+    database's schema.sql, which creates the roles as 004 does."""
     ensure_login_role(postgres, "uvtest_plain", "pg_monitor")  # any role: only the login matters
     dbname = conninfo_to_dict(empty_dsn)["dbname"]
     with store.connect(postgres.dsn) as superuser:
         superuser.execute(f"ALTER DATABASE {dbname} OWNER TO uvtest_plain")
+    first = "001_schema"
+    if schema.startswith("before"):
+        for _version, path in store.migration_files()[:3]:
+            (tmp_path / path.name).write_text(path.read_text())
+        with store.connect(as_role(empty_dsn, "uvtest_plain")) as plain:
+            assert store.migrate(plain, tmp_path)[-1] == "003_run_policy"
+        first = "004_roles"
     line = assert_one_line_error(cli("migrate", dsn=as_role(empty_dsn, "uvtest_plain")), 1)
     assert "refused `unitvisor migrate`" in line and "it needs a role that may create roles" in line
     with store.connect(empty_dsn) as conn:
-        assert store.pending_migrations(conn)[0] == "004_roles"
+        assert store.pending_migrations(conn)[0] == first
 
 
 # -- what a host role may still do to itself (README, Roles: "A host role and its own password") ------

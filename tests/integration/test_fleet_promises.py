@@ -370,7 +370,7 @@ def test_a_run_from_before_the_sequence_goes_first(conn: psycopg.Connection) -> 
 
 
 def test_the_migration_numbers_live_runs_in_created_at_order(empty_dsn: str, tmp_path: Path) -> None:
-    for path in sorted(store.SQL_DIR.glob("*.sql")):
+    for path in sorted(store.MIGRATIONS_DIR.glob("*.sql")):
         if path.name < "013":
             shutil.copy(path, tmp_path / path.name)
     with store.connect(empty_dsn) as conn:

@@ -931,7 +931,7 @@ def test_a_normalised_path_is_accepted(conn: psycopg.Connection, path: str) -> N
 
 
 def test_a_run_from_before_002_with_a_path_not_normalised_breaks_nothing(empty_dsn: str, tmp_path) -> None:
-    (tmp_path / "001_schema.sql").write_text((store.SQL_DIR / "001_schema.sql").read_text())
+    (tmp_path / "001_schema.sql").write_text((store.MIGRATIONS_DIR / "001_schema.sql").read_text())
     with store.connect(empty_dsn) as conn:
         assert store.migrate(conn, tmp_path) == ["001_schema"]
         legacy = [submit(conn, "//x"), submit(conn, "/usr/bin/../x")]  # both accepted by version 1

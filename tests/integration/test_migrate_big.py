@@ -29,7 +29,7 @@ from tests.integration.conftest import CliResult
 from tests.integration.test_migrate_operations import readme_prebuilt_index_statements, sql_dir_up_to
 
 RUNS = 2_000_000
-ALL_VERSIONS = [path.stem for path in sorted(store.SQL_DIR.glob("*.sql"))]
+ALL_VERSIONS = [path.stem for path in sorted(store.MIGRATIONS_DIR.glob("*.sql"))]
 
 
 def fill(dsn: str, runs: int) -> None:

@@ -23,7 +23,7 @@ from tests.harness.host import REPO
 # from the migrations before 005 to 008 added their constraints NOT VALID and 008 its indexes IF NOT
 # EXISTS: those edits must leave the schema exactly as it was.
 RELEASED_SCHEMA = Path(__file__).resolve().parent / "data" / "schema_001_012.txt"
-RELEASED = [path.stem for path in sorted(store.SQL_DIR.glob("*.sql")) if int(path.name[:3]) <= 12]
+RELEASED = [path.stem for path in sorted(store.MIGRATIONS_DIR.glob("*.sql")) if int(path.name[:3]) <= 12]
 README = REPO / "README.md"
 
 
@@ -46,7 +46,7 @@ def sql_dir_up_to(tmp_path: Path, last: int) -> Path:
     """A migrations directory with the repository's migrations 001 to `last`."""
     target = tmp_path / f"sql_up_to_{last:03d}"
     target.mkdir()
-    for path in sorted(store.SQL_DIR.glob("*.sql")):
+    for path in sorted(store.MIGRATIONS_DIR.glob("*.sql")):
         if int(path.name[:3]) <= last:
             shutil.copy(path, target / path.name)
     return target
@@ -79,7 +79,7 @@ def test_a_migration_longer_than_the_statement_timeout_completes_and_a_second_mi
     the second on the lock timeout."""
     sql_dir = tmp_path / "sql"
     sql_dir.mkdir()
-    shutil.copy(store.SQL_DIR / "001_schema.sql", sql_dir / "001_schema.sql")
+    shutil.copy(store.MIGRATIONS_DIR / "001_schema.sql", sql_dir / "001_schema.sql")
     (sql_dir / "002_slow.sql").write_text("SELECT pg_sleep(16);\n")
     results: dict[str, list[str]] = {}
     errors: list[BaseException] = []
@@ -139,22 +139,23 @@ def test_a_migration_that_waits_for_a_table_lock_is_tried_again(empty_dsn: str, 
 def test_a_constraint_left_not_valid_is_validated_by_the_next_migrate(dsn: str) -> None:
     """A validation cut short (Ctrl-C, a crash) is finished by the next migrate, even with nothing left
     to apply; a row that violates it is named, and the constraint stays, enforced on new rows."""
+    # runs_state_valid: a CHECK of runs that every schema has (since 022 the arguments' checks are a trigger).
+    state_check = ("ALTER TABLE unitvisor.runs ADD CONSTRAINT runs_state_valid CHECK (state IN ('queued', 'starting', "
+                   "'running', 'succeeded', 'failed', 'cancelled', 'expired')) NOT VALID")
     with store.connect(dsn) as conn:
-        conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT runs_labels_valid")
-        conn.execute("ALTER TABLE unitvisor.runs ADD CONSTRAINT runs_labels_valid "
-                     "CHECK (unitvisor.labels_are_valid(labels)) NOT VALID")
-        assert store.unvalidated_constraints(conn) == [("runs", "runs_labels_valid", store.ADMIN_ROLE)]
+        conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT runs_state_valid")
+        conn.execute(state_check)
+        assert store.unvalidated_constraints(conn) == [("runs", "runs_state_valid", store.ADMIN_ROLE)]
         assert store.migrate(conn) == []
         assert store.unvalidated_constraints(conn) == []
 
-        conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT runs_labels_valid")
+        conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT runs_state_valid")
         conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])")
-        conn.execute("UPDATE unitvisor.runs SET labels = '[1]'")
-        conn.execute("ALTER TABLE unitvisor.runs ADD CONSTRAINT runs_labels_valid "
-                     "CHECK (unitvisor.labels_are_valid(labels)) NOT VALID")
-        with pytest.raises(store.DatabaseError, match="constraint runs_labels_valid of unitvisor.runs: a row"):
+        conn.execute("UPDATE unitvisor.runs SET state = 'bogus'")
+        conn.execute(state_check)
+        with pytest.raises(store.DatabaseError, match="constraint runs_state_valid of unitvisor.runs: a row"):
             store.migrate(conn)
-        assert store.unvalidated_constraints(conn) == [("runs", "runs_labels_valid", store.ADMIN_ROLE)]
+        assert store.unvalidated_constraints(conn) == [("runs", "runs_state_valid", store.ADMIN_ROLE)]
 
 
 def test_008_takes_the_indexes_an_operator_built_concurrently_beforehand(empty_dsn: str, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from tests.integration.conftest import table_exists
 
 SCHEMA_TABLES = ("unitvisor.runs", "unitvisor.attempts", "unitvisor.spawn_jobs", "unitvisor.hosts",
                  "unitvisor.run_events", "unitvisor.schema_migrations")
-ALL_VERSIONS = [path.stem for path in sorted(store.SQL_DIR.glob("*.sql"))]
+ALL_VERSIONS = [path.stem for path in sorted(store.MIGRATIONS_DIR.glob("*.sql"))]
 
 
 def versions(conn: psycopg.Connection) -> list[str]:
@@ -101,7 +101,7 @@ def test_concurrent_migrations_apply_the_schema_exactly_once(empty_dsn: str) -> 
 
 @pytest.mark.parametrize("bad_name", ["1_short.sql", "001-dash.sql", "001_Upper.sql", "schema.sql", "001_.sql"])
 def test_a_malformed_migration_file_name_is_refused(empty_dsn: str, tmp_path: Path, bad_name: str) -> None:
-    shutil.copy(store.SQL_DIR / "001_schema.sql", tmp_path / "001_schema.sql")
+    shutil.copy(store.MIGRATIONS_DIR / "001_schema.sql", tmp_path / "001_schema.sql")
     (tmp_path / bad_name).write_text("SELECT 1;\n")
     with store.connect(empty_dsn) as conn:
         with pytest.raises(store.DatabaseError, match="NNN_name.sql"):
@@ -116,7 +116,7 @@ def test_a_malformed_migration_file_name_is_refused(empty_dsn: str, tmp_path: Pa
 
 
 def test_migrations_apply_in_order_and_a_failing_one_is_rolled_back(empty_dsn: str, tmp_path: Path) -> None:
-    shutil.copy(store.SQL_DIR / "001_schema.sql", tmp_path / "001_schema.sql")
+    shutil.copy(store.MIGRATIONS_DIR / "001_schema.sql", tmp_path / "001_schema.sql")
     # 002 depends on 001, so it only works if applied after it.
     (tmp_path / "002_extra.sql").write_text("ALTER TABLE unitvisor.runs ADD COLUMN note text;\n")
     with store.connect(empty_dsn) as conn:

@@ -628,7 +628,7 @@ def test_concurrent_migrates_in_two_databases_create_the_roles_once() -> None:
         for thread in threads:
             thread.join(timeout=120)
         assert not errors, errors
-        assert results["one"] == results["two"] == [path.stem for path in sorted(store.SQL_DIR.glob("*.sql"))]
+        assert results["one"] == results["two"] == [path.stem for path in sorted(store.MIGRATIONS_DIR.glob("*.sql"))]
         with store.connect(cluster.dsn) as admin:
             assert admin.execute("SELECT count(*) FROM pg_roles WHERE rolname IN (%s, %s, %s)",
                                  (store.ADMIN_ROLE, store.SUBMITTER_ROLE, store.HOST_ROLE)).fetchone()[0] == 3
@@ -645,7 +645,7 @@ def test_the_one_role_of_a_single_role_deployment_keeps_working(postgres: Postgr
     with store.connect(postgres.dsn) as superuser:
         superuser.execute(f"ALTER DATABASE {dbname} OWNER TO uvtest_legacy")
     for name in ("001_schema.sql", "002_fleet.sql", "003_run_policy.sql"):
-        shutil.copy(store.SQL_DIR / name, tmp_path / name)
+        shutil.copy(store.MIGRATIONS_DIR / name, tmp_path / name)
     with login(empty_dsn, "uvtest_legacy") as legacy:
         store.migrate(legacy, tmp_path)  # as it was: the one role migrated, and owned, everything
     with store.connect(empty_dsn) as superuser:

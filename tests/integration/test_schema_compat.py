@@ -21,7 +21,7 @@ COLUMNS = """SELECT table_name, column_name, data_type FROM information_schema.c
 
 def test_later_migrations_keep_every_column_the_previous_release_reads(empty_dsn: str, tmp_path: Path) -> None:
     for name in ("001_schema.sql", "002_fleet.sql"):
-        shutil.copy(store.SQL_DIR / name, tmp_path / name)
+        shutil.copy(store.MIGRATIONS_DIR / name, tmp_path / name)
     with store.connect(empty_dsn) as conn:
         assert store.migrate(conn, tmp_path) == ["001_schema", "002_fleet"]
         released = set(conn.execute(COLUMNS).fetchall())
@@ -39,7 +39,7 @@ def test_later_migrations_keep_every_function_call_of_the_previous_release(empty
     # 0.3.0 (schemas 001 to 005) calls the schema's functions by name and argument types: each must
     # still take those arguments and return the same, either the same function or one with the same
     # arguments first and only defaulted ones after them (as submit_run gains arguments).
-    for path in sorted(store.SQL_DIR.glob("00[1-5]_*.sql")):
+    for path in sorted(store.MIGRATIONS_DIR.glob("00[1-5]_*.sql")):
         shutil.copy(path, tmp_path / path.name)
     with store.connect(empty_dsn) as conn:
         store.migrate(conn, tmp_path)

@@ -50,7 +50,7 @@ def test_the_documented_psql_example_runs_and_prints_what_the_docs_show(
 
 
 DOC = REPO / "docs" / "sql-api.md"
-SQL_DIR = REPO / "sql"
+SQL_DIR = REPO / "sql" / "migrations"
 
 
 def test_the_doc_names_every_function_a_role_may_call_and_every_api_argument(conn: psycopg.Connection) -> None:

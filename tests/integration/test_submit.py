@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -356,9 +357,13 @@ def assert_no_secret(exc: psycopg.Error) -> None:
 def test_every_constraint_of_runs_that_an_argument_can_break_has_a_refusal_case(conn: psycopg.Connection) -> None:
     constraints = {row[0] for row in conn.execute(
         "SELECT conname FROM pg_constraint WHERE conrelid = 'unitvisor.runs'::regclass AND contype = 'c'")}
-    covered = {case.values[1] for case in REFUSALS}
-    # runs_state_valid: state is no argument of submit_run, which always inserts 'queued'.
-    assert constraints - covered == {"runs_state_valid"}
+    # runs_state_valid: state is no argument of submit_run, which always inserts 'queued'. Every check of
+    # an argument is one of unitvisor.run_argument_problem's (schema 22), which submit_run and the trigger
+    # runs_arguments_valid both call, and each name it reports has a case.
+    assert constraints == {"runs_state_valid"}
+    body = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'run_argument_problem'").fetchone()[0]
+    reported = set(re.findall(r"'(runs_\w+_valid)'", body))
+    assert reported and reported == {case.values[1] for case in REFUSALS}
 
 
 @pytest.mark.parametrize(("values", "constraint", "message"), REFUSALS)

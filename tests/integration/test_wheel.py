@@ -56,7 +56,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_carries_every_migration(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    expected = sorted(f"supervisor/sql/{p.name}" for p in (REPO / "sql").glob("*.sql"))
+    expected = sorted(f"supervisor/sql/{p.relative_to(REPO / 'sql')}" for p in (REPO / "sql").rglob("*.sql"))
+    assert "supervisor/sql/schema.sql" in expected and "supervisor/sql/migrations/001_schema.sql" in expected
     assert expected and sorted(n for n in names if n.endswith(".sql")) == expected
     assert not any(n.startswith("sql/") for n in names), "a top-level sql/ in site-packages would be anyone's"
 
@@ -82,11 +83,11 @@ def test_the_installed_wheel_migrates_an_empty_database(wheel: Path, empty_dsn: 
                                *args], capture_output=True, text=True, cwd=elsewhere, env=_clean_env(), timeout=120,
                               check=False)
 
-    probe = "from supervisor import store; print(store.SQL_DIR)"
+    probe = "from supervisor import store; print(store.MIGRATIONS_DIR)"
     where = subprocess.run([str(env_dir / "bin" / "python"), "-c", probe],
                            capture_output=True, text=True, cwd=elsewhere, env=_clean_env(), check=True).stdout.strip()
     assert Path(where).is_relative_to(env_dir), where
-    versions = [p.stem for p in sorted((REPO / "sql").glob("*.sql"))]
+    versions = [p.stem for p in sorted((REPO / "sql" / "migrations").glob("*.sql"))]
     first = unitvisor("migrate")
     assert (first.returncode, first.stdout.strip()) == (0, f"applied: {', '.join(versions)}"), first.stderr
     again = unitvisor("migrate")

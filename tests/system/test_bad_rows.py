@@ -15,6 +15,7 @@ def insert_raw(dsn: str, argv: list[str], environment: object) -> str:
         conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_environment_valid")
         conn.execute("ALTER TABLE unitvisor.runs DROP CONSTRAINT IF EXISTS runs_argv_valid")
         conn.execute("DROP TRIGGER IF EXISTS runs_argv0_normalised ON unitvisor.runs")
+        conn.execute("DROP TRIGGER IF EXISTS runs_arguments_valid ON unitvisor.runs")  # the checks since schema 22
         run_id = conn.execute(
             "INSERT INTO unitvisor.runs (argv, environment) VALUES (%s, %s::jsonb) RETURNING id",
             (argv, json.dumps(environment))).fetchone()[0]

@@ -1,0 +1,2262 @@
+-- unitvisor: the whole current schema, in one file, for reading.
+--
+-- This is the file to open to learn what the database holds: every table, index, function, trigger,
+-- policy and grant as they are now, grouped by concern, each function in its final definition. The
+-- numbered files in sql/migrations/ are the history: how a database of each earlier release became
+-- this one, each change written so that the release before it keeps working meanwhile (the rules
+-- are in supervisor/store.py, above migration_files). A function's comment may still say what it
+-- changed ("as in 006, ..."): the migration named there tells why it changed.
+--
+-- Kept equal to the migrations by tests/integration/test_schema_file.py, which builds one database
+-- by every migration and one from this file and compares their catalogs; its failure message names
+-- what differs. Adding a migration: write sql/migrations/NNN_name.sql, then make the same change here
+-- (replace the function's text by the new one, add the column at the end of its table, ...) and add
+-- the migration's name to the list at the end of this file (README, "The schema").
+--
+-- `unitvisor migrate` applies this file to an empty database, in one transaction, and records the
+-- migrations listed at its end as applied; a later migration then applies on top as on any other
+-- database. By hand: psql -1 -v ON_ERROR_STOP=1 -f sql/schema.sql, as a role that may create roles.
+--
+-- Order: roles and the schema; the closed vocabularies (functions the CHECK constraints call); the
+-- tables with their indexes; the functions, by who calls them; triggers; row-level security; grants.
+
+-- Function bodies call functions defined further down (the file is ordered by concern, not by call
+-- graph); bodies are checked when first called instead, as pg_dump does.
+SET LOCAL check_function_bodies = false;
+
+-- == roles and the schema ===========================================================================
+--
+-- * unitvisor_admin     owns the schema and every object in it; runs migrations, drains and forgets
+--                       hosts, binds host roles (`unitvisor hosts add`), and may act as any host.
+-- * unitvisor_submitter for control planes: submits, cancels, resumes and reads runs, through
+--                       functions only; writes no table directly.
+-- * unitvisor_host      every host's own login role is a member, and is bound to one host id in
+--                       unitvisor.host_roles. It writes nothing directly either: every write is a
+--                       SECURITY DEFINER function that checks, against session_user, that the caller
+--                       is the host it writes for. It reads runs unpinned or pinned to itself (an
+--                       environment may hold what other hosts must not see), not the others.
+
+-- Roles are the cluster's, not the database's: another database of the same cluster may be migrating
+-- at this very moment. Whichever commits second gets duplicate_object (or unique_violation on
+-- pg_authid's index when both were inside CREATE ROLE at once), which only means the role exists.
+DO $$
+DECLARE
+    role_name text;
+BEGIN
+    FOREACH role_name IN ARRAY ARRAY['unitvisor_admin', 'unitvisor_submitter', 'unitvisor_host'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = role_name) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;  -- created meanwhile by a migrate in another database
+            END;
+        END IF;
+    END LOOP;
+END $$;
+
+-- The schema and the migrations' bookkeeping, as `unitvisor migrate` creates them before anything else.
+CREATE SCHEMA IF NOT EXISTS unitvisor;
+CREATE TABLE IF NOT EXISTS unitvisor.schema_migrations (
+    version text PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now());
+
+-- Who may administer: the role creating the schema now, the schema's owner and the database's owner
+-- (who may drop the whole database anyway; README's Install makes it the admin's login role).
+-- Superusers are members of everything already.
+DO $$
+DECLARE
+    who text;
+BEGIN
+    FOR who IN
+        SELECT DISTINCT r.rolname FROM pg_catalog.pg_roles r
+        WHERE r.oid IN (
+            (SELECT r2.oid FROM pg_catalog.pg_roles r2 WHERE r2.rolname = current_user),
+            (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'unitvisor'),
+            (SELECT d.datdba FROM pg_catalog.pg_database d WHERE d.datname = current_database()))
+          AND NOT r.rolsuper AND r.rolname <> 'unitvisor_admin'
+          AND NOT pg_catalog.pg_has_role(r.oid, 'unitvisor_admin', 'MEMBER')
+    LOOP
+        BEGIN
+            EXECUTE format('GRANT unitvisor_admin TO %I', who);
+        EXCEPTION WHEN unique_violation THEN
+            NULL;  -- granted meanwhile by a migrate in another database
+        END;
+    END LOOP;
+END $$;
+
+ALTER SCHEMA unitvisor OWNER TO unitvisor_admin;
+ALTER TABLE unitvisor.schema_migrations OWNER TO unitvisor_admin;
+-- Everything below is the admin's, not the login role's that happens to create it (the migrations after
+-- 004 run so too); SET LOCAL ends with the transaction.
+SET LOCAL ROLE unitvisor_admin;
+
+-- Functions are executable by PUBLIC unless revoked: not any function the admin creates (grants, at the
+-- end, then open each to the roles that call it).
+ALTER DEFAULT PRIVILEGES FOR ROLE unitvisor_admin REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+
+-- == the checks of a run's arguments ==============================================================
+--
+-- Each check of what a run may hold is written once, in run_argument_problem: the table's one constraint
+-- on the arguments (runs_arguments_valid) calls it, and so does submit_run, to say which argument it
+-- refuses and why. The closed vocabularies are CHECKs rather than enum types: adding a value later is
+-- a function replaced in a migration, where an enum would need ALTER TYPE outside a transaction. The
+-- functions here come before the tables, whose constraints call them.
+
+-- The environment's checks, with the message of the first that fails (NULL: none fails). Names may be
+-- echoed only once they are valid names (an invalid one may be a "NAME=secret" pasted as a name);
+-- values never.
+CREATE FUNCTION unitvisor.environment_problem(env jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    bad_names bigint;
+    bad_name text;
+BEGIN
+    IF jsonb_typeof(env) <> 'object' THEN
+        RETURN format('environment: must be a JSON object of NAME -> string, not a JSON %s', jsonb_typeof(env));
+    END IF;
+    SELECT count(*) INTO bad_names FROM jsonb_object_keys(env) AS e(name) WHERE e.name !~ '^[A-Za-z_][A-Za-z0-9_]{0,127}$';
+    IF bad_names > 0 THEN
+        RETURN format('environment: %s name(s) are not valid variable names (letters, digits and _, not starting with a digit, 1 to 128 characters)',
+                      bad_names);
+    END IF;
+    SELECT min(e.name) INTO bad_name FROM jsonb_each(env) AS e(name, value) WHERE jsonb_typeof(e.value) <> 'string';
+    IF bad_name IS NOT NULL THEN
+        RETURN format('environment: the value of %s is not a string (every value must be a JSON string)', bad_name);
+    END IF;
+    -- No newline in a value: systemd's Environment= and journald both take it for a record separator.
+    -- (jsonb cannot hold NUL at all.)
+    SELECT min(e.name) INTO bad_name FROM jsonb_each_text(env) AS e(name, value) WHERE strpos(e.value, E'\n') > 0;
+    IF bad_name IS NOT NULL THEN
+        RETURN format('environment: the value of %s contains a newline, which systemd and journald take for a record separator',
+                      bad_name);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- 001's test, now the same checks as the message above: one definition of a valid environment.
+CREATE FUNCTION unitvisor.environment_is_valid(env jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT unitvisor.environment_problem(env) IS NULL
+$$;
+
+-- Labels: a control plane's own tags on a run (tenant, job, pipeline step), to find its runs again
+-- (runs_with_labels). A JSON object of string -> string; keys as Kubernetes' label names, so that
+-- they survive being put in a URL or a metric label; bounded, so that a run row stays small.
+CREATE FUNCTION unitvisor.labels_are_valid(labels jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN jsonb_typeof(labels) <> 'object' THEN false
+        ELSE (SELECT count(*) FROM jsonb_object_keys(labels)) <= 64 AND NOT EXISTS (
+            SELECT 1 FROM jsonb_each(labels) AS l(key, value)
+            WHERE l.key !~ '^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$'
+               OR jsonb_typeof(l.value) <> 'string'
+               OR length(l.value #>> '{}') > 255
+               OR (l.value #>> '{}') ~ '[[:cntrl:]]')
+    END
+$$;
+
+-- Every check of a run's arguments, in submit_run's order: the first that fails, as the constraint it
+-- is named by in errors (docs/sql-api.md), its message and a hint; three NULLs when every argument
+-- passes. A NULL argument passes (the column's NOT NULL, where there is one, refuses it), as a CHECK
+-- constraint lets NULL pass. The table's trigger runs_arguments_valid calls it too, so the two cannot
+-- disagree.
+-- Sizes (check_run_sizes) are not here: they bound what a host can start, not what a row may hold.
+CREATE FUNCTION unitvisor.run_argument_problem(
+    argv text[], environment jsonb, working_directory text, run_user text, memory_max bigint,
+    memory_high bigint, cpu_quota_percent integer, tasks_max integer, io_weight integer,
+    runtime_max_sec bigint, max_attempts integer, retry_backoff_sec integer, retry_backoff_max_sec integer,
+    retry_on text[], labels jsonb, idempotency_key text, concurrency_key text, not_before timestamptz,
+    start_deadline timestamptz, OUT constraint_name text, OUT message text, OUT hint text)
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- What a run may be retried after: it names the outcomes of unitvisor.attempts.
+    retryable CONSTANT text[] := ARRAY['exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog',
+                                       'start-failed', 'lost'];
+    -- Memory: below 1 MiB nothing starts at all; the upper end is what the kernel and systemd accept.
+    memory_min CONSTANT bigint := 1048576;
+    memory_top CONSTANT bigint := 4611686018427387904;
+    backoff_top CONSTANT integer := 604800;
+    problem text;
+    bound record;
+BEGIN
+    -- argv[0] must be absolute: a bare name would be looked up in systemd's PATH, and the host
+    -- allowlist could not say which binary it allowed. One dimension, indexed from 1: an array like
+    -- '[2:3]={sh,-c}' has no argv[1] to check.
+    IF cardinality(argv) < 1 OR array_ndims(argv) <> 1 OR array_lower(argv, 1) <> 1 THEN
+        constraint_name := 'runs_argv_valid';
+        message := 'argv: must be a one-dimensional array of at least one element, indexed from 1';
+    ELSIF array_position(argv, NULL) IS NOT NULL THEN
+        constraint_name := 'runs_argv_valid';
+        message := format('argv: element %s is NULL (every element must be text)', array_position(argv, NULL));
+    ELSIF argv[1] NOT LIKE '/%' THEN
+        constraint_name := 'runs_argv_valid';
+        message := 'argv: the first element must be an absolute path (starting with /)';
+        hint := 'a bare program name would be looked up in systemd''s PATH; give its full path';
+    END IF;
+    IF message IS NOT NULL THEN
+        RETURN;
+    END IF;
+
+    problem := unitvisor.environment_problem(environment);
+    IF problem IS NOT NULL THEN
+        constraint_name := 'runs_environment_valid';
+        message := problem;
+    ELSIF working_directory NOT LIKE '/%' OR strpos(working_directory, E'\n') > 0 THEN
+        constraint_name := 'runs_working_directory_valid';
+        message := 'working_directory: must be an absolute path (starting with /) without a newline';
+    ELSIF run_user !~ '^[a-z_][a-z0-9_-]{0,31}$' THEN
+        constraint_name := 'runs_run_user_valid';
+        message := 'run_user: is not a user name (lower-case letters, digits, _ and -, not starting with a digit or -, 1 to 32 characters)';
+    END IF;
+    IF message IS NOT NULL THEN
+        RETURN;
+    END IF;
+
+    -- The numbers, echoed with their bounds: the upper ends are what the kernel and systemd accept. A
+    -- value outside a bound is a typo, and refusing it at insert time is kinder than a unit that fails
+    -- to start.
+    SELECT b.argument, b.value, b.low, b.high, b.unit, b.constraint_name INTO bound
+    FROM (VALUES (1, 'memory_max', memory_max, memory_min, memory_top, ' bytes', 'runs_memory_max_valid'),
+                 (2, 'memory_high', memory_high, memory_min, memory_top, ' bytes', 'runs_memory_high_valid'),
+                 (3, 'cpu_quota_percent', cpu_quota_percent::bigint, 1, 100000, ' percent of one CPU', 'runs_cpu_quota_valid'),
+                 (4, 'tasks_max', tasks_max, 1, 4194304, ' tasks', 'runs_tasks_max_valid'),
+                 (5, 'io_weight', io_weight, 1, 10000, '', 'runs_io_weight_valid'),
+                 (6, 'runtime_max_sec', runtime_max_sec, 1, 315360000, ' seconds', 'runs_runtime_max_valid'),
+                 (7, 'max_attempts', max_attempts, 1, 1000, '', 'runs_max_attempts_valid'),
+                 (8, 'retry_backoff_sec', retry_backoff_sec, 0, 86400, ' seconds', 'runs_backoff_valid'))
+         AS b(place, argument, value, low, high, unit, constraint_name)
+    WHERE b.value NOT BETWEEN b.low AND b.high
+    ORDER BY b.place LIMIT 1;
+    IF FOUND THEN
+        constraint_name := bound.constraint_name;
+        message := format('%s: %s is out of range (%s to %s%s)', bound.argument, bound.value, bound.low, bound.high,
+                          bound.unit);
+    -- memory_high: never above memory_max (systemd would take a MemoryHigh= above MemoryMax= and never
+    -- reach it: the run would be killed before it is throttled, which is not what its submitter asked for).
+    ELSIF memory_high > memory_max THEN
+        constraint_name := 'runs_memory_high_valid';
+        message := format('memory_high: %s is above memory_max (%s): a run is throttled at memory_high before it is killed at memory_max',
+                          memory_high, memory_max);
+    ELSIF retry_backoff_max_sec NOT BETWEEN retry_backoff_sec AND backoff_top THEN
+        constraint_name := 'runs_backoff_valid';
+        message := format('retry_backoff_max_sec: %s is out of range (retry_backoff_sec, here %s, to %s seconds)',
+                          retry_backoff_max_sec, retry_backoff_sec, backoff_top);
+    -- A NULL element is in no array (<@ compares with =), so it is refused too.
+    ELSIF NOT retry_on <@ retryable THEN
+        constraint_name := 'runs_retry_on_valid';
+        message := 'retry_on: may hold only ' || array_to_string(retryable[1:cardinality(retryable) - 1], ', ')
+                   || ' and ' || retryable[cardinality(retryable)];
+
+    ELSIF NOT unitvisor.labels_are_valid(labels) THEN
+        constraint_name := 'runs_labels_valid';
+        message := 'labels: must be a JSON object of at most 64 key -> string pairs; a key is 1 to 63 letters, digits, ".", "_", "-" and "/", starting and ending with a letter or digit; a value is at most 255 characters, without control characters';
+    -- The caller's own strings: bounded, one line.
+    ELSIF length(idempotency_key) NOT BETWEEN 1 AND 255 OR idempotency_key ~ '[[:cntrl:]]' THEN
+        constraint_name := 'runs_idempotency_key_valid';
+        message := 'idempotency_key: must be 1 to 255 characters without control characters (or NULL: none)';
+    ELSIF length(concurrency_key) NOT BETWEEN 1 AND 255 OR concurrency_key ~ '[[:cntrl:]]' THEN
+        constraint_name := 'runs_concurrency_key_valid';
+        message := 'concurrency_key: must be 1 to 255 characters without control characters (or NULL: none)';
+    -- 'infinity' is no time: a not_before of infinity would never start, a deadline of infinity is none.
+    ELSIF NOT isfinite(not_before) THEN
+        constraint_name := 'runs_not_before_valid';
+        message := 'not_before: must be a finite time (or NULL: as soon as possible)';
+    ELSIF NOT isfinite(start_deadline) THEN
+        constraint_name := 'runs_start_deadline_valid';
+        message := 'start_deadline: must be a finite time (or NULL: none)';
+    ELSIF start_deadline <= not_before THEN
+        constraint_name := 'runs_start_deadline_valid';
+        message := 'start_deadline: must be later than not_before (a run cannot have to start before it may)';
+    END IF;
+END $$;
+
+-- The eighteen constraints become one trigger that asks run_argument_problem, and raises what submit_run
+-- raises: a row written another way (an admin's UPDATE) is refused with the same clear error, naming the
+-- argument and its check, where a constraint's error would show the whole row. A trigger on the argument
+-- columns, not a CHECK constraint, as 002's runs_argv0_normalised is: a CHECK is evaluated on every
+-- update of every row (each claim, start and outcome changes runs), and a new one must be validated by
+-- a scan of the whole table; the trigger runs only when an argument is written, and the rows already
+-- there passed the eighteen constraints it replaces, which refused exactly what it refuses.
+CREATE FUNCTION unitvisor.refuse_invalid_arguments() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    problem record;
+BEGIN
+    problem := unitvisor.run_argument_problem(NEW.argv, NEW.environment, NEW.working_directory, NEW.run_user,
+        NEW.memory_max, NEW.memory_high, NEW.cpu_quota_percent, NEW.tasks_max, NEW.io_weight, NEW.runtime_max_sec,
+        NEW.max_attempts, NEW.retry_backoff_sec, NEW.retry_backoff_max_sec, NEW.retry_on, NEW.labels,
+        NEW.idempotency_key, NEW.concurrency_key, NEW.not_before, NEW.start_deadline);
+    IF problem.hint IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
+                  CONSTRAINT = problem.constraint_name, HINT = problem.hint;
+    ELSIF problem.message IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = problem.constraint_name;
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- == tables =========================================================================================
+--
+-- Everything lives in the schema "unitvisor", so that it can share a database with the control plane
+-- that submits runs. Columns are in the order the migrations added them (a table's row type, and so a
+-- function taking `unitvisor.runs`, depends on it): the later ones are at the end of each table.
+-- Daemons read rows by explicit column lists, never SELECT *: a column added later, or by a control
+-- plane, is invisible to them.
+
+-- -- runs ----------------------------------------------------------------------------------------------
+
+-- One row per submitted run: what to run, with which limits, and where it stands.
+CREATE TABLE unitvisor.runs (
+    id                  uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    argv                text[] NOT NULL,
+    environment         jsonb NOT NULL DEFAULT '{}'::jsonb,
+    working_directory   text,
+    run_user            text,
+    memory_max          bigint,
+    cpu_quota_percent   integer,
+    tasks_max           integer,
+    io_weight           integer,
+    runtime_max_sec     bigint,
+    max_attempts        integer NOT NULL DEFAULT 1,
+    retry_backoff_sec   integer NOT NULL DEFAULT 10,
+    retry_backoff_max_sec integer NOT NULL DEFAULT 600,
+    retry_on            text[],
+    host_pin            text,
+    priority            integer NOT NULL DEFAULT 0,
+    state               text NOT NULL DEFAULT 'queued',
+    cancel_requested_at timestamptz,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+    finished_at         timestamptz,
+    -- No network at all: its unit gets PrivateNetwork=yes (loopback only). Every host can do that, so
+    -- it is no reason to refuse a run.
+    private_network     boolean NOT NULL DEFAULT false,
+    labels              jsonb NOT NULL DEFAULT '{}'::jsonb,
+    -- The caller's name for one submit, so that a retried submit (a timeout, a crash between COMMIT
+    -- and hearing of it) finds the run it made instead of making another. Unique among all runs of
+    -- the database, for as long as the run exists: a control plane sharing the database prefixes its keys.
+    idempotency_key     text,
+    -- Runs that share a key never run at the same time anywhere in the fleet; the later ones wait, in
+    -- submission order.
+    concurrency_key     text,
+    -- The run's first start is not before this time.
+    not_before          timestamptz,
+    -- A run that has not started by then ends as `expired`.
+    start_deadline      timestamptz,
+    -- Submission order (run_seq, below): the runs of one transaction in the order submit_run was called.
+    -- NULL for runs that were finished when 013 added it, and those come before every number.
+    seq                 bigint,
+    -- systemd's MemoryHigh=: over it the kernel reclaims and throttles, never kills (memory_max does).
+    memory_high         bigint,
+
+    -- Every argument of submit_run is checked by the trigger runs_arguments_valid (below): the bounds,
+    -- the forms and why each is refused are in run_argument_problem (above), and only there.
+    CONSTRAINT runs_state_valid CHECK (state IN
+        ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired'))
+);
+
+CREATE INDEX runs_state_idx ON unitvisor.runs (state) WHERE state IN ('queued', 'starting', 'running');
+CREATE INDEX runs_created_idx ON unitvisor.runs (created_at);
+-- The arbiter of concurrent submits with one key (INSERT ... ON CONFLICT in submit_run).
+CREATE UNIQUE INDEX runs_idempotency_key_idx ON unitvisor.runs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+-- runs_with_labels' containment (@>): jsonb_path_ops is smaller and faster for @>, the only operator used.
+CREATE INDEX runs_labels_idx ON unitvisor.runs USING gin (labels jsonb_path_ops);
+-- The last line of defence of "one live run per key": whatever the claim's lock and checks miss, two
+-- runs of one key can never be starting or running at once. Also the claim's look-up of a live run.
+CREATE UNIQUE INDEX runs_one_live_per_key_idx ON unitvisor.runs (concurrency_key)
+    WHERE state IN ('starting', 'running') AND concurrency_key IS NOT NULL;
+-- The claim's look-up of an earlier queued run of the same key (runs numbered NULL): a backward range
+-- scan that stops at the first row.
+CREATE INDEX runs_queued_key_idx ON unitvisor.runs (concurrency_key, created_at, id)
+    WHERE state = 'queued' AND concurrency_key IS NOT NULL;
+-- expire_runs' scan: queued runs with a deadline, by deadline. Empty when nobody uses deadlines, so a
+-- pass with nothing to do is one index probe.
+CREATE INDEX runs_start_deadline_idx ON unitvisor.runs (start_deadline)
+    WHERE state = 'queued' AND start_deadline IS NOT NULL;
+-- Retention: old finished runs, oldest first, without reading a live run's entry (live runs have no
+-- finished_at). README's Upgrade names it: an operator may build it CONCURRENTLY beforehand.
+CREATE INDEX runs_finished_idx ON unitvisor.runs (finished_at) WHERE finished_at IS NOT NULL;
+
+-- Every run submitted takes the next number at its INSERT (runs.seq).
+CREATE SEQUENCE unitvisor.run_seq AS bigint;
+ALTER SEQUENCE unitvisor.run_seq OWNED BY unitvisor.runs.seq;
+ALTER TABLE unitvisor.runs ALTER COLUMN seq SET DEFAULT nextval('unitvisor.run_seq');
+-- concurrency_blocker's look-up of the queued run of the same key submitted just before: a backward
+-- range scan that stops at the first row.
+CREATE INDEX runs_queued_key_seq_idx ON unitvisor.runs (concurrency_key, seq)
+    WHERE state = 'queued' AND concurrency_key IS NOT NULL;
+
+-- -- attempts ------------------------------------------------------------------------------------------
+
+-- One row per try of a run on a host. The unit name is derived from (run_id, attempt) by the
+-- daemon and stored here so that operators and the reconciler can find the unit without code.
+CREATE TABLE unitvisor.attempts (
+    run_id        uuid NOT NULL REFERENCES unitvisor.runs (id) ON DELETE CASCADE,
+    attempt       integer NOT NULL CHECK (attempt >= 1),
+    host_id       text NOT NULL,
+    unit_name     text NOT NULL,
+    invocation_id text,
+    claimed_at    timestamptz NOT NULL DEFAULT now(),
+    started_at    timestamptz,
+    ended_at      timestamptz,
+    outcome       text,
+    exit_status   text,
+    reason        text,
+    -- What systemd measured of the attempt's unit. NULL means "not measured": systemd does not have
+    -- the figure for this unit on this host (its version, the cgroup layout or a controller it may
+    -- not use), or the outcome was recorded without the unit (a host reboot, a dead host's attempts
+    -- taken over, an older daemon). Bytes and nanoseconds as systemd reports them.
+    cpu_usage_nsec    bigint,
+    memory_peak_bytes bigint,
+    io_read_bytes     bigint,
+    io_write_bytes    bigint,
+    -- The last lines of the attempt's output, cut by its host's [runs] output_tail_lines and
+    -- output_tail_bytes; NULL when it kept none. The full output stays in journald. Written once,
+    -- after the outcome (record_output_tails), never replaced.
+    output_tail   text,
+    -- The most tasks the unit had at once: the kernel's pids.peak of its cgroup, copied by the unit's
+    -- own ExecStopPost= before systemd removes the cgroup (supervisor/taskspeak.py). NULL: not measured.
+    tasks_peak    bigint,
+    PRIMARY KEY (run_id, attempt),
+    CONSTRAINT attempts_outcome_valid CHECK (outcome IS NULL OR outcome IN (
+        'success', 'exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog',
+        'start-failed', 'lost', 'cancelled', 'refused')),
+    CONSTRAINT attempts_exit_status_valid CHECK (exit_status IS NULL OR exit_status ~ '^(exit:[0-9]+|signal:[A-Z0-9+-]+)$'),
+    CONSTRAINT attempts_ended_has_outcome CHECK ((outcome IS NULL) = (ended_at IS NULL)),
+    -- record_outcome's error names it.
+    CONSTRAINT attempts_accounting_valid CHECK (
+        cpu_usage_nsec >= 0 AND memory_peak_bytes >= 0 AND io_read_bytes >= 0 AND io_write_bytes >= 0
+        AND tasks_peak >= 0),
+    -- The bound of the config key (64 KiB), so that a row stays small whatever a host is configured with.
+    CONSTRAINT attempts_output_tail_valid CHECK (octet_length(output_tail) <= 65536)
+);
+
+-- The daemon's working set: this host's attempts that have no outcome yet.
+CREATE INDEX attempts_open_idx ON unitvisor.attempts (host_id) WHERE outcome IS NULL;
+CREATE UNIQUE INDEX attempts_unit_name_idx ON unitvisor.attempts (unit_name);
+
+-- -- spawn_jobs ----------------------------------------------------------------------------------------
+
+-- A spawn job carries the run id and nothing else about the run: the run row is the one source of
+-- truth, so a job never goes stale when the run is resumed with other limits. The other columns
+-- belong to the queue.
+CREATE TABLE unitvisor.spawn_jobs (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id        uuid NOT NULL REFERENCES unitvisor.runs (id) ON DELETE CASCADE,
+    state         text NOT NULL DEFAULT 'available',
+    priority      integer NOT NULL DEFAULT 0,
+    scheduled_at  timestamptz NOT NULL DEFAULT now(),
+    claimed_by    text,
+    claimed_at    timestamptz,
+    error         text,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT spawn_jobs_state_valid CHECK (state IN ('available', 'claimed', 'discarded')),
+    CONSTRAINT spawn_jobs_claim_valid CHECK ((state = 'available') = (claimed_by IS NULL))
+);
+
+-- The claim query's scan: available jobs in claim order.
+CREATE INDEX spawn_jobs_available_idx ON unitvisor.spawn_jobs (priority DESC, scheduled_at, id)
+    WHERE state = 'available';
+-- At most one waiting job per run: a second one could only ever start the run twice.
+CREATE UNIQUE INDEX spawn_jobs_one_available_idx ON unitvisor.spawn_jobs (run_id) WHERE state = 'available';
+-- Every delete of a run (and the ON DELETE CASCADE of spawn_jobs.run_id) finds its jobs here; without
+-- it, each deleted run costs a scan of the whole spawn_jobs table.
+CREATE INDEX spawn_jobs_run_idx ON unitvisor.spawn_jobs (run_id);
+-- Retention: old claimed and discarded jobs (both have claimed_at).
+CREATE INDEX spawn_jobs_done_idx ON unitvisor.spawn_jobs (claimed_at) WHERE state <> 'available';
+
+-- -- hosts ---------------------------------------------------------------------------------------------
+
+-- Every epoch any host ever gets comes from here, so none is ever given twice: a host forgotten and
+-- registered again does not make its first life's fence valid again.
+CREATE SEQUENCE unitvisor.host_epochs;
+
+-- One row per host id: what its daemon registered it may run, whether it is alive, and its fence.
+-- What a host may run is registered here, so that the claim (and the explanation of why a run waits)
+-- is decided by the database from the same facts for every host.
+CREATE TABLE unitvisor.hosts (
+    id             text PRIMARY KEY,
+    name           text NOT NULL,
+    state          text NOT NULL DEFAULT 'active',
+    max_runs       integer NOT NULL,
+    memory_budget  bigint,
+    version        text,
+    boot_id        text,
+    started_at     timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at   timestamptz NOT NULL DEFAULT now(),
+    -- Bumped whenever ownership of the host id changes hands: declared dead, or registered by a
+    -- different machine (instance). A write carrying an older epoch is refused (check_fence).
+    epoch          bigint NOT NULL DEFAULT nextval('unitvisor.host_epochs'),
+    -- Which machine and boot holds this id now (a hash of machine id and boot id): a restart on the
+    -- same machine keeps the epoch, another machine with the same id is a conflict.
+    instance       text,
+    -- What this host may run, as its daemon registered it (the claim filters on these).
+    can_start      boolean NOT NULL DEFAULT true,
+    cannot_start_reason text,
+    allowed_executables text[] NOT NULL DEFAULT '{}',  -- the globs, for people
+    executable_patterns text[] NOT NULL DEFAULT '{}',  -- the same, as anchored regexes
+    run_user       text NOT NULL DEFAULT '',           -- '' is a DynamicUser per run
+    allowed_users  text[] NOT NULL DEFAULT '{}',
+    -- Timing the host runs with: others declare it dead by its own host_dead_after, which its
+    -- stop_runs_when_cut_off timing was computed from.
+    poll_interval_sec double precision,
+    dead_after_sec double precision,
+    dead_at        timestamptz,
+    drained_before_death boolean NOT NULL DEFAULT false,  -- it comes back draining
+    dead_reason    text,
+    -- The last time a second daemon tried to use this id while it was held (a cloned machine id, a
+    -- reused [host] id), and who it was.
+    conflict_at    timestamptz,
+    conflict_detail text,
+    -- The environment names a host refuses (supervisor/envpolicy.py: names that change what an allowed
+    -- program runs) and those it opens anyway ([runs] allowed_environment), as anchored regular
+    -- expressions registered by its daemon. NULL: a daemon of 0.2.0, which refused no name.
+    environment_denied text[],
+    environment_allowed text[],
+    -- The allowlist of environment names (0.6 and later; refused_environment_name says the rule).
+    -- NULL: a daemon before 0.6, which refuses by its denylist only.
+    environment_names text[],
+    environment_patterns text[],
+    -- Admission by pressure (supervisor/pressure.py): off (PSI cannot be read, or not watched), open,
+    -- slowed (claiming fewer) or stopped (claiming none); NULL: never reported by this host's daemon.
+    pressure_state text,
+    -- The resource whose figure decided (memory, io or cpu); NULL when off.
+    pressure_resource text,
+    -- avg10 of `some`, in percent, by resource, as last reported, and why admission is off.
+    pressure_figures jsonb,
+    pressure_detail text,
+    pressure_at    timestamptz,
+    CONSTRAINT hosts_state_valid CHECK (state IN ('active', 'draining', 'stopped', 'dead')),
+    CONSTRAINT hosts_pressure_state_valid
+        CHECK (pressure_state IS NULL OR pressure_state IN ('off', 'open', 'slowed', 'stopped'))
+);
+
+-- Which login role is which host. Readable by the admin only: which role names exist, and which host
+-- each is, is nobody else's business. One role per host id and one host id per role.
+CREATE TABLE unitvisor.host_roles (
+    role_name  text PRIMARY KEY,
+    host_id    text NOT NULL UNIQUE,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- -- history and explanations --------------------------------------------------------------------------
+
+-- Append-only history, for operators: every state change of a run with its reason.
+CREATE TABLE unitvisor.run_events (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id     uuid NOT NULL REFERENCES unitvisor.runs (id) ON DELETE CASCADE,
+    at         timestamptz NOT NULL DEFAULT now(),
+    attempt    integer,
+    host_id    text,
+    state      text NOT NULL,
+    reason     text NOT NULL
+);
+CREATE INDEX run_events_run_idx ON unitvisor.run_events (run_id, id);
+
+-- Why a queued run waits when no live host accepts it (no row: some live host would take it).
+-- A table of its own, not a column of runs: version 0.1.0 read runs and attempts with SELECT * into
+-- dataclasses that refuse a field they do not know.
+CREATE TABLE unitvisor.run_waits (
+    run_id uuid PRIMARY KEY REFERENCES unitvisor.runs (id) ON DELETE CASCADE,
+    reason text NOT NULL
+);
+
+-- == functions: who is calling ======================================================================
+
+-- The host id the session's login role is bound to, or NULL. session_user, not current_user: inside a
+-- SECURITY DEFINER function current_user is the function's owner, and a host role cannot SET ROLE or
+-- SET SESSION AUTHORIZATION its way into another login role.
+CREATE FUNCTION unitvisor.my_host_id() RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT b.host_id FROM unitvisor.host_roles b WHERE b.role_name = session_user::text
+$$;
+
+-- Whether the session may act as host_id: the role bound to it, or any member of unitvisor_admin
+-- (a superuser is a member of every role).
+CREATE FUNCTION unitvisor.acts_as(host_id text) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_has_role(session_user, 'unitvisor_admin', 'MEMBER')
+        OR EXISTS (SELECT 1 FROM unitvisor.host_roles b
+                   WHERE b.role_name = session_user::text AND b.host_id = acts_as.host_id)
+$$;
+
+-- The refusal every host write starts with. SQLSTATE 42501 (insufficient_privilege), as PostgreSQL's
+-- own refusals, so that a client tells "not allowed" from "fenced" (UV001).
+CREATE FUNCTION unitvisor.require_host(host_id text) RETURNS void
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT unitvisor.acts_as(require_host.host_id) THEN
+        RAISE EXCEPTION 'role % may not act as host %', session_user, require_host.host_id
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'a host role acts only as the host id it is bound to (unitvisor hosts add); '
+                         'any other host needs unitvisor_admin';
+    END IF;
+END $$;
+
+-- What kind of role the session has, for `unitvisor doctor` and for people: admin, submitter, host
+-- (with the host id it is bound to) or unbound (none of the three, or a host role bound to nothing).
+CREATE FUNCTION unitvisor.whoami(OUT kind text, OUT host_id text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN pg_has_role(session_user, 'unitvisor_admin', 'MEMBER') THEN 'admin'
+                WHEN b.host_id IS NOT NULL THEN 'host'
+                WHEN pg_has_role(session_user, 'unitvisor_submitter', 'MEMBER') THEN 'submitter'
+                ELSE 'unbound' END,
+           b.host_id
+    FROM (SELECT unitvisor.my_host_id() AS host_id) b
+$$;
+
+-- == functions: runs, for control planes (the submitter's API: docs/sql-api.md) =====================
+
+-- submit_run: the one way to create a run, for the CLI and for any control plane in any language.
+-- It inserts the run, its first spawn job and its first event, so calling it inside the caller's
+-- own transaction makes "the run exists" and "the run will be started" one atomic fact. Each
+-- argument refused gets its own error, naming the argument and its check (run_argument_problem,
+-- docs/sql-api.md); new arguments come last and defaulted, so that every call written for an
+-- earlier schema, positional or named, keeps its meaning.
+--
+--   SELECT unitvisor.submit_run(ARRAY['/usr/bin/env', 'echo', 'hi'], memory_max => 268435456);
+-- As 017's, with its checks replaced by one call of run_argument_problem, and a NULL where the column has
+-- none reported from the column's refusal. Replaced in place (same arguments and result): its grants
+-- stay, and every caller of 017's, positional or named, gets the same answers.
+CREATE FUNCTION unitvisor.submit_run(
+    argv                  text[],
+    environment           jsonb   DEFAULT '{}'::jsonb,
+    working_directory     text    DEFAULT NULL,
+    run_user              text    DEFAULT NULL,
+    memory_max            bigint  DEFAULT NULL,
+    cpu_quota_percent     integer DEFAULT NULL,
+    tasks_max             integer DEFAULT NULL,
+    io_weight             integer DEFAULT NULL,
+    runtime_max_sec       bigint  DEFAULT NULL,
+    max_attempts          integer DEFAULT 1,
+    host_pin              text    DEFAULT NULL,
+    priority              integer DEFAULT 0,
+    retry_backoff_sec     integer DEFAULT 10,
+    retry_backoff_max_sec integer DEFAULT 600,
+    retry_on              text[]  DEFAULT NULL,
+    private_network       boolean DEFAULT false,
+    idempotency_key       text    DEFAULT NULL,
+    labels                jsonb   DEFAULT '{}'::jsonb,
+    concurrency_key       text    DEFAULT NULL,
+    not_before            timestamptz DEFAULT NULL,
+    start_deadline        timestamptz DEFAULT NULL,
+    memory_high           bigint  DEFAULT NULL
+) RETURNS uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- Bare names in the statements are runs' columns (ON CONFLICT's idempotency_key); the arguments are
+-- always written submit_run.<name>.
+#variable_conflict use_column
+DECLARE
+    new_id uuid;
+    env jsonb := coalesce(submit_run.environment, '{}'::jsonb);
+    run_labels jsonb := coalesce(submit_run.labels, '{}'::jsonb);
+    problem record;
+    refused_constraint text;
+    refused_state text;
+    refused_column text;
+BEGIN
+    -- Every argument's check, written once (run_argument_problem, which the table's trigger runs_arguments_valid
+    -- calls too): the first refused argument, in an error that names it and the constraint it breaks.
+    problem := unitvisor.run_argument_problem(submit_run.argv, env, submit_run.working_directory,
+        submit_run.run_user, submit_run.memory_max, submit_run.memory_high, submit_run.cpu_quota_percent,
+        submit_run.tasks_max, submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts,
+        submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec, submit_run.retry_on, run_labels,
+        submit_run.idempotency_key, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline);
+    IF problem.hint IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
+                  CONSTRAINT = problem.constraint_name, HINT = problem.hint;
+    ELSIF problem.message IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = problem.constraint_name;
+    END IF;
+
+    -- Sizes, once every argument has its form (so that a name it echoes is a valid name): one helper
+    -- holds every bound, so that a later submit_run calls it instead of repeating them.
+    PERFORM unitvisor.check_run_sizes(submit_run.argv, env, submit_run.working_directory, submit_run.host_pin,
+                                      submit_run.retry_on);
+
+    -- A retried submit: the run its key made, whatever the other arguments say now (as Stripe's and
+    -- River's idempotency keys: the key names the request, the first one wins). Nothing is written.
+    IF submit_run.idempotency_key IS NOT NULL THEN
+        SELECT r.id INTO new_id FROM unitvisor.runs r WHERE r.idempotency_key = submit_run.idempotency_key;
+        IF FOUND THEN
+            RETURN new_id;
+        END IF;
+    END IF;
+
+    -- Checked after the look-up: a retried submit must find its run even once its deadline has passed.
+    -- now() is the database's clock (the transaction's start), not the caller's.
+    IF submit_run.start_deadline <= now() THEN
+        RAISE EXCEPTION 'start_deadline: must be in the future (it is not after the database''s now())'
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
+                  CONSTRAINT = 'runs_start_deadline_valid';
+    END IF;
+
+    -- A constraint this function did not foresee (one added later) must not leak the row either:
+    -- caught, and raised again with its name but without the DETAIL that holds the row.
+    BEGIN
+        INSERT INTO unitvisor.runs (argv, environment, working_directory, run_user, memory_max,
+            cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, host_pin, priority,
+            retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
+            concurrency_key, not_before, start_deadline, memory_high)
+        VALUES (submit_run.argv, env, submit_run.working_directory,
+            submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
+            submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
+            submit_run.priority, submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec,
+            submit_run.retry_on, coalesce(submit_run.private_network, false), submit_run.idempotency_key,
+            run_labels, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline,
+            submit_run.memory_high)
+        -- Another submit with the same key committed since the look-up above (this waited for it):
+        -- insert nothing, and return its run below.
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING id INTO new_id;
+        IF new_id IS NULL THEN
+            SELECT r.id INTO STRICT new_id FROM unitvisor.runs r WHERE r.idempotency_key = submit_run.idempotency_key;
+            RETURN new_id;
+        END IF;
+        -- not_before: the first job is not due before it (the claim takes only due jobs).
+        INSERT INTO unitvisor.spawn_jobs (run_id, priority, scheduled_at)
+        VALUES (new_id, submit_run.priority, greatest(now(), submit_run.not_before));
+        INSERT INTO unitvisor.run_events (run_id, state, reason) VALUES (new_id, 'queued', 'submitted');
+    EXCEPTION WHEN integrity_constraint_violation THEN
+        GET STACKED DIAGNOSTICS refused_constraint = CONSTRAINT_NAME, refused_state = RETURNED_SQLSTATE,
+                                refused_column = COLUMN_NAME;
+        -- An explicit NULL for an argument whose column has none (max_attempts, priority, the backoffs, argv):
+        -- the column's NOT NULL refused it; the argument is named, as every other refusal names its own.
+        IF refused_state = '23502' AND refused_column <> '' THEN
+            RAISE EXCEPTION '%: must not be NULL (leave it out for its default)', refused_column
+                USING ERRCODE = 'not_null_violation', SCHEMA = 'unitvisor', TABLE = 'runs', COLUMN = refused_column;
+        END IF;
+        RAISE EXCEPTION 'the run was refused by constraint %', coalesce(nullif(refused_constraint, ''), '(unnamed)')
+            USING ERRCODE = refused_state, CONSTRAINT = coalesce(refused_constraint, '');
+    END;
+    RETURN new_id;
+END $$;
+
+-- A 1 MB environment value was accepted and the run then failed at exec (203/EXEC: E2BIG); a
+-- 100,000-character host_pin was accepted. The bounds, each from the limit it protects, all here:
+--
+-- * argv elements and environment entries are what execve(2) takes. Linux refuses a single string
+--   longer than MAX_ARG_STRLEN, 32 pages = 131072 bytes with its NUL: an argv element, and an
+--   environment entry NAME=value, may be at most 131071 bytes.
+-- * argv as a whole, and the environment as a whole, at most 524288 bytes (512 KiB) each, counted as
+--   the kernel counts them against ARG_MAX: each string's bytes, its NUL, and its 8-byte pointer.
+--   Linux's ARG_MAX is a quarter of the stack limit, 2 MiB with the usual 8 MiB; the two halves of
+--   1 MiB leave the other MiB for what systemd adds to the environment (PATH, INVOCATION_ID,
+--   JOURNAL_STREAM, USER, HOME, ...) and for a run under a smaller stack limit. The environment reaches
+--   the run through an EnvironmentFile= (supervisor/runenv.py), whose longest line (a 131071-byte
+--   entry with every character escaped) stays under systemd's 1 MiB line limit (LONG_LINE_MAX).
+-- * at most 256 environment names: no kernel limit, but the claim matches every name of a waiting
+--   run against each host's patterns (refused_environment_name), on every claim while it waits.
+-- * working_directory at most 4095 bytes: PATH_MAX, 4096 with its NUL.
+-- * host_pin at most 255 characters: a host id (config.py refuses a longer [host] id).
+-- * retry_on at most 8 elements: there are 8 outcomes worth a retry.
+-- * already bounded where their form is checked, and not repeated here: run_user (32 characters),
+--   idempotency_key and concurrency_key (255 characters), labels (64 pairs of 63 and 255 characters).
+--
+-- A refused size raises invalid_parameter_value (22023) with a message that names the argument, its
+-- size and the limit; never a value (a secret pasted into the wrong place must not reach logs).
+CREATE FUNCTION unitvisor.check_run_sizes(argv text[], environment jsonb, working_directory text, host_pin text,
+    retry_on text[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    string_max CONSTANT integer := 131071;
+    total_max CONSTANT integer := 524288;
+    names_max CONSTANT integer := 256;
+    pointer CONSTANT integer := 8;
+    bad record;
+    total bigint;
+BEGIN
+    SELECT a.i, octet_length(a.element) AS size INTO bad
+    FROM unnest(check_run_sizes.argv) WITH ORDINALITY AS a(element, i)
+    WHERE octet_length(a.element) > string_max ORDER BY a.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'argv: element % is % bytes, over the limit of % (the kernel''s MAX_ARG_STRLEN, 128 KiB with its NUL)',
+            bad.i, bad.size, string_max USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT sum(octet_length(a.element) + 1 + pointer) INTO total FROM unnest(check_run_sizes.argv) AS a(element);
+    IF total > total_max THEN
+        RAISE EXCEPTION 'argv: % bytes in all, over the limit of % (each element''s bytes, its NUL and an 8-byte pointer, as execve counts them)',
+            total, total_max USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF jsonb_typeof(check_run_sizes.environment) = 'object' THEN
+        IF (SELECT count(*) FROM jsonb_object_keys(check_run_sizes.environment)) > names_max THEN
+            RAISE EXCEPTION 'environment: % names, over the limit of %',
+                (SELECT count(*) FROM jsonb_object_keys(check_run_sizes.environment)), names_max
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        -- Only a valid name is echoed (an invalid one may be a "NAME=secret" pasted as a name).
+        SELECT CASE WHEN e.name ~ '^[A-Za-z_][A-Za-z0-9_]{0,127}$' THEN e.name ELSE '(an invalid name)' END AS name,
+               octet_length(e.name) + 1 + octet_length(e.value) AS size INTO bad
+        FROM jsonb_each_text(check_run_sizes.environment) AS e(name, value)
+        WHERE octet_length(e.name) + 1 + octet_length(e.value) > string_max ORDER BY e.name LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'environment: %=value is % bytes, over the limit of % (the kernel''s MAX_ARG_STRLEN, 128 KiB with its NUL)',
+                bad.name, bad.size, string_max USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT sum(octet_length(e.name) + 1 + octet_length(e.value) + 1 + pointer) INTO total
+        FROM jsonb_each_text(check_run_sizes.environment) AS e(name, value);
+        IF total > total_max THEN
+            RAISE EXCEPTION 'environment: % bytes in all, over the limit of % (each NAME=value''s bytes, its NUL and an 8-byte pointer, as execve counts them)',
+                total, total_max USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+
+    IF octet_length(check_run_sizes.working_directory) > 4095 THEN
+        RAISE EXCEPTION 'working_directory: % bytes, over the limit of 4095 (PATH_MAX, 4096 with its NUL)',
+            octet_length(check_run_sizes.working_directory) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(check_run_sizes.host_pin) > 255 THEN
+        RAISE EXCEPTION 'host_pin: % characters, over the limit of 255 (a host id is at most 255)',
+            length(check_run_sizes.host_pin) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(check_run_sizes.retry_on) > 8 THEN
+        RAISE EXCEPTION 'retry_on: % elements, over the limit of 8 (each outcome once)',
+            cardinality(check_run_sizes.retry_on) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- A path that is not normalised ('/usr/bin/../x', '//x', '/x/./y', '/x/') can never pass a host's
+-- allowlist, which compares normalised paths: refuse it at submit time instead of letting it wait.
+-- A trigger on new argv values, not a CHECK constraint: PostgreSQL re-checks a CHECK on every update
+-- of a row, even NOT VALID, so one such run submitted before this migration would make every later
+-- update of it fail (its state, its outcome, a cancel). Those old rows are refused by a host instead.
+CREATE FUNCTION unitvisor.refuse_unnormalised_argv0() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.argv[1] ~ '(//|/\./|/\.\./|/\.\.?$|./$)' THEN
+        RAISE EXCEPTION 'argv[0] is not a normalised absolute path'
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'runs_argv0_normalised',
+                  HINT = 'write it without //, /./, /../ or a trailing /';
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- Ask for a run to be cancelled. A queued run is cancelled at once (its job removed); a starting or
+-- running one is marked, and its daemon (woken on the channel unitvisor_cancel) stops its unit.
+-- state: the run's state after it (NULL: no such run); changed: whether anything changed.
+CREATE FUNCTION unitvisor.cancel_run(run_id uuid, OUT state text, OUT changed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- The job first, then the run: the claim locks in the same order, so the two cannot deadlock, and
+    -- a job being claimed right now makes this wait and then see the run starting.
+    DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = cancel_run.run_id AND j.state = 'available';
+    UPDATE unitvisor.runs r SET
+        cancel_requested_at = coalesce(r.cancel_requested_at, now()), updated_at = now(),
+        state = CASE WHEN r.state = 'queued' THEN 'cancelled' ELSE r.state END,
+        finished_at = CASE WHEN r.state = 'queued' THEN now() ELSE r.finished_at END
+    WHERE r.id = cancel_run.run_id AND r.state IN ('queued', 'starting', 'running')
+    RETURNING r.state INTO cancel_run.state;
+    IF NOT FOUND THEN
+        SELECT r.state INTO cancel_run.state FROM unitvisor.runs r WHERE r.id = cancel_run.run_id;
+        changed := false;
+        RETURN;
+    END IF;
+    IF cancel_run.state = 'cancelled' THEN
+        -- A retry's job committed while this waited for the run's row lock (its outcome was being
+        -- recorded): the run is cancelled now, so that job may never start it.
+        DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = cancel_run.run_id AND j.state = 'available';
+    END IF;
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    VALUES (cancel_run.run_id, NULL, NULL, cancel_run.state,
+            CASE WHEN cancel_run.state = 'cancelled' THEN 'cancelled while queued' ELSE 'cancel requested' END);
+    PERFORM pg_notify('unitvisor_cancel', cancel_run.run_id::text);
+    changed := true;
+END $$;
+
+-- resume_run as in 004, for expired runs too, and with the run's times: its new job is not due before
+-- the run's not_before, and a start deadline that has passed (an expired run's always has) is dropped,
+-- since resuming is the operator's decision to run it anyway; one still ahead is kept.
+CREATE FUNCTION unitvisor.resume_run(run_id uuid, OUT state text, OUT changed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    resumed record;
+BEGIN
+    UPDATE unitvisor.runs r SET state = 'queued', cancel_requested_at = NULL, finished_at = NULL, updated_at = now(),
+        start_deadline = CASE WHEN r.start_deadline <= now() THEN NULL ELSE r.start_deadline END
+    FROM (SELECT o.id, o.start_deadline FROM unitvisor.runs o WHERE o.id = resume_run.run_id FOR UPDATE) old
+    WHERE r.id = old.id AND r.state IN ('failed', 'cancelled', 'expired')
+    RETURNING r.priority, r.not_before, old.start_deadline AS old_deadline, r.start_deadline AS new_deadline
+    INTO resumed;
+    IF NOT FOUND THEN
+        SELECT r.state INTO resume_run.state FROM unitvisor.runs r WHERE r.id = resume_run.run_id;
+        changed := false;
+        RETURN;
+    END IF;
+    -- A job left behind by an older race is the job this run needs: keep it, never fail on it.
+    INSERT INTO unitvisor.spawn_jobs AS j (run_id, priority, scheduled_at)
+    VALUES (resume_run.run_id, resumed.priority, greatest(now(), resumed.not_before))
+    ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING;
+    INSERT INTO unitvisor.run_events (run_id, state, reason)
+    VALUES (resume_run.run_id, 'queued', 'resumed by an operator' ||
+            CASE WHEN resumed.old_deadline IS DISTINCT FROM resumed.new_deadline
+                 THEN format('; its start deadline %s has passed and no longer applies',
+                             to_char(resumed.old_deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
+                 ELSE '' END);
+    resume_run.state := 'queued';
+    changed := true;
+END $$;
+
+-- run_status as in 005 (same columns), with the new facts: wait_reason from wait_reason() (so a run
+-- held by its not_before says so), and an expired run's outcome is `expired` and its reason the
+-- expiry's (an expired run may have attempts that never started; how the run ended is the expiry).
+CREATE FUNCTION unitvisor.run_status(run_id uuid)
+RETURNS TABLE (id uuid, state text, created_at timestamptz, finished_at timestamptz, attempts integer,
+               attempt integer, host_id text, outcome text, exit_status text, reason text,
+               cancel_requested boolean, wait_reason text, labels jsonb)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT r.id, r.state, r.created_at, r.finished_at,
+        (SELECT count(*)::integer FROM unitvisor.attempts c WHERE c.run_id = r.id),
+        a.attempt, a.host_id,
+        CASE WHEN r.state = 'expired' THEN 'expired' ELSE a.outcome END,
+        a.exit_status,
+        CASE WHEN r.state = 'expired' THEN (SELECT e.reason FROM unitvisor.run_events e
+                                            WHERE e.run_id = r.id AND e.state = 'expired'
+                                            ORDER BY e.id DESC LIMIT 1)
+             ELSE a.reason END,
+        r.cancel_requested_at IS NOT NULL,
+        unitvisor.wait_reason(r),
+        r.labels
+    FROM unitvisor.runs r
+    LEFT JOIN LATERAL (
+        SELECT l.attempt, l.host_id, l.outcome, l.exit_status, l.reason FROM unitvisor.attempts l
+        WHERE l.run_id = r.id ORDER BY l.attempt DESC LIMIT 1) a ON true
+    WHERE r.id = run_status.run_id
+$$;
+
+-- Why a run waits, as run_status and the CLI show it: while it is queued, its not_before when that is
+-- still ahead, else what explain_waiting recorded. Invoker's rights: it reads what the caller may.
+CREATE FUNCTION unitvisor.wait_reason(r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN r.state <> 'queued' THEN NULL
+                WHEN r.not_before > now() THEN format('not before %s',
+                    to_char(r.not_before AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
+                ELSE (SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) END
+$$;
+
+-- What queued run r is waiting for, in words, for the reason of its expiry: the run of its key, why no
+-- live host accepts it (as explain_waiting says it, but as of now), or its attempts that never started.
+CREATE FUNCTION unitvisor.waited_for(r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(
+        (SELECT 'run ' || b.id || ' (' || b.state || ') with the same concurrency key'
+         FROM unitvisor.runs b WHERE b.id = unitvisor.concurrency_blocker(r)),
+        unitvisor.fleet_refusal(r),
+        (SELECT format('%s attempt(s), none of which started; the last: %s', count(*),
+                       (SELECT coalesce(l.outcome, 'open') || coalesce(' (' || l.reason || ')', '')
+                        FROM unitvisor.attempts l WHERE l.run_id = r.id ORDER BY l.attempt DESC LIMIT 1))
+         FROM unitvisor.attempts a WHERE a.run_id = r.id HAVING count(*) > 0),
+        'a host to claim it')
+$$;
+
+-- runs_with_labels as in 012, newest first by submission: runs of one transaction share created_at.
+CREATE FUNCTION unitvisor.runs_with_labels(labels jsonb, max_rows integer DEFAULT 100)
+RETURNS TABLE (id uuid, state text, created_at timestamptz, finished_at timestamptz, attempts integer,
+               attempt integer, host_id text, outcome text, exit_status text, reason text,
+               cancel_requested boolean, wait_reason text, labels jsonb)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT s.* FROM (SELECT r.id AS run_id, r.created_at AS run_created_at, r.seq AS run_seq FROM unitvisor.runs r
+                     WHERE r.labels @> runs_with_labels.labels
+                     ORDER BY r.created_at DESC, r.seq DESC NULLS LAST, r.id
+                     LIMIT unitvisor.max_rows_bound(runs_with_labels.max_rows)) m
+    CROSS JOIN LATERAL unitvisor.run_status(m.run_id) s
+    ORDER BY m.run_created_at DESC, m.run_seq DESC NULLS LAST, m.run_id
+$$;
+
+-- max_rows as runs_with_labels takes it: NULL (no bound) or a count from 0; anything else is refused
+-- with a message that names the argument (invalid_parameter_value, as PostgreSQL's own refusal of a
+-- bad argument). Called with the caller's rights, so granted to the roles that may call
+-- runs_with_labels; it reads nothing.
+CREATE FUNCTION unitvisor.max_rows_bound(max_rows integer) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF max_rows < 0 THEN
+        RAISE EXCEPTION 'max_rows: % is out of range (0 or more; NULL for no bound)', max_rows
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN max_rows;
+END $$;
+
+-- == functions: hosts, their registration, liveness and fence =======================================
+
+-- The session-level advisory lock a live daemon holds on its host id (on its main connection): a
+-- second daemon with the same id cannot take it. 64 bits of hash, so two distinct ids practically
+-- never share a lock.
+CREATE FUNCTION unitvisor.host_lock_key(host_id text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('unitvisor-host:' || host_id, 0) $$;
+
+-- check_fence, as in 002, first checking that the caller is the host it writes for. Every host write
+-- that carries a fence calls it (claim_jobs, declare_dead_hosts, register_host_environment, and the
+-- functions below), so none of them can be made as another host.
+CREATE FUNCTION unitvisor.check_fence(host_id text, host_epoch bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    current unitvisor.hosts;
+BEGIN
+    PERFORM unitvisor.require_host(check_fence.host_id);
+    SELECT * INTO current FROM unitvisor.hosts h WHERE h.id = check_fence.host_id FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'host % is fenced: its row is gone', check_fence.host_id
+            USING ERRCODE = 'UV001', HINT = 'the daemon registers again';
+    END IF;
+    IF current.epoch <> check_fence.host_epoch OR current.state = 'dead' THEN
+        RAISE EXCEPTION 'host % is fenced: epoch % is over (now %, %)', check_fence.host_id,
+            check_fence.host_epoch, current.epoch, current.state
+            USING ERRCODE = 'UV001', HINT = 'the daemon registers again';
+    END IF;
+    RETURN true;
+END $$;
+
+-- register_host as in 004, with the rule of the head of this file. Another instance is refused while
+-- the host has been heard from within its own host_dead_after and either is active or draining (a live
+-- daemon, maybe reconnecting) or has an attempt open (its daemon stopped, or is restarting: its runs go
+-- on, and only its own instance may adopt them; a peer settles them only once it is declared dead,
+-- after the same silence). The same machine in the same boot (a restart, a reconnect) takes it back at
+-- once, as before. What a refused daemon is told says when it may try with success: the moment is the
+-- database's, fixed by the last heartbeat, so the message stays the same while it waits.
+CREATE FUNCTION unitvisor.register_host(
+    host_id text, host_name text, host_instance text, max_runs integer, memory_budget bigint,
+    host_version text, host_boot_id text, allowed_executables text[], executable_patterns text[],
+    run_user text, allowed_users text[], can_start boolean, cannot_start_reason text,
+    poll_interval_sec double precision, dead_after_sec double precision)
+RETURNS TABLE (registered boolean, state text, epoch bigint, detail text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    old unitvisor.hosts;
+    new_epoch bigint;
+    new_state text;
+    open_attempts bigint;
+    who text := format('%s (instance %s, backend pid %s)', register_host.host_name, register_host.host_instance,
+                       pg_backend_pid());
+BEGIN
+    PERFORM unitvisor.require_host(register_host.host_id);
+    IF NOT pg_try_advisory_lock(unitvisor.host_lock_key(register_host.host_id)) THEN
+        UPDATE unitvisor.hosts h SET conflict_at = now(), conflict_detail = 'refused a second daemon: ' || who
+        WHERE h.id = register_host.host_id;
+        RETURN QUERY SELECT false, NULL::text, NULL::bigint,
+            format('host id %s is held by another live daemon (its database session holds the host lock)',
+                   register_host.host_id);
+        RETURN;
+    END IF;
+    SELECT * INTO old FROM unitvisor.hosts h WHERE h.id = register_host.host_id FOR UPDATE;
+    -- (A NULL instance was registered by a version-1 daemon, which recorded none: the usual case is
+    -- this machine's own daemon before an upgrade, so it is not held against it.)
+    IF FOUND AND old.instance IS NOT NULL AND old.instance <> register_host.host_instance
+            AND old.heartbeat_at >= now() - make_interval(secs => coalesce(old.dead_after_sec, 60)) THEN
+        SELECT count(*) INTO open_attempts FROM unitvisor.attempts a
+        WHERE a.host_id = register_host.host_id AND a.outcome IS NULL;
+        IF old.state IN ('active', 'draining') OR open_attempts > 0 THEN
+            -- Held: let its instance have it back (or its silence run out).
+            PERFORM pg_advisory_unlock(unitvisor.host_lock_key(register_host.host_id));
+            UPDATE unitvisor.hosts h SET conflict_at = now(), conflict_detail = 'refused a second daemon: ' || who
+            WHERE h.id = register_host.host_id;
+            RETURN QUERY SELECT false, NULL::text, NULL::bigint, format(
+                'host id %s is held by instance %s (another machine with this id, or this machine before a '
+                'reboot), %s with %s attempt(s) open, last heard from at %s; another instance may take it once '
+                'it has been silent for its host_dead_after (%s s), at %s',
+                register_host.host_id, old.instance, old.state, open_attempts,
+                to_char(old.heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'),
+                coalesce(old.dead_after_sec, 60),
+                to_char((old.heartbeat_at + make_interval(secs => coalesce(old.dead_after_sec, 60)))
+                        AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'));
+            RETURN;
+        END IF;
+    END IF;
+    IF NOT FOUND THEN
+        INSERT INTO unitvisor.hosts (id, name, max_runs, memory_budget, version, boot_id, instance, can_start,
+            cannot_start_reason, allowed_executables, executable_patterns, run_user, allowed_users,
+            poll_interval_sec, dead_after_sec)
+        VALUES (register_host.host_id, register_host.host_name, register_host.max_runs, register_host.memory_budget,
+            register_host.host_version, register_host.host_boot_id, register_host.host_instance,
+            register_host.can_start, register_host.cannot_start_reason, register_host.allowed_executables,
+            register_host.executable_patterns, register_host.run_user, register_host.allowed_users,
+            register_host.poll_interval_sec, register_host.dead_after_sec)
+        RETURNING hosts.epoch INTO new_epoch;
+        RETURN QUERY SELECT true, 'active'::text, new_epoch, 'registered'::text;
+        RETURN;
+    END IF;
+    -- Same machine (a restart, a reconnect): same epoch, its attempts are its own. A dead host, or
+    -- another instance taking over the id: a new epoch, so that the old owner's writes fail.
+    new_epoch := CASE WHEN old.state = 'dead' OR old.instance IS DISTINCT FROM register_host.host_instance
+                      THEN nextval('unitvisor.host_epochs') ELSE old.epoch END;
+    new_state := CASE WHEN old.state = 'draining' OR (old.state = 'dead' AND old.drained_before_death)
+                      THEN 'draining' ELSE 'active' END;
+    -- started_at = now(): the start of this registration, which declare_dead_hosts measures the
+    -- declarer's connection by (a daemon registers after every connect).
+    UPDATE unitvisor.hosts h SET name = register_host.host_name, max_runs = register_host.max_runs,
+        memory_budget = register_host.memory_budget, version = register_host.host_version,
+        boot_id = register_host.host_boot_id, instance = register_host.host_instance,
+        can_start = register_host.can_start, cannot_start_reason = register_host.cannot_start_reason,
+        allowed_executables = register_host.allowed_executables,
+        executable_patterns = register_host.executable_patterns, run_user = register_host.run_user,
+        allowed_users = register_host.allowed_users, poll_interval_sec = register_host.poll_interval_sec,
+        dead_after_sec = register_host.dead_after_sec, epoch = new_epoch, started_at = now(),
+        heartbeat_at = now(), dead_at = NULL, dead_reason = NULL, drained_before_death = false, state = new_state
+    WHERE h.id = register_host.host_id;
+    RETURN QUERY SELECT true, new_state, new_epoch,
+        CASE WHEN old.state = 'dead' THEN format('rejoined after being declared dead (%s)', old.dead_reason)
+             WHEN new_epoch <> old.epoch THEN format('took over the id from instance %s', old.instance)
+             ELSE 'registered' END;
+END $$;
+
+-- As in 003 (what a 0.5.x daemon calls), and it also clears an allowlist a 0.6 daemon registered for
+-- the same host id: after a downgrade the host is judged by the denylist its daemon enforces, never by
+-- a list that daemon does not know.
+CREATE FUNCTION unitvisor.register_host_environment(host_id text, host_epoch bigint,
+    environment_denied text[], environment_allowed text[]) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE unitvisor.hosts h SET environment_denied = register_host_environment.environment_denied,
+        environment_allowed = register_host_environment.environment_allowed,
+        environment_names = NULL, environment_patterns = NULL
+    WHERE h.id = register_host_environment.host_id
+      AND unitvisor.check_fence(register_host_environment.host_id, register_host_environment.host_epoch)
+$$;
+
+-- What a 0.6 daemon registers right after register_host, in the same transaction (store.register_host),
+-- fenced like every host write. environment_allowed is cleared: the allowlist decides.
+CREATE FUNCTION unitvisor.register_host_allowlist(host_id text, host_epoch bigint, environment_denied text[],
+    environment_names text[], environment_patterns text[]) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE unitvisor.hosts h SET environment_denied = register_host_allowlist.environment_denied,
+        environment_allowed = NULL,
+        environment_names = coalesce(register_host_allowlist.environment_names, '{}'),
+        environment_patterns = coalesce(register_host_allowlist.environment_patterns, '{}')
+    WHERE h.id = register_host_allowlist.host_id
+      AND unitvisor.check_fence(register_host_allowlist.host_id, register_host_allowlist.host_epoch)
+$$;
+
+-- What a daemon reports when its admission changes (store.set_pressure), fenced like every host write.
+-- Not part of the heartbeat: a host stops claiming within a second or two of its figure crossing the
+-- line, not at its next poll interval, and an idle host, whose figures do not move, writes nothing.
+CREATE FUNCTION unitvisor.set_host_pressure(host_id text, host_epoch bigint, state text, resource text,
+    figures jsonb, detail text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE unitvisor.hosts h SET pressure_state = set_host_pressure.state,
+        pressure_resource = set_host_pressure.resource, pressure_figures = set_host_pressure.figures,
+        pressure_detail = set_host_pressure.detail, pressure_at = now()
+    WHERE h.id = set_host_pressure.host_id
+      AND unitvisor.check_fence(set_host_pressure.host_id, set_host_pressure.host_epoch)
+$$;
+
+-- The heartbeat and the fallback poll (store.probe). No row: fenced (its row is gone, its epoch is
+-- over, or it is dead).
+CREATE FUNCTION unitvisor.heartbeat(host_id text, host_epoch bigint, waited interval)
+RETURNS TABLE (host_state text, claimable boolean, cancels boolean, upkeep boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.require_host(heartbeat.host_id);
+    RETURN QUERY
+    UPDATE unitvisor.hosts h SET heartbeat_at = now()
+    WHERE h.id = heartbeat.host_id AND h.epoch = heartbeat.host_epoch AND h.state <> 'dead'
+    RETURNING h.state,
+        EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+                WHERE j.state = 'available' AND j.scheduled_at <= now()
+                  AND (r.state <> 'queued' OR (unitvisor.host_refusal(h, r) IS NULL
+                                               AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))))),
+        EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
+                WHERE a.host_id = heartbeat.host_id AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL),
+        EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))
+        OR EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
+                   WHERE j.state = 'available' AND j.scheduled_at <= now() - heartbeat.waited)
+        OR EXISTS (SELECT 1 FROM unitvisor.runs r
+                   WHERE r.state = 'queued' AND r.start_deadline <= now() AND unitvisor.is_overdue(r));
+END $$;
+
+-- A daemon's clean stop (store.mark_host_stopped).
+CREATE FUNCTION unitvisor.mark_host_stopped(host_id text, host_epoch bigint) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.require_host(mark_host_stopped.host_id);
+    UPDATE unitvisor.hosts h SET state = 'stopped', heartbeat_at = now()
+    WHERE h.id = mark_host_stopped.host_id AND h.epoch = mark_host_stopped.host_epoch AND h.state = 'active';
+END $$;
+
+-- A host is live while it is active and has been heard from within its own host_dead_after (whether
+-- it can start units is host_refusal's to say, so that a waiting run names the reason).
+CREATE FUNCTION unitvisor.host_is_live(h unitvisor.hosts) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT h.state = 'active' AND h.heartbeat_at >= now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
+$$;
+
+-- A host to declare dead: silent for longer than its own host_dead_after, and either active or
+-- draining, or stopped with an attempt still open (a host that stopped cleanly with nothing open
+-- stays 'stopped'). The heartbeat's probe and declare_dead_hosts both ask this one function.
+CREATE FUNCTION unitvisor.host_is_overdue(h unitvisor.hosts) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT h.heartbeat_at < now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
+       AND (h.state IN ('active', 'draining')
+            OR (h.state = 'stopped' AND EXISTS (SELECT 1 FROM unitvisor.attempts a
+                                                WHERE a.host_id = h.id AND a.outcome IS NULL)))
+$$;
+
+-- A host that may declare others dead and settle their attempts: not fenced (check_fence says that),
+-- active or draining, and heard from within its own host_dead_after by the database's clock. One that
+-- is itself silent that long may be declared dead by a peer at any moment: it must not be the one
+-- deciding about others. declare_dead_hosts and record_outcome ask this one function, in the same
+-- transaction (the same now()), so that a host allowed to declare is allowed to settle what it declared.
+CREATE FUNCTION unitvisor.host_acts_for_fleet(h unitvisor.hosts) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT h.state IN ('active', 'draining')
+       AND h.heartbeat_at >= now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
+$$;
+
+-- A host's reading of its own clock, on the database's: an attempt's start is stamped by the database
+-- (mark_started's now()) and its end read by the host (systemd's exit time), so a host 30 s behind
+-- showed a 5 s run as -25 s. Chosen: every time stored is the database's clock, the one clock all hosts
+-- share, and a host's reading is moved by `offset`, the host's clock offset measured when it records
+-- (the database's statement_timestamp() minus the host's clock at the call), then kept within
+-- [earliest, latest]: no attempt starts before it was claimed or ends before it started, and nothing
+-- ends after it is recorded. Chosen over now() at record time, which would stretch a run by however
+-- long its daemon was down when it ended (issue 12: systemd's reading is the run's real end). An offset
+-- within a second is the measurement's own noise (the trip of the statement), not a clock's: it is
+-- not applied, and systemd's microseconds are kept as read. A NULL offset (a 0.5.x daemon, which sends
+-- no clock) moves nothing; the bounds alone keep such a duration sane (never negative, never past the
+-- recording), if shorter than the run was on a host whose clock is behind.
+CREATE FUNCTION unitvisor.host_time_on_db_clock(reading timestamptz, "offset" interval, earliest timestamptz,
+                                                latest timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    -- (greatest and least skip NULLs: a NULL reading must stay NULL, "not read", not become a bound.)
+    SELECT CASE WHEN reading IS NOT NULL THEN
+        greatest(earliest, least(latest, reading + CASE WHEN abs(extract(epoch FROM "offset")) > 1
+                                                       THEN "offset" ELSE interval '0' END)) END
+$$;
+
+-- declare_dead_hosts as in 002, deciding from the database's own facts. The declarer has been connected
+-- for as long as its registration is old (hosts.started_at); connected_for, the caller's own measure
+-- (0.5.x daemons pass it), may only make that shorter. A declarer that does not act for the fleet
+-- (host_acts_for_fleet: draining or active, and heard from) declares nothing: it could not settle the
+-- attempts of what it declared (record_outcome asks the same).
+CREATE FUNCTION unitvisor.declare_dead_hosts(declarer text, declarer_epoch bigint,
+                                                        connected_for double precision)
+RETURNS TABLE (host_id text, silent_sec double precision, dead_after_sec double precision)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    me unitvisor.hosts;
+    connected double precision;
+BEGIN
+    PERFORM unitvisor.check_fence(declare_dead_hosts.declarer, declare_dead_hosts.declarer_epoch);
+    SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = declare_dead_hosts.declarer;
+    IF NOT unitvisor.host_acts_for_fleet(me) THEN
+        RETURN;
+    END IF;
+    connected := least(extract(epoch FROM now() - me.started_at)::double precision,
+                       coalesce(declare_dead_hosts.connected_for, 0));
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-fleet-upkeep', 0)) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    UPDATE unitvisor.hosts h SET state = 'dead', epoch = nextval('unitvisor.host_epochs'), dead_at = now(),
+        drained_before_death = (h.state = 'draining'),
+        dead_reason = format('silent for %s s (its host_dead_after is %s s); declared dead by host %s',
+                             round(extract(epoch FROM now() - h.heartbeat_at)::numeric),
+                             coalesce(h.dead_after_sec, 60), declare_dead_hosts.declarer)
+    WHERE h.id <> declare_dead_hosts.declarer AND unitvisor.host_is_overdue(h)
+      AND coalesce(h.dead_after_sec, 60) <= connected
+    RETURNING h.id, extract(epoch FROM now() - h.heartbeat_at)::double precision,
+              coalesce(h.dead_after_sec, 60);
+END $$;
+
+-- == functions: which host may run which run ========================================================
+
+-- As in 003, with one more reason, last so that a run a host would refuse anyway names that first: a
+-- host that claims nothing under pressure. Still the one function the claim, the probe (whose
+-- `claimable` is then false, so a stopped host is not woken to claim nothing) and the explanation of
+-- a waiting run ask, so the database refuses what the daemon would not claim, and a waiting run
+-- says "no live host accepts it: claims nothing under memory pressure (web-1)". The words name the
+-- resource and no figure: explain_waiting writes an event whenever a reason changes.
+-- A report older than the host's registration (hosts.started_at, stamped at every registration) is
+-- the previous daemon's: void, so that a daemon that died stopped, or one replaced by a 0.6.0 daemon
+-- that reports nothing, does not keep its host closed.
+CREATE FUNCTION unitvisor.host_refusal(h unitvisor.hosts, r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN r.host_pin IS NOT NULL AND r.host_pin <> h.id THEN 'pinned to host ' || r.host_pin
+        WHEN NOT h.can_start THEN 'cannot start units (' || coalesce(h.cannot_start_reason, 'unknown') || ')'
+        WHEN NOT EXISTS (SELECT 1 FROM unnest(h.executable_patterns) AS p(pattern) WHERE r.argv[1] ~ p.pattern)
+            THEN 'executable ' || r.argv[1] || ' is not allowed'
+        WHEN r.run_user IS NOT NULL AND r.run_user <> h.run_user AND NOT r.run_user = ANY (h.allowed_users)
+            THEN 'user ' || r.run_user || ' is not allowed'
+        WHEN unitvisor.refused_environment_name(h, r) IS NOT NULL
+            THEN 'environment name ' || unitvisor.refused_environment_name(h, r) || ' is not allowed'
+        WHEN r.memory_max IS NOT NULL AND h.memory_budget IS NOT NULL AND r.memory_max > h.memory_budget
+            THEN 'memory_max ' || r.memory_max || ' bytes is over the memory budget'
+        WHEN h.pressure_state = 'stopped' AND h.pressure_at >= h.started_at
+            THEN 'claims nothing under ' || coalesce(h.pressure_resource, 'some') || ' pressure'
+    END
+$$;
+
+-- As in 003, the first of r's environment names that host h refuses, or NULL, by the rule above. Still
+-- the one function host_refusal asks (the claim, the probe and the explanation of a waiting run).
+CREATE FUNCTION unitvisor.refused_environment_name(h unitvisor.hosts, r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT min(e.name)
+    FROM jsonb_object_keys(CASE WHEN jsonb_typeof(r.environment) = 'object' THEN r.environment ELSE '{}' END)
+        AS e(name)
+    WHERE CASE WHEN h.environment_patterns IS NULL
+        THEN e.name ~ ANY (h.environment_denied) AND NOT e.name ~ ANY (coalesce(h.environment_allowed, '{}'))
+        ELSE NOT (e.name = ANY (coalesce(h.environment_names, '{}'))
+                  OR (e.name ~ ANY (h.environment_patterns)
+                      AND NOT e.name ~ ANY (coalesce(h.environment_denied, '{}'))))
+    END
+$$;
+
+-- Why no live host accepts run r (the fleet's view), or NULL when one does.
+CREATE FUNCTION unitvisor.fleet_refusal(r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM unitvisor.hosts h
+                     WHERE unitvisor.host_is_live(h) AND unitvisor.host_refusal(h, r) IS NULL) THEN NULL
+        WHEN r.host_pin IS NOT NULL THEN (
+            SELECT coalesce(
+                (SELECT CASE
+                    WHEN p.state = 'dead' THEN format('pinned to host %s, which is dead (%s)', p.id, p.dead_reason)
+                    WHEN p.state <> 'active' THEN format('pinned to host %s, which is %s', p.id, p.state)
+                    WHEN NOT unitvisor.host_is_live(p) THEN format(
+                        'pinned to host %s, which has been silent since %s', p.id,
+                        to_char(p.heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
+                    ELSE format('pinned to host %s, which does not accept it: %s', p.id,
+                                unitvisor.host_refusal(p, r))
+                 END FROM unitvisor.hosts p WHERE p.id = r.host_pin),
+                format('pinned to host %s, which is not known (see unitvisor hosts)', r.host_pin)))
+        WHEN NOT EXISTS (SELECT 1 FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h))
+            THEN 'no live host (every host is dead, stopped, draining or silent)'
+        ELSE 'no live host accepts it: ' || (
+            SELECT string_agg(reason, '; ' ORDER BY reason) FROM (
+                SELECT format('%s (%s)', reason, string_agg(h.id, ', ' ORDER BY h.id)) AS reason
+                FROM (SELECT h.id, unitvisor.host_refusal(h, r) AS reason
+                      FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h)) h
+                GROUP BY h.reason) reasons)
+    END
+$$;
+
+-- Whether another live host that can start units would also run r: only such runs are shared out.
+CREATE FUNCTION unitvisor.also_accepted(me unitvisor.hosts, r unitvisor.runs) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM unitvisor.hosts h
+                   WHERE h.id <> me.id AND h.can_start AND unitvisor.host_is_live(h)
+                     AND unitvisor.host_refusal(h, r) IS NULL)
+$$;
+
+-- concurrency_blocker as in 006, in submission order by seq: a run of its key that is starting or
+-- running, else the queued run of its key submitted just before it. Runs numbered NULL (submitted
+-- before this migration) come before every numbered run, and among themselves by created_at, then id.
+CREATE FUNCTION unitvisor.concurrency_blocker(r unitvisor.runs) RETURNS uuid
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN r.concurrency_key IS NOT NULL THEN coalesce(
+        (SELECT k.id FROM unitvisor.runs k
+         WHERE k.concurrency_key = r.concurrency_key AND k.state IN ('starting', 'running') AND k.id <> r.id
+         LIMIT 1),
+        (SELECT k.id FROM unitvisor.runs k
+         WHERE k.concurrency_key = r.concurrency_key AND k.state = 'queued' AND k.seq < r.seq
+         ORDER BY k.seq DESC LIMIT 1),
+        (SELECT k.id FROM unitvisor.runs k
+         WHERE k.concurrency_key = r.concurrency_key AND k.state = 'queued' AND k.seq IS NULL AND k.id <> r.id
+           AND (r.seq IS NOT NULL OR (k.created_at, k.id) < (r.created_at, r.id))
+         ORDER BY k.created_at DESC, k.id DESC LIMIT 1)) END
+$$;
+
+-- Whether r is past its start deadline without ever having started (no attempt of it recorded a
+-- start; one that failed to start, or was refused, did not). A run that started once is never expired:
+-- its retries go on as its max_attempts says.
+CREATE FUNCTION unitvisor.is_overdue(r unitvisor.runs) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT r.state = 'queued' AND r.start_deadline <= now()
+       AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.started_at IS NOT NULL)
+$$;
+
+-- explain_waiting as in 002, with a second reason beside fleet_refusal's: the run of the same
+-- concurrency key it waits for. Both when both hold (a host that accepted it would still have to wait).
+CREATE FUNCTION unitvisor.explain_waiting(min_wait interval, max_runs integer DEFAULT 1000)
+RETURNS integer LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    WITH waiting AS (
+        SELECT w.id, nullif(concat_ws('; ', w.keyed, w.refused), '') AS reason
+        FROM (SELECT r.id, unitvisor.fleet_refusal(r) AS refused,
+                     (SELECT 'waits for run ' || b.id || ' (' || b.state || ') with the same concurrency key'
+                      FROM unitvisor.runs b WHERE b.id = unitvisor.concurrency_blocker(r)) AS keyed
+              FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+              WHERE j.state = 'available' AND j.scheduled_at <= now() - explain_waiting.min_wait AND r.state = 'queued'
+              ORDER BY j.scheduled_at LIMIT explain_waiting.max_runs) w
+    ),
+    -- A reason that appears or changes; ON CONFLICT sees a concurrent pass's committed row, so two
+    -- passes at once write one event.
+    changed AS (
+        INSERT INTO unitvisor.run_waits AS x (run_id, reason)
+        SELECT w.id, w.reason FROM waiting w WHERE w.reason IS NOT NULL
+        ON CONFLICT (run_id) DO UPDATE SET reason = excluded.reason WHERE x.reason IS DISTINCT FROM excluded.reason
+        RETURNING x.run_id AS id, x.reason
+    ),
+    cleared AS (
+        DELETE FROM unitvisor.run_waits x USING waiting w WHERE x.run_id = w.id AND w.reason IS NULL
+        RETURNING 1
+    ),
+    events AS (
+        INSERT INTO unitvisor.run_events (run_id, state, reason)
+        SELECT c.id, 'queued', 'waiting: ' || c.reason FROM changed c
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM events
+$$;
+
+-- == functions: claiming, starting and settling attempts (the host's API) ===========================
+
+-- claim_jobs' memo of one answer per kind of run: `memo` with `kind` set to `answer`, unless it holds
+-- 64 kinds already (the claim then asks again for further kinds: a bound on its memory, not on its
+-- answers).
+CREATE FUNCTION unitvisor.claim_memo(memo jsonb, kind text, answer boolean) RETURNS jsonb
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN (SELECT count(*) FROM jsonb_object_keys(memo)) >= 64 THEN memo
+                ELSE memo || jsonb_build_object(kind, answer) END
+$$;
+
+-- claim_jobs as in 012, claiming nothing for a host that is not live (host_is_live: active, and heard
+-- from within its own host_dead_after). check_fence already refuses a host declared dead or whose id
+-- was taken over; a host silent that long but not declared yet may be declared dead by any peer at the
+-- next moment, its new attempts settled `lost` and started again elsewhere: it takes nothing until its
+-- heartbeat is renewed (the daemon's next probe). The rest is 012's, line for line.
+CREATE FUNCTION unitvisor.claim_jobs(
+    host_id text, host_epoch bigint, batch integer, unit_format text,
+    starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')
+RETURNS TABLE (run_id uuid, attempt integer, unit_name text, claimed_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    me unitvisor.hosts;
+    in_flight integer;
+    memory_used bigint;
+    free integer;
+    capacity bigint;
+    busy bigint;
+    waiting bigint;
+    share bigint;
+    shared integer := 0;
+    taken integer := 0;
+    looked integer := 0;
+    next_attempt integer;
+    name text;
+    enough bigint;
+    refusals jsonb := '{}';
+    accepted jsonb := '{}';
+    contested boolean;
+    -- (A bound cursor, planned for its first rows: sql/009_claim_cost.sql.)
+    jobs CURSOR FOR
+        SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max, r.concurrency_key,
+               r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max)::text AS kind,
+               r AS run
+        FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+        WHERE j.state = 'available' AND j.scheduled_at <= now()
+          AND (r.state <> 'queued' OR ((r.host_pin IS NULL OR r.host_pin = me.id)
+                                       AND (r.concurrency_key IS NULL OR unitvisor.concurrency_blocker(r) IS NULL)
+                                       AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))))
+        ORDER BY j.priority DESC, j.scheduled_at, j.id
+        ;
+BEGIN
+    PERFORM unitvisor.check_fence(claim_jobs.host_id, claim_jobs.host_epoch);
+    SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = claim_jobs.host_id;
+    IF me.state <> 'active' OR NOT me.can_start OR NOT unitvisor.host_is_live(me) THEN
+        RETURN;
+    END IF;
+    SELECT count(*), coalesce(sum(r.memory_max), 0) INTO in_flight, memory_used
+    FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
+    WHERE a.host_id = claim_jobs.host_id AND a.outcome IS NULL;
+    free := least(claim_jobs.batch, me.max_runs - in_flight);
+    IF free <= 0 THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(sum(h.max_runs), 0) INTO capacity FROM unitvisor.hosts h
+    WHERE unitvisor.host_is_live(h) AND h.can_start;
+    IF capacity > me.max_runs THEN
+        enough := least(capacity, ceil((free + in_flight)::numeric * capacity / me.max_runs)::bigint);
+        SELECT (SELECT count(*) FROM unitvisor.attempts a JOIN unitvisor.hosts h ON h.id = a.host_id
+                WHERE a.outcome IS NULL AND unitvisor.host_is_live(h) AND h.can_start),
+               (SELECT count(*) FROM (
+                    SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+                    WHERE j.state = 'available' AND j.scheduled_at <= now() AND r.state = 'queued'
+                      AND (r.host_pin IS NULL OR r.host_pin = me.id)
+                      AND (r.start_deadline IS NULL OR r.start_deadline > now())
+                    LIMIT greatest(enough, 0)) w)
+        INTO busy, waiting;
+        share := ceil((busy + waiting)::numeric * me.max_runs / capacity)::bigint - in_flight;
+    ELSE
+        share := free;  -- no other live host: nothing to share
+    END IF;
+    FOR job IN jobs LOOP
+        IF job.run_state = 'queued' THEN
+            IF refusals ? job.kind THEN
+                CONTINUE WHEN (refusals ->> job.kind)::boolean;
+            ELSIF unitvisor.host_refusal(me, job.run) IS NOT NULL THEN
+                refusals := unitvisor.claim_memo(refusals, job.kind, true);
+                CONTINUE;
+            ELSE
+                refusals := unitvisor.claim_memo(refusals, job.kind, false);
+            END IF;
+        END IF;
+        looked := looked + 1;
+        IF job.run_state <> 'queued' THEN
+            PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.id = job.id AND j.state = 'available'
+                FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;  -- another claim has it
+            UPDATE unitvisor.spawn_jobs j SET state = 'discarded', claimed_by = claim_jobs.host_id,
+                claimed_at = now(), error = 'run is already ' || job.run_state
+            WHERE j.id = job.id;
+            CONTINUE;
+        END IF;
+        EXIT WHEN taken >= free OR looked > 4 * claim_jobs.batch;
+        IF share >= free OR job.host_pin IS NOT NULL THEN
+            contested := false;
+        ELSIF accepted ? job.kind THEN
+            contested := (accepted ->> job.kind)::boolean;
+        ELSE
+            contested := unitvisor.also_accepted(me, job.run);
+            accepted := unitvisor.claim_memo(accepted, job.kind, contested);
+        END IF;
+        IF contested AND shared >= share AND job.scheduled_at > now() - claim_jobs.spread_grace THEN
+            CONTINUE;  -- another host's share, for now
+        END IF;
+        IF me.memory_budget IS NOT NULL AND memory_used + coalesce(job.memory_max, 0) > me.memory_budget THEN
+            EXIT WHEN job.scheduled_at < now() - claim_jobs.starve_after;  -- it reserves the host
+            CONTINUE;  -- backfill: a smaller run behind it may fit
+        END IF;
+        IF job.concurrency_key IS NOT NULL THEN
+            -- The key's lock, then the decision again from a snapshot taken after it (006).
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-concurrency-key:' || job.concurrency_key, 0));
+            CONTINUE WHEN (SELECT unitvisor.concurrency_blocker(r) FROM unitvisor.runs r WHERE r.id = job.run_id) IS NOT NULL;
+        END IF;
+        PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.id = job.id AND j.state = 'available' FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;  -- another claim has it, or took it since this loop's query began
+        UPDATE unitvisor.spawn_jobs j SET state = 'claimed', claimed_by = claim_jobs.host_id, claimed_at = now()
+        WHERE j.id = job.id;
+        SELECT coalesce(max(a.attempt), 0) + 1 INTO next_attempt FROM unitvisor.attempts a WHERE a.run_id = job.run_id;
+        name := format(claim_jobs.unit_format, job.run_id, next_attempt);
+        UPDATE unitvisor.runs r SET state = 'starting', updated_at = now() WHERE r.id = job.run_id;
+        DELETE FROM unitvisor.run_waits w WHERE w.run_id = job.run_id;
+        INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+        VALUES (job.run_id, next_attempt, claim_jobs.host_id, 'starting', 'claimed by host ' || claim_jobs.host_id);
+        INSERT INTO unitvisor.attempts AS a (run_id, attempt, host_id, unit_name)
+        VALUES (job.run_id, next_attempt, claim_jobs.host_id, name)
+        RETURNING a.run_id, a.attempt, a.unit_name, a.claimed_at
+        INTO claim_jobs.run_id, claim_jobs.attempt, claim_jobs.unit_name, claim_jobs.claimed_at;
+        RETURN NEXT;
+        taken := taken + 1;
+        shared := shared + contested::integer;
+        memory_used := memory_used + coalesce(job.memory_max, 0);
+    END LOOP;
+END $$;
+
+-- mark_started as in 004, a start read by the host (adoption: systemd's own start time) kept within its
+-- claim and now (host_time_on_db_clock, without an offset: the call carries no clock).
+CREATE FUNCTION unitvisor.mark_started(run_id uuid, attempt integer, host_id text, host_epoch bigint,
+                                                  invocation_id text, started_at timestamptz, reason text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(mark_started.host_id, mark_started.host_epoch);
+    WITH started AS (
+        UPDATE unitvisor.attempts a
+        SET started_at = coalesce(a.started_at, unitvisor.host_time_on_db_clock(
+                mark_started.started_at, NULL, a.claimed_at, now()), now()),
+            invocation_id = coalesce(a.invocation_id, mark_started.invocation_id)
+        WHERE a.run_id = mark_started.run_id AND a.attempt = mark_started.attempt AND a.outcome IS NULL
+          AND a.host_id = mark_started.host_id
+        RETURNING a.run_id),
+    moved AS (
+        UPDATE unitvisor.runs r SET state = 'running', updated_at = now()
+        WHERE r.id IN (SELECT s.run_id FROM started s) AND r.state = 'starting' RETURNING r.id)
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    SELECT m.id, mark_started.attempt, mark_started.host_id, 'running', mark_started.reason FROM moved m;
+END $$;
+
+-- An event about an attempt that changes no state (a stop on its way), by the attempt's own host or
+-- one taking over a dead host's. False: no such attempt of its own.
+CREATE FUNCTION unitvisor.record_event(run_id uuid, attempt integer, host_id text, host_epoch bigint,
+                                       state text, reason text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(record_event.host_id, record_event.host_epoch);
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    SELECT a.run_id, a.attempt, record_event.host_id, record_event.state, record_event.reason
+    FROM unitvisor.attempts a
+    WHERE a.run_id = record_event.run_id AND a.attempt = record_event.attempt
+      AND (a.host_id = record_event.host_id
+           OR EXISTS (SELECT 1 FROM unitvisor.hosts h WHERE h.id = a.host_id AND h.state = 'dead'));
+    RETURN FOUND;
+END $$;
+
+-- record_outcome: one attempt's outcome, from the host that ran it (or took it over). Four forms,
+-- one per daemon generation that calls it by position; the shorter ones, below, hand over to this
+-- one, so that the outcome logic exists once.
+--
+-- As 013's, with tasks_peak, written in the same UPDATE as the rest of the accounting.
+CREATE FUNCTION unitvisor.record_outcome(
+    run_id uuid, attempt integer, host_id text, host_epoch bigint, outcome text, exit_status text,
+    reason text, next_state text, retry_delay interval, invocation_id text, started_at timestamptz,
+    ended_at timestamptz, cpu_usage_nsec bigint, memory_peak_bytes bigint, io_read_bytes bigint,
+    io_write_bytes bigint, host_clock timestamptz, tasks_peak bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    latest integer;
+    state_after text := record_outcome.next_state;
+    delay interval := record_outcome.retry_delay;
+    detail text;
+    target unitvisor.attempts;
+    run unitvisor.runs;
+    writer unitvisor.hosts;
+    policy_state text;
+    clock_offset interval := statement_timestamp() - record_outcome.host_clock;
+    start_time timestamptz;
+BEGIN
+    PERFORM unitvisor.check_fence(record_outcome.host_id, record_outcome.host_epoch);
+    IF state_after NOT IN ('queued', 'succeeded', 'failed', 'cancelled') OR (state_after = 'queued') <> (delay IS NOT NULL) THEN
+        RAISE EXCEPTION 'an outcome moves its run to succeeded, failed or cancelled, or to queued with a retry delay'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Checked here, before the UPDATE, so that the error names the arguments.
+    IF least(record_outcome.cpu_usage_nsec, record_outcome.memory_peak_bytes, record_outcome.io_read_bytes,
+             record_outcome.io_write_bytes, record_outcome.tasks_peak) < 0 THEN
+        RAISE EXCEPTION 'cpu_usage_nsec, memory_peak_bytes, io_read_bytes, io_write_bytes and tasks_peak: must be NULL (not measured) or at least 0'
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'attempts',
+                  CONSTRAINT = 'attempts_accounting_valid';
+    END IF;
+    SELECT * INTO target FROM unitvisor.attempts a
+    WHERE a.run_id = record_outcome.run_id AND a.attempt = record_outcome.attempt AND a.outcome IS NULL
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF target.host_id <> record_outcome.host_id THEN
+        IF NOT EXISTS (SELECT 1 FROM unitvisor.hosts h WHERE h.id = target.host_id AND h.state = 'dead') THEN
+            RETURN false;  -- another host's, and that host is not dead: not this one's to settle
+        END IF;
+        SELECT * INTO writer FROM unitvisor.hosts h WHERE h.id = record_outcome.host_id;
+        SELECT * INTO run FROM unitvisor.runs r WHERE r.id = record_outcome.run_id;
+        IF NOT unitvisor.host_acts_for_fleet(writer) THEN
+            RAISE EXCEPTION 'host % may not settle attempt % of run % of dead host %: it is not live itself (%, heard from % s ago)',
+                record_outcome.host_id, record_outcome.attempt, record_outcome.run_id, target.host_id, writer.state,
+                round(extract(epoch FROM now() - writer.heartbeat_at)::numeric)
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'only a live host settles the attempts of a host declared dead';
+        END IF;
+        policy_state := CASE WHEN record_outcome.attempt < run.max_attempts
+                                  AND (run.retry_on IS NULL OR 'lost' = ANY (run.retry_on))
+                             THEN 'queued' ELSE 'failed' END;
+        IF record_outcome.exit_status IS NOT NULL
+                OR NOT ((record_outcome.outcome = 'lost'
+                         AND (state_after = policy_state
+                              OR (run.cancel_requested_at IS NOT NULL AND state_after = 'cancelled')))
+                        OR (record_outcome.outcome = 'cancelled' AND state_after = 'cancelled'
+                            AND run.cancel_requested_at IS NOT NULL)) THEN
+            RAISE EXCEPTION 'host % may not settle attempt % of run % of dead host % as % (%) moving the run to %: a peer records only lost, with no exit status, the run moved on by its own policy (here %), or cancelled when a cancel was requested',
+                record_outcome.host_id, record_outcome.attempt, record_outcome.run_id, target.host_id,
+                record_outcome.outcome, coalesce(record_outcome.exit_status, 'no exit status'), state_after,
+                policy_state
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'how the attempt of a dead host ended is not known: docs/fleet.md, Dead hosts';
+        END IF;
+    END IF;
+    -- A unit seen only once it had ended (adopted after a crash) did start.
+    start_time := CASE WHEN record_outcome.invocation_id IS NULL AND record_outcome.started_at IS NULL
+                       THEN target.started_at
+                       ELSE coalesce(target.started_at,
+                                     unitvisor.host_time_on_db_clock(record_outcome.started_at, clock_offset,
+                                                                     target.claimed_at, statement_timestamp()),
+                                     now()) END;
+    UPDATE unitvisor.attempts a SET outcome = record_outcome.outcome, exit_status = record_outcome.exit_status,
+        reason = record_outcome.reason,
+        ended_at = coalesce(unitvisor.host_time_on_db_clock(record_outcome.ended_at, clock_offset,
+                                                            coalesce(start_time, a.claimed_at), statement_timestamp()),
+                            greatest(now(), start_time)),
+        invocation_id = coalesce(a.invocation_id, record_outcome.invocation_id),
+        started_at = start_time,
+        cpu_usage_nsec = record_outcome.cpu_usage_nsec, memory_peak_bytes = record_outcome.memory_peak_bytes,
+        io_read_bytes = record_outcome.io_read_bytes, io_write_bytes = record_outcome.io_write_bytes,
+        tasks_peak = record_outcome.tasks_peak
+    WHERE a.run_id = record_outcome.run_id AND a.attempt = record_outcome.attempt;
+    SELECT max(a.attempt) INTO latest FROM unitvisor.attempts a WHERE a.run_id = record_outcome.run_id;
+    IF latest <> record_outcome.attempt THEN
+        RETURN true;  -- an older attempt settled late; the run follows its newest attempt
+    END IF;
+    detail := format('attempt %s: %s (%s)', record_outcome.attempt, record_outcome.outcome, record_outcome.reason);
+    IF delay IS NOT NULL AND (SELECT r.cancel_requested_at IS NOT NULL FROM unitvisor.runs r
+                              WHERE r.id = record_outcome.run_id FOR UPDATE) THEN
+        -- Cancelled while this outcome was on its way: the operator's word ends the run.
+        delay := NULL;
+        state_after := 'cancelled';
+        detail := detail || '; no retry, a cancel was requested';
+    END IF;
+    IF delay IS NOT NULL THEN
+        INSERT INTO unitvisor.spawn_jobs (run_id, priority, scheduled_at)
+        SELECT r.id, r.priority, now() + delay FROM unitvisor.runs r WHERE r.id = record_outcome.run_id;
+        -- round() of a double rounds half to even, as Python's format did before this moved here
+        detail := detail || format('; retry in %ss', round(extract(epoch FROM delay)::double precision));
+    END IF;
+    UPDATE unitvisor.runs r SET state = state_after, updated_at = now(),
+        finished_at = CASE WHEN state_after IN ('succeeded', 'failed', 'cancelled') THEN now() END
+    WHERE r.id = record_outcome.run_id;
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    VALUES (record_outcome.run_id, record_outcome.attempt, record_outcome.host_id, state_after, detail);
+    RETURN true;
+END $$;
+
+-- The 17-argument form (0.6.x daemons): the same outcome, no tasks peak. Replaced in place, so that its
+-- grants stay; the 16- and 12-argument forms reach it, and so this one body.
+CREATE FUNCTION unitvisor.record_outcome(
+    run_id uuid, attempt integer, host_id text, host_epoch bigint, outcome text, exit_status text,
+    reason text, next_state text, retry_delay interval, invocation_id text, started_at timestamptz,
+    ended_at timestamptz, cpu_usage_nsec bigint, memory_peak_bytes bigint, io_read_bytes bigint,
+    io_write_bytes bigint, host_clock timestamptz) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT unitvisor.record_outcome($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                                    NULL::bigint)
+$$;
+
+-- The 16-argument form (0.4.0 to 0.5.x daemons): the same outcome, no clock reading. Replaced in place,
+-- so that its grants stay; the 12-argument form (007) reaches it, and so this one body.
+CREATE FUNCTION unitvisor.record_outcome(
+    run_id uuid, attempt integer, host_id text, host_epoch bigint, outcome text, exit_status text,
+    reason text, next_state text, retry_delay interval, invocation_id text, started_at timestamptz,
+    ended_at timestamptz, cpu_usage_nsec bigint, memory_peak_bytes bigint, io_read_bytes bigint,
+    io_write_bytes bigint) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT unitvisor.record_outcome($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                                    NULL::timestamptz)
+$$;
+
+-- The 12-argument form (0.3.0 daemons): the same outcome, nothing measured. Replaced
+-- in place, so that its grants stay; its body is the one above, reached with NULLs.
+CREATE FUNCTION unitvisor.record_outcome(
+    run_id uuid, attempt integer, host_id text, host_epoch bigint, outcome text, exit_status text,
+    reason text, next_state text, retry_delay interval, invocation_id text, started_at timestamptz,
+    ended_at timestamptz) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT unitvisor.record_outcome($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
+                                    NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint)
+$$;
+
+-- The output tails of ended attempts of the calling host, in one statement: the daemon reads each
+-- from its journal a moment after the outcome is recorded (journald takes in a run's last lines
+-- asynchronously), off the loop that records outcomes, and writes those it has together. Only an
+-- attempt of its own that has an outcome and no tail yet takes one: a tail is written once, never
+-- replaced, so history stays append-only. Returns how many attempts took theirs.
+CREATE FUNCTION unitvisor.record_output_tails(host_id text, host_epoch bigint, run_ids uuid[], attempts integer[],
+                                              output_tails text[]) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    written integer;
+BEGIN
+    PERFORM unitvisor.check_fence(record_output_tails.host_id, record_output_tails.host_epoch);
+    IF cardinality(record_output_tails.run_ids) IS DISTINCT FROM cardinality(record_output_tails.attempts)
+            OR cardinality(record_output_tails.run_ids) IS DISTINCT FROM cardinality(record_output_tails.output_tails) THEN
+        RAISE EXCEPTION 'run_ids, attempts and output_tails: must be arrays of the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Checked here so that the error says which bound, and never echoes a tail (output may hold secrets).
+    IF EXISTS (SELECT 1 FROM unnest(record_output_tails.output_tails) AS t(tail) WHERE octet_length(t.tail) > 65536) THEN
+        RAISE EXCEPTION 'output_tails: a tail is more than the 65536 bytes an attempt keeps'
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'attempts',
+                  CONSTRAINT = 'attempts_output_tail_valid';
+    END IF;
+    UPDATE unitvisor.attempts a SET output_tail = t.tail
+    FROM unnest(record_output_tails.run_ids, record_output_tails.attempts, record_output_tails.output_tails)
+         AS t(run_id, attempt, tail)
+    WHERE a.run_id = t.run_id AND a.attempt = t.attempt AND a.host_id = record_output_tails.host_id
+      AND a.outcome IS NOT NULL AND a.output_tail IS NULL AND t.tail IS NOT NULL;
+    GET DIAGNOSTICS written = ROW_COUNT;
+    RETURN written;
+END $$;
+
+-- expire_overdue_runs as in 006, with the started-once test in the candidates' query, before the LIMIT.
+CREATE FUNCTION unitvisor.expire_overdue_runs(max_runs integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    candidate record;
+    overdue unitvisor.runs;
+    why text;
+    expired integer := 0;
+BEGIN
+    FOR candidate IN
+        SELECT r.id FROM unitvisor.runs r
+        WHERE r.state = 'queued' AND r.start_deadline IS NOT NULL AND r.start_deadline <= now()
+          AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.started_at IS NOT NULL)
+        ORDER BY r.start_deadline LIMIT expire_overdue_runs.max_runs
+    LOOP
+        PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.run_id = candidate.id AND j.state = 'available'
+            FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND AND EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
+                                            WHERE j.run_id = candidate.id AND j.state = 'available');
+        SELECT * INTO overdue FROM unitvisor.runs r WHERE r.id = candidate.id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND OR NOT unitvisor.is_overdue(overdue);  -- locked, started, or moved on
+        why := format('not started by its start deadline %s; it was waiting for %s',
+                      to_char(overdue.start_deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'),
+                      unitvisor.waited_for(overdue));
+        DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = candidate.id AND j.state = 'available';
+        DELETE FROM unitvisor.run_waits w WHERE w.run_id = candidate.id;
+        UPDATE unitvisor.runs r SET state = 'expired', finished_at = now(), updated_at = now()
+        WHERE r.id = candidate.id;
+        INSERT INTO unitvisor.run_events (run_id, state, reason) VALUES (candidate.id, 'expired', why);
+        expired := expired + 1;
+    END LOOP;
+    RETURN expired;
+END $$;
+
+-- The daemons' call, in their fleet upkeep: any live host may expire any run, as any may explain why
+-- one waits, so that a run no host could ever claim still expires.
+CREATE FUNCTION unitvisor.expire_runs(host_id text, host_epoch bigint) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(expire_runs.host_id, expire_runs.host_epoch);
+    RETURN unitvisor.expire_overdue_runs();
+END $$;
+
+-- == functions: what a host may read ================================================================
+
+-- The rule. `me` is the session's host id (unitvisor.my_host_id()), passed in so that a policy computes
+-- it once per statement (a sub-select there), not once per row; it decides only the pin comparison, so a
+-- caller passing another id learns nothing it could not read anyway. Inlined (see above): no sub-select,
+-- no SET, qualified operators.
+CREATE FUNCTION unitvisor.host_may_see(host_pin text, run_id uuid, me text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT host_pin IS NULL OR host_pin OPERATOR(pg_catalog.=) me OR unitvisor.host_holds_run(run_id)
+$$;
+
+-- Whether the session's host has an attempt of this run, or a host declared dead left one of its
+-- attempts open (the live hosts settle it as lost, so they must read it). As the owner: past the policy
+-- on attempts, which itself asks runs.
+CREATE FUNCTION unitvisor.host_holds_run(run_id uuid) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM unitvisor.attempts a
+                   WHERE a.run_id = host_holds_run.run_id
+                     AND (a.host_id = unitvisor.my_host_id()
+                          OR (a.outcome IS NULL
+                              AND EXISTS (SELECT 1 FROM unitvisor.hosts h
+                                          WHERE h.id = a.host_id AND h.state = 'dead'))))
+$$;
+
+-- How many attempts a host has open, whichever runs they are of: `unitvisor hosts` with a host's DSN
+-- would otherwise count only those of runs it may see.
+CREATE FUNCTION unitvisor.host_in_flight(host_id text) RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT count(*) FROM unitvisor.attempts a WHERE a.host_id = host_in_flight.host_id AND a.outcome IS NULL
+$$;
+
+-- The attempt behind each of these unit names (names without one are absent), as store.unit_owners read
+-- it from attempts until now; for a run the caller may not see, only "open on another host" (host_id
+-- NULL, outcome NULL) or "ended" (host_id NULL, outcome 'ended').
+CREATE FUNCTION unitvisor.unit_owners(unit_names text[])
+RETURNS TABLE (unit_name text, host_id text, outcome text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.unit_name,
+           CASE WHEN v.visible THEN a.host_id END,
+           CASE WHEN v.visible THEN a.outcome WHEN a.outcome IS NOT NULL THEN 'ended' END
+    FROM unitvisor.attempts a
+    JOIN unitvisor.runs r ON r.id = a.run_id
+    CROSS JOIN LATERAL (SELECT pg_has_role(session_user, 'unitvisor_admin', 'MEMBER')
+                               OR unitvisor.host_may_see(r.host_pin, r.id, unitvisor.my_host_id()) AS visible) v
+    WHERE a.unit_name = ANY(unit_owners.unit_names)
+$$;
+
+-- == functions: retention ===========================================================================
+
+-- The states a run ends in, as retention sees them (006 added `expired`): the one list to extend when a
+-- terminal state is added, in that state's migration: CREATE OR REPLACE this function with one more
+-- element, and nothing else here changes. The index below does not name the states (finished_at is set
+-- exactly when a run reaches a terminal state: 004's record_outcome and cancel_run, and 0.1.0's paths
+-- before them), so a new state needs no new index, as long as it sets finished_at too.
+CREATE FUNCTION unitvisor.retention_states() RETURNS text[]
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT ARRAY['succeeded', 'failed', 'cancelled', 'expired']::text[]
+$$;
+
+-- prune: delete one batch of history older than older_than, as the admin (`unitvisor prune`), or
+-- count all of it (dry_run; batch_size is then ignored). Returns what it deleted (would delete), and
+-- busy = true, deleting nothing, while another session's prune holds the lock: one pruner of the fleet
+-- at a time (a transaction-level advisory lock, as declare_dead_hosts' upkeep; the others skip, and
+-- the lock goes with the batch's commit, so a pruner that dies holds nothing). A caller loops while
+-- runs or jobs come back equal to batch_size (more may be left), committing between calls.
+--
+-- What is never deleted: a run that is not in a terminal state, or whose finished_at is younger than
+-- older_than, or that has an attempt without an outcome (whatever its state says: an admin's UPDATE,
+-- a late outcome), or that another session holds locked right now (a resume, an outcome: SKIP LOCKED,
+-- it is met again by the next batch); an available spawn job of a run that is kept.
+--
+-- Invoker's rights, granted to nobody: the admin (the owner) runs it. Hosts prune through
+-- prune_history below.
+CREATE FUNCTION unitvisor.prune(older_than interval, batch_size integer DEFAULT 1000, dry_run boolean DEFAULT false)
+RETURNS TABLE (runs bigint, attempts bigint, events bigint, jobs bigint, busy boolean)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cutoff timestamptz;
+    ids uuid[];
+BEGIN
+    IF prune.older_than IS NULL OR prune.older_than <= interval '0' THEN
+        RAISE EXCEPTION 'older_than: must be more than zero (how old a finished run must be to go)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF prune.batch_size IS NULL OR prune.batch_size NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'batch_size: % is out of range (1 to 100000)', prune.batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    cutoff := now() - prune.older_than;
+    IF coalesce(prune.dry_run, false) THEN
+        RETURN QUERY
+        WITH doomed AS (
+            SELECT r.id FROM unitvisor.runs r
+            WHERE r.finished_at < cutoff AND r.state = ANY (unitvisor.retention_states())
+              AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.outcome IS NULL))
+        SELECT (SELECT count(*) FROM doomed),
+               (SELECT count(*) FROM unitvisor.attempts a JOIN doomed d ON d.id = a.run_id),
+               (SELECT count(*) FROM unitvisor.run_events e JOIN doomed d ON d.id = e.run_id),
+               (SELECT count(*) FROM unitvisor.spawn_jobs j
+                WHERE j.run_id IN (SELECT d.id FROM doomed d)
+                   OR (j.state <> 'available' AND j.claimed_at < cutoff)),
+               false;
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-retention', 0)) THEN
+        RETURN QUERY SELECT 0::bigint, 0::bigint, 0::bigint, 0::bigint, true;
+        RETURN;
+    END IF;
+    -- The oldest first, on runs_finished_idx; locked, so that a resume or an outcome that comes now
+    -- either waits for this batch (and then finds no run) or is skipped by it.
+    SELECT array_agg(o.id) INTO ids FROM (
+        SELECT r.id FROM unitvisor.runs r
+        WHERE r.finished_at < cutoff AND r.finished_at IS NOT NULL AND r.state = ANY (unitvisor.retention_states())
+          AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.outcome IS NULL)
+        ORDER BY r.finished_at
+        LIMIT prune.batch_size
+        FOR UPDATE OF r SKIP LOCKED) o;
+    ids := coalesce(ids, '{}');
+    -- Children first, each counted (ON DELETE CASCADE would delete them too, without a count).
+    WITH gone AS (DELETE FROM unitvisor.run_events e WHERE e.run_id = ANY (ids) RETURNING 1)
+    SELECT count(*) INTO events FROM gone;
+    WITH gone AS (DELETE FROM unitvisor.attempts a WHERE a.run_id = ANY (ids) RETURNING 1)
+    SELECT count(*) INTO attempts FROM gone;
+    WITH gone AS (DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = ANY (ids) RETURNING 1)
+    SELECT count(*) INTO jobs FROM gone;
+    DELETE FROM unitvisor.run_waits w WHERE w.run_id = ANY (ids);
+    WITH gone AS (DELETE FROM unitvisor.runs r WHERE r.id = ANY (ids) RETURNING 1)
+    SELECT count(*) INTO runs FROM gone;
+    -- Then the claimed and discarded jobs of runs that are kept, oldest first.
+    WITH gone AS (
+        DELETE FROM unitvisor.spawn_jobs j WHERE j.id IN (
+            SELECT o.id FROM unitvisor.spawn_jobs o
+            WHERE o.state <> 'available' AND o.claimed_at < cutoff
+            ORDER BY o.claimed_at LIMIT prune.batch_size
+            FOR UPDATE SKIP LOCKED)
+        RETURNING 1)
+    SELECT jobs + count(*) INTO jobs FROM gone;
+    busy := false;
+    RETURN NEXT;
+END $$;
+
+-- The least age a host may prune at: a control plane that reads a run's result after it finished
+-- (run_status, on the unitvisor_run_finished NOTIFY or a poll) has at least this long to do it,
+-- whatever a host's [retention] keep_finished says (a mistyped config, or a host role's DSN in the
+-- wrong hands). The admin's `unitvisor prune` is not bound by it.
+CREATE FUNCTION unitvisor.prune_history_min_age() RETURNS interval
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT interval '1 hour'
+$$;
+
+-- prune_history: prune's batch, as a host's daemon (its [retention] pass): fenced (a host declared
+-- dead prunes nothing) and checked against the caller's identity as every host write, with older_than
+-- at least prune_history_min_age() and batch_size at most 10000 (a batch is one transaction: it must
+-- stay well under the session's statement_timeout). Deleting history is not a host's own business but
+-- the fleet's: every host role may do it, because any one daemon of the fleet may be the one holding
+-- the lock, but only for runs older than its argument and never younger than the floor above.
+CREATE FUNCTION unitvisor.prune_history(host_id text, host_epoch bigint, older_than interval,
+                                        batch_size integer DEFAULT 1000)
+RETURNS TABLE (runs bigint, attempts bigint, events bigint, jobs bigint, busy boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(prune_history.host_id, prune_history.host_epoch);
+    IF prune_history.older_than IS NULL OR prune_history.older_than < unitvisor.prune_history_min_age() THEN
+        RAISE EXCEPTION 'older_than: a host prunes only runs finished at least % ago (the admin''s unitvisor prune may go lower)',
+            unitvisor.prune_history_min_age()
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF prune_history.batch_size IS NULL OR prune_history.batch_size NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'batch_size: % is out of range (1 to 10000)', prune_history.batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY SELECT * FROM unitvisor.prune(prune_history.older_than, prune_history.batch_size, false);
+END $$;
+
+-- == notifications and triggers =====================================================================
+
+-- NOTIFY is a wake-up hint only; daemons poll as well. One notification per statement, not per
+-- row: a batch of 1000 submitted jobs wakes each daemon once.
+-- No trigger calls it since 010 (spawn_jobs_notify calls notify_spawn_targets); left in place, as the
+-- migrations only add, until a release drops what no supported daemon uses.
+CREATE FUNCTION unitvisor.notify_spawn_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('unitvisor_spawn', '');
+    RETURN NULL;
+END $$;
+
+-- What one inserting statement adds to its transaction's notes: the number of unpinned runs
+-- (unitvisor.spawn_unpinned), the pins (unitvisor.spawn_pins, a JSON array), and the kinds of unpinned
+-- run (unitvisor.spawn_kinds, a JSON array of what host_refusal reads, at most 33: more means "mixed").
+CREATE FUNCTION unitvisor.note_spawn_jobs() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    unpinned bigint;
+    pins jsonb;
+    kinds jsonb;
+    noted jsonb;
+BEGIN
+    SELECT count(*) FILTER (WHERE r.host_pin IS NULL),
+           coalesce(jsonb_agg(DISTINCT r.host_pin) FILTER (WHERE r.host_pin IS NOT NULL), '[]')
+    INTO unpinned, pins
+    FROM new_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+    WHERE j.state = 'available';
+    IF unpinned = 0 AND pins = '[]' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('unitvisor.spawn_unpinned',
+        (unpinned + coalesce(nullif(current_setting('unitvisor.spawn_unpinned', true), '')::bigint, 0))::text, true);
+    noted := coalesce(nullif(current_setting('unitvisor.spawn_pins', true), ''), '[]')::jsonb;
+    IF NOT noted @> pins THEN  -- the common case, the same pins again, costs this test only
+        SELECT jsonb_agg(DISTINCT p) INTO pins FROM (
+            SELECT jsonb_array_elements(pins) AS p UNION SELECT jsonb_array_elements(noted)) x;
+        PERFORM set_config('unitvisor.spawn_pins', pins::text, true);
+    END IF;
+    IF unpinned > 0 THEN
+        SELECT coalesce(jsonb_agg(k), '[]') INTO kinds FROM (
+            -- The environment's names only, each with an empty value: host_refusal reads the names,
+            -- and the values (which may be secrets) must not go into the session's settings, where
+            -- the submitter's current_setting, pg_settings and any error context would show them.
+            SELECT DISTINCT jsonb_build_object('argv', ARRAY[r.argv[1]], 'run_user', r.run_user,
+                                               'environment', (SELECT coalesce(jsonb_object_agg(e.name, ''), '{}')
+                                                               FROM jsonb_object_keys(
+                                                                   CASE WHEN jsonb_typeof(r.environment) = 'object'
+                                                                        THEN r.environment ELSE '{}' END) AS e(name)),
+                                               'memory_max', r.memory_max) AS k
+            FROM new_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+            WHERE j.state = 'available' AND r.host_pin IS NULL
+            LIMIT 33) x;
+        noted := coalesce(nullif(current_setting('unitvisor.spawn_kinds', true), ''), '[]')::jsonb;
+        -- A kind that one already noted contains (same argv[0], user and memory_max, environment names
+        -- a superset) is accepted wherever that one is: host_refusal refuses on the names it finds.
+        IF NOT noted @> kinds THEN
+            SELECT jsonb_agg(k) INTO kinds FROM (
+                SELECT k FROM (SELECT jsonb_array_elements(noted) AS k UNION SELECT jsonb_array_elements(kinds)) u
+                LIMIT 33) x;
+            PERFORM set_config('unitvisor.spawn_kinds', kinds::text, true);
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- At commit: the targets of what the transaction's statements noted, one NOTIFY, and the notes cleared
+-- (so that the trigger's other events, and a SET CONSTRAINTS ... IMMEDIATE before more inserts, find
+-- nothing, or only what came after).
+CREATE FUNCTION unitvisor.notify_spawn_targets() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    wanted bigint := coalesce(nullif(current_setting('unitvisor.spawn_unpinned', true), '')::bigint, 0);
+    pins text[] := ARRAY(SELECT jsonb_array_elements_text(
+        coalesce(nullif(current_setting('unitvisor.spawn_pins', true), ''), '[]')::jsonb));
+    kinds jsonb := coalesce(nullif(current_setting('unitvisor.spawn_kinds', true), ''), '[]')::jsonb;
+    targets text[] := '{}';
+    room text[];
+    payload text;
+BEGIN
+    IF wanted = 0 AND cardinality(pins) = 0 THEN
+        RETURN NULL;  -- done by an earlier event of this commit, or a statement that inserted no available job
+    END IF;
+    PERFORM set_config('unitvisor.spawn_unpinned', '', true), set_config('unitvisor.spawn_pins', '', true),
+            set_config('unitvisor.spawn_kinds', '', true);
+    IF wanted > 0 THEN
+        WITH live AS (
+            SELECT h.id, h.max_runs, h.max_runs - coalesce(o.open, 0) AS free
+            FROM unitvisor.hosts h
+            LEFT JOIN (SELECT a.host_id, count(*) AS open FROM unitvisor.attempts a WHERE a.outcome IS NULL
+                       GROUP BY a.host_id) o ON o.host_id = h.id
+            WHERE unitvisor.host_is_live(h) AND h.can_start),
+        fit AS (
+            SELECT l.id, l.free,
+                   least(l.free, ceil(wanted::numeric * l.max_runs / (SELECT sum(max_runs) FROM live))::bigint) AS takes
+            FROM live l WHERE l.free > 0),
+        ranked AS (
+            SELECT f.id, sum(f.takes) OVER w - f.takes AS before, row_number() OVER w AS n
+            FROM fit f WINDOW w AS (ORDER BY f.free DESC, f.id))
+        SELECT coalesce(array_agg(id) FILTER (WHERE before < wanted OR n <= 2), '{}'), coalesce(array_agg(id), '{}')
+        INTO targets, room FROM ranked;
+        -- Every kind accepted by one of them, or every host with room. Not asked when they are every host
+        -- with room already (one live host, or a burst that needs them all): the answer could not
+        -- change them.
+        IF cardinality(targets) > 0 AND cardinality(targets) < cardinality(room) AND (jsonb_array_length(kinds) > 32 OR EXISTS (
+                SELECT 1 FROM jsonb_array_elements(kinds) AS e(k)
+                WHERE NOT EXISTS (SELECT 1 FROM unitvisor.hosts h
+                                  WHERE h.id = ANY (targets)
+                                    AND unitvisor.host_refusal(h, jsonb_populate_record(NULL::unitvisor.runs, e.k)) IS NULL))) THEN
+            targets := room;
+        END IF;
+    END IF;
+    targets := ARRAY(SELECT DISTINCT t FROM unnest(targets || pins) AS t ORDER BY t);
+    payload := json_build_object('hosts', targets)::text;
+    PERFORM pg_notify('unitvisor_spawn', CASE WHEN octet_length(payload) > 7000 THEN '' ELSE payload END);
+    RETURN NULL;
+END $$;
+
+-- Whenever a run reaches succeeded, failed or cancelled (by any path: an outcome, a cancel of a
+-- queued run, an admin's UPDATE), one notification on the documented channel unitvisor_run_finished
+-- with the payload {"run_id": "<uuid>", "state": "<terminal state>"}. NOTIFY is delivered at commit,
+-- so a listener never hears of a state the database does not have yet; a rolled-back change sends
+-- nothing. A run resumed and finished again notifies again. (As for any NOTIFY, identical payloads in
+-- one transaction are delivered once.) A listener still re-reads run_status after (re)connecting:
+-- notifications sent while it was not listening are not replayed.
+CREATE FUNCTION unitvisor.notify_run_finished() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_notify('unitvisor_run_finished',
+                      json_build_object('run_id', NEW.id, 'state', NEW.state)::text);
+    RETURN NULL;
+END $$;
+
+-- Every argument written to runs, checked as submit_run checks it (refuse_invalid_arguments says why a
+-- trigger, not a CHECK).
+CREATE TRIGGER runs_arguments_valid
+    BEFORE INSERT OR UPDATE OF argv, environment, working_directory, run_user, memory_max, memory_high,
+        cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, retry_backoff_sec,
+        retry_backoff_max_sec, retry_on, labels, idempotency_key, concurrency_key, not_before, start_deadline
+    ON unitvisor.runs
+    FOR EACH ROW EXECUTE FUNCTION unitvisor.refuse_invalid_arguments();
+
+-- A normalised argv[0] at submit time (refuse_unnormalised_argv0 says why a trigger, not a CHECK).
+CREATE TRIGGER runs_argv0_normalised BEFORE INSERT OR UPDATE OF argv ON unitvisor.runs
+    FOR EACH ROW EXECUTE FUNCTION unitvisor.refuse_unnormalised_argv0();
+
+-- The completion signal on unitvisor_run_finished: one per run reaching a terminal state.
+CREATE TRIGGER runs_notify_finished AFTER UPDATE OF state ON unitvisor.runs
+    FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state AND NEW.state IN ('succeeded', 'failed', 'cancelled', 'expired'))
+    EXECUTE FUNCTION unitvisor.notify_run_finished();
+
+-- The wake-up of the hosts that could claim a new spawn job: noted per statement, sent once per
+-- transaction at commit (note_spawn_jobs and notify_spawn_targets say how).
+CREATE TRIGGER spawn_jobs_note AFTER INSERT ON unitvisor.spawn_jobs
+    REFERENCING NEW TABLE AS new_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION unitvisor.note_spawn_jobs();
+CREATE CONSTRAINT TRIGGER spawn_jobs_notify AFTER INSERT ON unitvisor.spawn_jobs
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION unitvisor.notify_spawn_targets();
+
+-- == row-level security =============================================================================
+--
+-- The admin (the owner) sees every row; the submitter too, through its own policies; a host sees the
+-- runs it may run or settle (host_may_see says which), and the attempts, events and wait reasons of
+-- exactly those runs. my_host_id() in a sub-select is evaluated once per statement, not once per row.
+
+ALTER TABLE unitvisor.runs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY runs_submitter_reads ON unitvisor.runs FOR SELECT TO unitvisor_submitter USING (true);
+CREATE POLICY runs_host_reads ON unitvisor.runs FOR SELECT TO unitvisor_host
+    USING (unitvisor.host_may_see(host_pin, id, (SELECT unitvisor.my_host_id())));
+
+-- A row of these is visible to a host exactly when its run is: the sub-select reads runs under the
+-- policy above.
+ALTER TABLE unitvisor.attempts ENABLE ROW LEVEL SECURITY;
+CREATE POLICY attempts_submitter_reads ON unitvisor.attempts FOR SELECT TO unitvisor_submitter USING (true);
+CREATE POLICY attempts_host_reads ON unitvisor.attempts FOR SELECT TO unitvisor_host
+    USING (EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = attempts.run_id));
+
+ALTER TABLE unitvisor.run_events ENABLE ROW LEVEL SECURITY;
+CREATE POLICY run_events_submitter_reads ON unitvisor.run_events FOR SELECT TO unitvisor_submitter USING (true);
+CREATE POLICY run_events_host_reads ON unitvisor.run_events FOR SELECT TO unitvisor_host
+    USING (EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = run_events.run_id));
+
+ALTER TABLE unitvisor.run_waits ENABLE ROW LEVEL SECURITY;
+CREATE POLICY run_waits_submitter_reads ON unitvisor.run_waits FOR SELECT TO unitvisor_submitter USING (true);
+CREATE POLICY run_waits_host_reads ON unitvisor.run_waits FOR SELECT TO unitvisor_host
+    USING (EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = run_waits.run_id));
+
+-- spawn_jobs: read by the submitter (every row) and by nobody else but the admin. Under a policy too,
+-- so that a grant to unitvisor_host added by mistake later shows no row.
+ALTER TABLE unitvisor.spawn_jobs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY spawn_jobs_submitter_reads ON unitvisor.spawn_jobs FOR SELECT TO unitvisor_submitter USING (true);
+
+-- == privileges =====================================================================================
+--
+-- Nothing for PUBLIC; each role gets what its commands call (README, "Roles"). Both read the schema's
+-- version (every command checks it), runs (a host: only those it may see, by the policies above),
+-- their attempts, events and why they wait, and the hosts. Nobody but the admin reads host_roles, or
+-- writes any table directly: every write is a function.
+
+REVOKE ALL ON SCHEMA unitvisor FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA unitvisor FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA unitvisor FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA unitvisor FROM PUBLIC;
+
+GRANT USAGE ON SCHEMA unitvisor TO unitvisor_submitter, unitvisor_host;
+GRANT SELECT ON unitvisor.schema_migrations, unitvisor.runs, unitvisor.attempts, unitvisor.run_events,
+    unitvisor.run_waits, unitvisor.hosts TO unitvisor_submitter, unitvisor_host;
+GRANT SELECT ON unitvisor.spawn_jobs TO unitvisor_submitter;
+
+-- Both: who they are, and why a run waits (a policy's functions run with the privileges of the role that queries).
+GRANT EXECUTE ON FUNCTION
+    unitvisor.host_in_flight(text),
+    unitvisor.max_rows_bound(integer),
+    unitvisor.my_host_id(),
+    unitvisor.run_status(uuid),
+    unitvisor.runs_with_labels(jsonb,integer),
+    unitvisor.wait_reason(unitvisor.runs),
+    unitvisor.whoami()
+    TO unitvisor_host, unitvisor_submitter;
+
+-- A host: every write its daemon makes, each checking that the caller is the host it writes for, and
+-- what its policies call.
+GRANT EXECUTE ON FUNCTION
+    unitvisor.claim_jobs(text,bigint,integer,text,interval,interval),
+    unitvisor.declare_dead_hosts(text,bigint,double precision),
+    unitvisor.expire_runs(text,bigint),
+    unitvisor.explain_waiting(interval,integer),
+    unitvisor.heartbeat(text,bigint,interval),
+    unitvisor.host_holds_run(uuid),
+    unitvisor.host_may_see(text,uuid,text),
+    unitvisor.mark_host_stopped(text,bigint),
+    unitvisor.mark_started(uuid,integer,text,bigint,text,timestamp with time zone,text),
+    unitvisor.prune_history(text,bigint,interval,integer),
+    unitvisor.record_event(uuid,integer,text,bigint,text,text),
+    unitvisor.record_outcome(uuid,integer,text,bigint,text,text,text,text,interval,text,timestamp with time zone,timestamp with time zone),
+    unitvisor.record_outcome(uuid,integer,text,bigint,text,text,text,text,interval,text,timestamp with time zone,timestamp with time zone,bigint,bigint,bigint,bigint),
+    unitvisor.record_outcome(uuid,integer,text,bigint,text,text,text,text,interval,text,timestamp with time zone,timestamp with time zone,bigint,bigint,bigint,bigint,timestamp with time zone),
+    unitvisor.record_outcome(uuid,integer,text,bigint,text,text,text,text,interval,text,timestamp with time zone,timestamp with time zone,bigint,bigint,bigint,bigint,timestamp with time zone,bigint),
+    unitvisor.record_output_tails(text,bigint,uuid[],integer[],text[]),
+    unitvisor.register_host(text,text,text,integer,bigint,text,text,text[],text[],text,text[],boolean,text,double precision,double precision),
+    unitvisor.register_host_allowlist(text,bigint,text[],text[],text[]),
+    unitvisor.register_host_environment(text,bigint,text[],text[]),
+    unitvisor.set_host_pressure(text,bigint,text,text,jsonb,text),
+    unitvisor.unit_owners(text[])
+    TO unitvisor_host;
+
+-- The submitter: its API (docs/sql-api.md).
+GRANT EXECUTE ON FUNCTION
+    unitvisor.cancel_run(uuid),
+    unitvisor.resume_run(uuid),
+    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint)
+    TO unitvisor_submitter;
+
+-- == the migrations this file holds =================================================================
+--
+-- A database made from this file is at this migration; `unitvisor migrate` applies any later one on
+-- top. Add a migration's name here when its change is folded in above.
+INSERT INTO unitvisor.schema_migrations (version) VALUES
+    ('001_schema'),
+    ('002_fleet'),
+    ('003_run_policy'),
+    ('004_roles'),
+    ('005_sql_api'),
+    ('006_lifecycle'),
+    ('007_outcome_record'),
+    ('008_retention'),
+    ('009_claim_cost'),
+    ('010_wake_targets'),
+    ('011_commit_wake_cost'),
+    ('012_expiry_owner'),
+    ('013_fleet_promises'),
+    ('014_host_reads'),
+    ('015_run_privilege'),
+    ('017_accounting'),
+    ('018_admission_pressure'),
+    ('022_argument_checks');
