@@ -562,6 +562,18 @@ CREATE TABLE unitvisor.run_waits (
     reason text NOT NULL
 );
 
+-- The fleet upkeep's lease: one row. turn_at is when a daemon last took the turn; explained_* is where
+-- the last explain_waiting pass stopped (the key of the last job it looked at), so that a backlog
+-- longer than one pass is explained a batch per pass, every run in turn, never the same batch for ever.
+CREATE TABLE unitvisor.fleet_upkeep (
+    id boolean PRIMARY KEY DEFAULT true CHECK (id),
+    turn_at timestamptz NOT NULL DEFAULT '-infinity',
+    turn_host text,
+    explained_at timestamptz,
+    explained_job bigint
+);
+INSERT INTO unitvisor.fleet_upkeep DEFAULT VALUES;
+
 -- == functions: who is calling ======================================================================
 
 -- The host id the session's login role is bound to, or NULL. session_user, not current_user: inside a
@@ -1259,6 +1271,136 @@ BEGIN
               coalesce(h.dead_after_sec, 60);
 END $$;
 
+-- Whether the calling host does the fleet's upkeep now: true for the first live host that asks once
+-- `every` has passed since the last turn, false for every other. A lease row, not an advisory lock: a
+-- transaction-level advisory lock only keeps two passes from overlapping, so 300 daemons would still
+-- make 300 passes an interval, one after the other; a session-level one would need a connection held
+-- for it (and breaks under a transaction pooler). The row records when the last turn was, so the work
+-- is done once an interval whoever asks, and a daemon that died while it had the turn costs nothing:
+-- the next interval's turn goes to whoever asks first. SKIP LOCKED: a host that finds another taking the
+-- turn right now does not wait for it. Autocommit: the turn is taken even if the upkeep then fails.
+CREATE FUNCTION unitvisor.fleet_upkeep_turn(host_id text, host_epoch bigint, every interval) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    me unitvisor.hosts;
+BEGIN
+    PERFORM unitvisor.check_fence(fleet_upkeep_turn.host_id, fleet_upkeep_turn.host_epoch);
+    SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = fleet_upkeep_turn.host_id;
+    IF NOT unitvisor.host_acts_for_fleet(me) THEN
+        RETURN false;
+    END IF;
+    UPDATE unitvisor.fleet_upkeep u SET turn_at = now(), turn_host = fleet_upkeep_turn.host_id
+    WHERE u.id IN (SELECT v.id FROM unitvisor.fleet_upkeep v
+                   WHERE v.turn_at <= now() - fleet_upkeep_turn.every FOR UPDATE SKIP LOCKED);
+    RETURN FOUND;
+END $$;
+
+-- declare_dead_hosts as in 013 (the same lock, the same hosts, the same reasons), with the guards that
+-- tell a silent host from a database or a fleet that is behind (docs/fleet.md, Dead hosts). A host is
+-- late when its heartbeat is older than two of its poll intervals and half its host_dead_after (by the
+-- database's clock): a loop that keeps time, or whose thread sends the heartbeat aside, is never that
+-- late (at most 1.5 poll intervals and a statement), and half of host_dead_after keeps the fast test
+-- settings (1 s polls) from calling a loaded machine's ordinary delays late.
+-- * the declarer's own heartbeat is late: the database, or this daemon, is behind; a host it would
+--   declare may be as slow as itself;
+-- * most of the other hosts are late: more than half, and at least two, of the active and draining
+--   hosts that are neither the declarer nor overdue: the database is behind, not the silent hosts;
+-- * at most max_hosts are declared at once, the longest silent first; the rest wait for the next pass.
+-- Held declarations are said in held (how many) and held_why ('declarer-late', 'fleet-late', 'cap')
+-- with held_detail, on every row; a pass that declares nobody but held some returns one row whose
+-- host_id is NULL. The caller settles the declared hosts' open attempts in the same transaction.
+CREATE FUNCTION unitvisor.declare_dead(declarer text, declarer_epoch bigint, connected_for double precision,
+                                       max_hosts integer)
+RETURNS TABLE (host_id text, silent_sec double precision, dead_after_sec double precision,
+               held integer, held_why text, held_detail text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    me unitvisor.hosts;
+    connected double precision;
+    own_age double precision;
+    overdue integer;
+    others integer;
+    late integer;
+BEGIN
+    PERFORM unitvisor.check_fence(declare_dead.declarer, declare_dead.declarer_epoch);
+    SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = declare_dead.declarer;
+    IF NOT unitvisor.host_acts_for_fleet(me) THEN
+        RETURN;
+    END IF;
+    connected := least(extract(epoch FROM now() - me.started_at)::double precision,
+                       coalesce(declare_dead.connected_for, 0));
+    -- The lock declare_dead_hosts takes: a 0.7 daemon's declaration and this one never overlap.
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-fleet-upkeep', 0)) THEN
+        RETURN;
+    END IF;
+    SELECT count(*) INTO overdue FROM unitvisor.hosts h
+    WHERE h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
+      AND coalesce(h.dead_after_sec, 60) <= connected;
+    IF overdue = 0 THEN
+        RETURN;
+    END IF;
+    own_age := extract(epoch FROM clock_timestamp() - me.heartbeat_at)::double precision;
+    IF own_age > greatest(2 * coalesce(me.poll_interval_sec, 10), coalesce(me.dead_after_sec, 60) / 2) THEN
+        RETURN QUERY SELECT NULL::text, NULL::double precision, NULL::double precision, overdue, 'declarer-late',
+            format('this host''s own heartbeat is %s s old (over two of its poll intervals and half its '
+                   'host_dead_after): the database or this daemon is behind', round(own_age::numeric));
+        RETURN;
+    END IF;
+    SELECT count(*), count(*) FILTER (WHERE h.heartbeat_at < now() - make_interval(secs => greatest(
+                                          2 * coalesce(h.poll_interval_sec, 10), coalesce(h.dead_after_sec, 60) / 2)))
+    INTO others, late
+    FROM unitvisor.hosts h
+    WHERE h.id <> declare_dead.declarer AND h.state IN ('active', 'draining') AND NOT unitvisor.host_is_overdue(h);
+    IF late * 2 > others AND late >= 2 THEN
+        RETURN QUERY SELECT NULL::text, NULL::double precision, NULL::double precision, overdue, 'fleet-late',
+            format('%s of the %s other live hosts are late too: the database is behind, not the %s silent '
+                   'host(s)', late, others, overdue);
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH chosen AS (
+        SELECT h.id FROM unitvisor.hosts h
+        WHERE h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
+          AND coalesce(h.dead_after_sec, 60) <= connected
+        ORDER BY h.heartbeat_at, h.id LIMIT greatest(declare_dead.max_hosts, 0)
+        FOR UPDATE
+    ),
+    declared AS (
+        UPDATE unitvisor.hosts h SET state = 'dead', epoch = nextval('unitvisor.host_epochs'), dead_at = now(),
+            drained_before_death = (h.state = 'draining'),
+            dead_reason = format('silent for %s s (its host_dead_after is %s s); declared dead by host %s',
+                                 round(extract(epoch FROM now() - h.heartbeat_at)::numeric),
+                                 coalesce(h.dead_after_sec, 60), declare_dead.declarer)
+        FROM chosen WHERE h.id = chosen.id
+        RETURNING h.id, extract(epoch FROM now() - h.heartbeat_at)::double precision AS silent,
+                  coalesce(h.dead_after_sec, 60)::double precision AS dead_after
+    ),
+    summary AS (
+        SELECT greatest(overdue - count(*), 0)::integer AS held FROM declared
+    )
+    SELECT d.id, d.silent, d.dead_after, s.held,
+           CASE WHEN s.held > 0 THEN 'cap' END,
+           CASE WHEN s.held > 0 THEN format('%s more silent host(s) wait for the next pass ([fleet] '
+                                            'max_dead_per_pass is %s)', s.held, declare_dead.max_hosts) END
+    FROM summary s LEFT JOIN declared d ON true;
+END $$;
+
+-- The heartbeat alone, as heartbeat (012) renews it: the same row, the same epoch check (a host whose
+-- epoch is over renews nothing and gets NULL), the same caller check. A daemon sends it on a connection
+-- of its own when its loop has not sent its probe in time (busy with a claim, a reconcile pass or the
+-- upkeep on a slow database), so that its own work never makes it look dead (issue 23).
+CREATE FUNCTION unitvisor.renew_heartbeat(host_id text, host_epoch bigint) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    renewed text;
+BEGIN
+    PERFORM unitvisor.require_host(renew_heartbeat.host_id);
+    UPDATE unitvisor.hosts h SET heartbeat_at = now()
+    WHERE h.id = renew_heartbeat.host_id AND h.epoch = renew_heartbeat.host_epoch AND h.state <> 'dead'
+    RETURNING h.state INTO renewed;
+    RETURN renewed;
+END $$;
+
 -- == functions: which host may run which run ========================================================
 
 -- As in 003, with one more reason, last so that a run a host would refuse anyway names that first: a
@@ -1303,12 +1445,18 @@ LANGUAGE sql STABLE AS $$
     END
 $$;
 
--- Why no live host accepts run r (the fleet's view), or NULL when one does.
+-- fleet_refusal as in 002, asking each live host once (002 asked each twice: once whether it accepts
+-- the run, once why not), and for a pinned run only the host it is pinned to (any other refuses it
+-- anyway). The words are 002's.
 CREATE FUNCTION unitvisor.fleet_refusal(r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE AS $$
+    WITH live AS MATERIALIZED (
+        SELECT h.id, unitvisor.host_refusal(h, r) AS reason
+        FROM unitvisor.hosts h
+        WHERE unitvisor.host_is_live(h) AND (r.host_pin IS NULL OR h.id = r.host_pin)
+    )
     SELECT CASE
-        WHEN EXISTS (SELECT 1 FROM unitvisor.hosts h
-                     WHERE unitvisor.host_is_live(h) AND unitvisor.host_refusal(h, r) IS NULL) THEN NULL
+        WHEN EXISTS (SELECT 1 FROM live WHERE live.reason IS NULL) THEN NULL
         WHEN r.host_pin IS NOT NULL THEN (
             SELECT coalesce(
                 (SELECT CASE
@@ -1318,17 +1466,15 @@ LANGUAGE sql STABLE AS $$
                         'pinned to host %s, which has been silent since %s', p.id,
                         to_char(p.heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
                     ELSE format('pinned to host %s, which does not accept it: %s', p.id,
-                                unitvisor.host_refusal(p, r))
+                                (SELECT live.reason FROM live WHERE live.id = p.id))
                  END FROM unitvisor.hosts p WHERE p.id = r.host_pin),
                 format('pinned to host %s, which is not known (see unitvisor hosts)', r.host_pin)))
-        WHEN NOT EXISTS (SELECT 1 FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h))
+        WHEN NOT EXISTS (SELECT 1 FROM live)
             THEN 'no live host (every host is dead, stopped, draining or silent)'
         ELSE 'no live host accepts it: ' || (
-            SELECT string_agg(reason, '; ' ORDER BY reason) FROM (
-                SELECT format('%s (%s)', reason, string_agg(h.id, ', ' ORDER BY h.id)) AS reason
-                FROM (SELECT h.id, unitvisor.host_refusal(h, r) AS reason
-                      FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h)) h
-                GROUP BY h.reason) reasons)
+            SELECT string_agg(reasons.reason, '; ' ORDER BY reasons.reason) FROM (
+                SELECT format('%s (%s)', live.reason, string_agg(live.id, ', ' ORDER BY live.id)) AS reason
+                FROM live GROUP BY live.reason) reasons)
     END
 $$;
 
@@ -1367,18 +1513,60 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
        AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.started_at IS NOT NULL)
 $$;
 
--- explain_waiting as in 002, with a second reason beside fleet_refusal's: the run of the same
--- concurrency key it waits for. Both when both hold (a host that accepted it would still have to wait).
+-- explain_waiting as in 012 (the same reasons, events and result), with three changes:
+-- * fleet_refusal is computed once per kind of run, not once per run: two runs with the same argv[0],
+--   user, environment, memory_max and pin are refused by the same hosts for the same reasons
+--   (host_refusal reads nothing else of a run). 1,000 runs of one rollout cost one fleet_refusal.
+-- * A pass is bounded by its cost, not only by its runs: it takes the due jobs in order from where the
+--   last pass stopped (fleet_upkeep.explained_*), at most max_runs of them, and stops before the kind
+--   that would take it over REFUSALS_PER_PASS (10,000) host_refusal calls (kinds x live hosts; one kind at
+--   least). 1,000 runs of 1,000 different kinds on 300 hosts are explained 33 kinds a pass, instead of
+--   one pass of 300,000 refusals that outlives the statement_timeout, is rolled back, and so never ends.
+--   A pass that reaches the end of the queue makes the next one start from the beginning.
+-- * plpgsql, to keep that place; the work is still one statement.
 CREATE FUNCTION unitvisor.explain_waiting(min_wait interval, max_runs integer DEFAULT 1000)
-RETURNS integer LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    WITH waiting AS (
-        SELECT w.id, nullif(concat_ws('; ', w.keyed, w.refused), '') AS reason
-        FROM (SELECT r.id, unitvisor.fleet_refusal(r) AS refused,
-                     (SELECT 'waits for run ' || b.id || ' (' || b.state || ') with the same concurrency key'
-                      FROM unitvisor.runs b WHERE b.id = unitvisor.concurrency_blocker(r)) AS keyed
-              FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
-              WHERE j.state = 'available' AND j.scheduled_at <= now() - explain_waiting.min_wait AND r.state = 'queued'
-              ORDER BY j.scheduled_at LIMIT explain_waiting.max_runs) w
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    refusals_per_pass constant integer := 10000;
+    after_at timestamptz;
+    after_job bigint;
+    max_kinds integer;
+    candidates integer;
+    cut boolean;
+    last_at timestamptz;
+    last_job bigint;
+    written integer;
+BEGIN
+    SELECT u.explained_at, u.explained_job INTO after_at, after_job FROM unitvisor.fleet_upkeep u;
+    SELECT greatest(1, refusals_per_pass / greatest(count(*), 1))::integer INTO max_kinds
+    FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h);
+    WITH candidate AS MATERIALIZED (
+        SELECT j.id AS job_id, j.scheduled_at, r AS run,
+               jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_pin) AS kind,
+               row_number() OVER (ORDER BY j.scheduled_at, j.id) AS pos
+        FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+        WHERE j.state = 'available' AND j.scheduled_at <= now() - explain_waiting.min_wait AND r.state = 'queued'
+          AND (after_at IS NULL OR (j.scheduled_at, j.id) > (after_at, after_job))
+        ORDER BY j.scheduled_at, j.id LIMIT explain_waiting.max_runs
+    ),
+    -- Where the first kind past max_kinds first appears: the pass stops just before it.
+    cutoff AS (
+        SELECT f.first FROM (SELECT min(c.pos) AS first FROM candidate c GROUP BY c.kind) f
+        ORDER BY f.first OFFSET max_kinds LIMIT 1
+    ),
+    due AS MATERIALIZED (
+        SELECT c.* FROM candidate c WHERE c.pos < coalesce((SELECT cutoff.first FROM cutoff), c.pos + 1)
+    ),
+    kinds AS MATERIALIZED (
+        SELECT k.kind, unitvisor.fleet_refusal(k.run) AS refused
+        FROM (SELECT DISTINCT ON (d.kind) d.kind, d.run FROM due d ORDER BY d.kind) k
+    ),
+    waiting AS MATERIALIZED (
+        SELECT (d.run).id AS id, nullif(concat_ws('; ', (
+                   SELECT 'waits for run ' || b.id || ' (' || b.state || ') with the same concurrency key'
+                   FROM unitvisor.runs b WHERE (d.run).concurrency_key IS NOT NULL
+                                           AND b.id = unitvisor.concurrency_blocker(d.run)), k.refused), '') AS reason
+        FROM due d JOIN kinds k ON k.kind = d.kind
     ),
     -- A reason that appears or changes; ON CONFLICT sees a concurrent pass's committed row, so two
     -- passes at once write one event.
@@ -1396,9 +1584,22 @@ RETURNS integer LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_t
         INSERT INTO unitvisor.run_events (run_id, state, reason)
         SELECT c.id, 'queued', 'waiting: ' || c.reason FROM changed c
         RETURNING 1
+    ),
+    last AS (
+        SELECT d.scheduled_at, d.job_id FROM due d ORDER BY d.pos DESC LIMIT 1
     )
-    SELECT count(*)::integer FROM events
-$$;
+    SELECT (SELECT count(*) FROM events)::integer, (SELECT count(*) FROM candidate)::integer,
+           EXISTS (SELECT 1 FROM cutoff), (SELECT last.scheduled_at FROM last), (SELECT last.job_id FROM last)
+    INTO written, candidates, cut, last_at, last_job;
+    -- A pass that was neither cut nor full reached the end: the next one starts from the beginning.
+    IF NOT cut AND candidates < explain_waiting.max_runs THEN
+        last_at := NULL;
+        last_job := NULL;
+    END IF;
+    UPDATE unitvisor.fleet_upkeep u SET explained_at = last_at, explained_job = last_job
+    WHERE u.explained_at IS DISTINCT FROM last_at OR u.explained_job IS DISTINCT FROM last_job;
+    RETURN written;
+END $$;
 
 -- == functions: claiming, starting and settling attempts (the host's API) ===========================
 
@@ -2208,9 +2409,11 @@ GRANT EXECUTE ON FUNCTION
 -- what its policies call.
 GRANT EXECUTE ON FUNCTION
     unitvisor.claim_jobs(text,bigint,integer,text,interval,interval),
+    unitvisor.declare_dead(text,bigint,double precision,integer),
     unitvisor.declare_dead_hosts(text,bigint,double precision),
     unitvisor.expire_runs(text,bigint),
     unitvisor.explain_waiting(interval,integer),
+    unitvisor.fleet_upkeep_turn(text,bigint,interval),
     unitvisor.heartbeat(text,bigint,interval),
     unitvisor.host_holds_run(uuid),
     unitvisor.host_may_see(text,uuid,text),
@@ -2226,6 +2429,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.register_host(text,text,text,integer,bigint,text,text,text[],text[],text,text[],boolean,text,double precision,double precision),
     unitvisor.register_host_allowlist(text,bigint,text[],text[],text[]),
     unitvisor.register_host_environment(text,bigint,text[],text[]),
+    unitvisor.renew_heartbeat(text,bigint),
     unitvisor.set_host_pressure(text,bigint,text,text,jsonb,text),
     unitvisor.unit_owners(text[])
     TO unitvisor_host;
@@ -2259,4 +2463,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('015_run_privilege'),
     ('017_accounting'),
     ('018_admission_pressure'),
+    ('019_fleet_upkeep'),
     ('022_argument_checks');
