@@ -134,11 +134,41 @@ _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
 SESSION_SETTINGS = {"lock_timeout": "5s", "statement_timeout": "15s", "idle_in_transaction_session_timeout": "30s"}
 
 
-def connect(dsn: str, connection_class: type[Connection] = psycopg.Connection) -> Connection:
+# How a DSN is written, for the errors about one that cannot be read: both forms libpq takes.
+DSN_EXAMPLES = ("postgresql://unitvisor:PASSWORD@db.example.com:5432/unitvisor, or "
+                "host=db.example.com port=5432 user=unitvisor password=PASSWORD dbname=unitvisor")
+_URI_PREFIXES = ("postgresql://", "postgres://")
+
+
+def parse_dsn(dsn: str) -> dict[str, str]:
+    """The DSN's parameters, or a DatabaseError that shows how to write one. libpq's own message is
+    left out: it quotes the text around the mistake, which may be a piece of the password.
+
+    A URI whose password holds '@' or '/' parses, but wrongly: `postgresql://u:p@ss@db/x` as the host
+    `ss@db`, `postgresql://u:p/ss@db/x` as the host `u` and the port `p`; the connection then fails
+    with "cannot connect to the database at ss@db:5432", which says nothing of the cause."""
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        raise DatabaseError("the database DSN cannot be parsed") from None
+        raise DatabaseError(f"the database DSN cannot be parsed: write it as {DSN_EXAMPLES}") from None
+    if dsn.lstrip().startswith(_URI_PREFIXES):
+        hosts = (params.get("host") or "").split(",")
+        ports = (params.get("port") or "").split(",")
+        # A host never holds '@' (a socket directory begins with '/': ?host=/var/run/postgresql); a
+        # password's '/' ends the authority early, leaving a port that is no number, or the rest of it,
+        # '@' and all, as the database's name.
+        if (any("@" in h for h in hosts) or not all(p.isdigit() or not p for p in ports)
+                or "@" in (params.get("dbname") or "")):
+            raise DatabaseError(
+                "the database DSN (a URI) cannot be read: a password with '@', '/' or '#' must be "
+                "percent-encoded there (@ as %40, / as %2F, # as %23: postgresql://unitvisor:PASS%40WORD@db.example.com"
+                "/unitvisor), or use the key=value form, which takes it as it is in single quotes "
+                "(host=db.example.com user=unitvisor password='PASS@WORD' dbname=unitvisor)")
+    return params
+
+
+def connect(dsn: str, connection_class: type[Connection] = psycopg.Connection) -> Connection:
+    params = parse_dsn(dsn)
     extra: dict[str, Any] = {key: value for key, value in _KEEPALIVES.items() if key not in params}
     if "connect_timeout" not in params:
         extra["connect_timeout"] = 5
