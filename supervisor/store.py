@@ -518,7 +518,8 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
             """SELECT q.id, s.state, q.argv, q.created_at, q.finished_at, q.labels, q.concurrency_key, q.not_before,
-                      q.start_deadline, s.host_id, s.attempt, q.started_at, q.ended_at, s.outcome, s.exit_status
+                      q.start_deadline, s.host_id, s.attempt, q.started_at, q.ended_at, s.outcome, s.exit_status,
+                      s.wait_reason
                FROM (SELECT r.id, r.argv, r.created_at, r.finished_at, r.labels, r.concurrency_key, r.not_before,
                             r.start_deadline, a.started_at, a.ended_at, r.seq
                      FROM unitvisor.runs r
@@ -981,6 +982,32 @@ class Identity:
 
     kind: str
     host_id: str | None
+
+
+def sees_every_run(conn: Connection) -> tuple[str, bool]:
+    """This session's login role, and whether it reads every run. The admin and a control plane do; a
+    host's role does not (row-level security, sql/014_host_reads.sql: no run pinned to another host),
+    nor does a role whoami() refuses, which may see nothing at all."""
+    role = conn.execute("SELECT session_user").fetchone()[0]
+    try:
+        kind = conn.execute("SELECT kind FROM unitvisor.whoami()").fetchone()[0]
+    except psycopg.errors.InsufficientPrivilege:
+        return role, False
+    return role, kind in ("admin", "submitter")
+
+
+def fleet_refusals(conn: Connection, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str] | None:
+    """Why no live host accepts each of these queued runs now, by unitvisor.fleet_refusal (what
+    explain_waiting records only after a run has waited two poll intervals); a run some live host
+    accepts, or not queued, is left out. None: this role may not call it (only the admin may)."""
+    allowed = conn.execute("SELECT has_function_privilege('unitvisor.fleet_refusal(unitvisor.runs)', 'EXECUTE')"
+                           ).fetchone()[0]
+    if not allowed:
+        return None
+    rows = conn.execute(
+        """SELECT r.id, unitvisor.fleet_refusal(r) FROM unitvisor.runs r
+           WHERE r.id = ANY(%s) AND r.state = 'queued'""", (list(run_ids),)).fetchall()
+    return {row[0]: row[1] for row in rows if row[1] is not None}
 
 
 def whoami(conn: Connection) -> Identity:

@@ -39,8 +39,9 @@ def _usage_message(exc: click.UsageError) -> str:
     """`--memory: 256 bytes is out of range (...)`: a bad option's value names the option first."""
     if (isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter)
             and isinstance(exc.param, click.Option) and exc.param.opts):
-        return f"{max(exc.param.opts, key=len)}: {exc.message}"
-    return exc.format_message()
+        return f"{max(exc.param.opts, key=len)}: {exc.message}".rstrip(".")
+    # click ends most of its sentences with a period, and "; see ..." follows: no ".;" in between.
+    return exc.format_message().rstrip(".")
 
 
 # PostgreSQL's "undefined table / function / schema": a schema that is missing or behind. The CLI

@@ -110,7 +110,7 @@ def cli(ctx: click.Context, config_path: Path | None, dsn: str | None, debug: bo
 
     \b
     Example:
-      unitvisor submit --memory 256M --cpu 50% -- /usr/bin/env echo hello
+      unitvisor submit --memory 256M --cpu 50% -- /usr/bin/python3 -c 'print("hello")'
       unitvisor show 3f2a9c
     """
     invocation["debug"] = invocation["debug"] or debug

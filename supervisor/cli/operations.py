@@ -87,15 +87,16 @@ PRUNE_BUSY_WAIT = 60.0
 
 
 @cli.command()
-@click.option("--older-than", required=True, metavar="DURATION",
+@click.option("--older-than", metavar="DURATION",
               callback=quantity(parse_duration, 1, 10**10, "1s to 115740d", "seconds"),
-              help="Delete runs finished longer ago than this, like 30d.")
+              help="Delete runs finished longer ago than this, like 30d [default: [retention] keep_finished of "
+                   "the config, as the daemons prune].")
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted, and delete nothing.")
 @click.option("--batch-size", type=IntRange(1, 100000), default=1000, show_default=True,
               help="Runs deleted per transaction.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
-def prune(ctx: Context, older_than: float, dry_run: bool, batch_size: int, as_json: bool) -> None:
+def prune(ctx: Context, older_than: float | None, dry_run: bool, batch_size: int, as_json: bool) -> None:
     """Delete finished runs older than --older-than, with their attempts, events and spawn jobs.
 
     Also claimed and discarded spawn jobs of that age of runs that are kept. A run that is queued,
@@ -107,6 +108,10 @@ def prune(ctx: Context, older_than: float, dry_run: bool, batch_size: int, as_js
     Example:
       unitvisor prune --older-than 30d --dry-run
     """
+    if older_than is None:
+        older_than = ctx.settings.retention.keep_finished
+        if older_than is None:
+            raise click.UsageError('give --older-than: [retention] keep_finished is "off" in the config')
     age = timedelta(seconds=older_than)
     with ctx.connect() as conn:
         if dry_run:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from supervisor.journal import log_command
-from supervisor.model import Accounting, Attempt, OutcomeRecord, Run
+from supervisor.model import TERMINAL_STATES, Accounting, Attempt, OutcomeRecord, Run
 from supervisor.quantities import format_bytes, format_cpu_time
 
 
@@ -74,8 +74,31 @@ def not_measured_text(missing: dict[str, str]) -> str:
     return "; ".join(f"{NOT_MEASURED_TEXT[name]} ({why})" for name, why in missing.items())
 
 
+def wait_text(recorded: str | None, refused: str | None) -> str | None:
+    """Why a queued run waits: what explain_waiting recorded (its not_before, the run of its
+    concurrency key, why no host took it), and why no live host accepts it now (fleet_refusal), which
+    explain_waiting records only once the run has waited two poll intervals; each said once."""
+    parts = [recorded] if recorded else []
+    if refused and refused not in (recorded or ""):
+        parts.append(refused)
+    return "; ".join(parts) or None
+
+
+def state_phrase(state: str) -> str:
+    """"is running", but "succeeded" (not "is succeeded"): the ended states read as verbs."""
+    return state if state in TERMINAL_STATES else f"is {state}"
+
+
+def attempts_text(made: int, max_attempts: int) -> str:
+    """`show`'s attempts line. Resume numbers on past --max-attempts (README, Resume and the attempt
+    budget), where "3 of 2" would read as a count gone wrong."""
+    if made <= max_attempts:
+        return f"{made} of {max_attempts}"
+    return f"{made} ({max_attempts} by --max-attempts, {made - max_attempts} more by resume)"
+
+
 def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
-             records: dict[int, OutcomeRecord] | None = None) -> dict[str, Any]:
+             records: dict[int, OutcomeRecord] | None = None, refused: str | None = None) -> dict[str, Any]:
     data = asdict(run)
     return {
         "id": str(run.id), "state": run.state, "argv": run.argv, "environment": run.environment,
@@ -86,7 +109,8 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
         "limits": {key: data[key] for key in
                    ("memory_max", "memory_high", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
         "max_attempts": run.max_attempts, "cancel_requested_at": iso(run.cancel_requested_at),
-        "wait_reason": run.wait_reason if run.state == "queued" else None,
+        "wait_reason": wait_text(run.wait_reason, refused) if run.state == "queued" else None,
+        "no_host_accepts": refused if run.state == "queued" else None,
         "created_at": iso(run.created_at), "finished_at": iso(run.finished_at),
         "attempts": [_attempt_json(a, (records or {}).get(a.attempt)) for a in attempts],
         "events": [{"at": iso(e["at"]), "attempt": e["attempt"], "host": e["host_id"], "state": e["state"],
@@ -95,8 +119,15 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
     }
 
 
-def command_text(argv: list[str]) -> str:
-    return shlex.join(argv)
+def command_text(argv: list[str], width: int | None = None) -> str:
+    """The command as a shell would take it; with `width`, cut at a word and ended with an ellipsis
+    when longer (cut mid-word and unmarked, `/usr/bin/pyt` reads as a real path)."""
+    text = shlex.join(argv)
+    if width is None or len(text) <= width:
+        return text
+    cut = text[:width - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > 0 else cut) + "…"
 
 
 _COLOURS = {"succeeded": "green", "ok": "green", "active": "green", "running": "cyan", "starting": "cyan",

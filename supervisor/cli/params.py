@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from supervisor.quantities import QuantityError, parse_time
+from supervisor.quantities import QuantityError, parse_duration, parse_time
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 MIN_MEMORY = 1 << 20
@@ -58,6 +58,16 @@ def _split_pair(item: str, form: str) -> tuple[str, str]:
     if not sep:
         raise click.BadParameter(f"{item!r} has no '=': use {form}")
     return name, value
+
+
+def whole_seconds(value: str) -> float:
+    """A duration that is a whole number of seconds, as the run's runtime_max_sec is kept: 1.5s is
+    refused rather than cut to 1 s without a word; 1.5m (90 s) is fine. Under a second is left to the
+    range check, whose message says more."""
+    seconds = parse_duration(value)
+    if seconds >= 1 and seconds != int(seconds):
+        raise QuantityError(f"{value.strip()} is not a whole number of seconds")
+    return int(seconds) if seconds >= 1 else seconds
 
 
 def env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:

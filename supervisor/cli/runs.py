@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -14,15 +15,18 @@ import click
 
 from supervisor import store
 from supervisor.cli.app import Context, CouldNotTell, Failure, Unreachable, cli, pass_ctx
-from supervisor.cli.lookup import load_run, resolve_run_id
+from supervisor.cli.lookup import load_run, no_run, partial_list_note, resolve_run_id
 from supervisor.cli.output import (
     accounting_text,
+    attempts_text,
     command_text,
     iso,
     not_measured_text,
     print_table,
     run_json,
     state_cell,
+    state_phrase,
+    wait_text,
 )
 from supervisor.cli.params import (
     MIN_MEMORY,
@@ -33,6 +37,7 @@ from supervisor.cli.params import (
     label_pairs,
     quantity,
     time_or_duration,
+    whole_seconds,
 )
 from supervisor.journal import Journal, log_command
 from supervisor.model import RUN_STATES, TERMINAL_STATES, Accounting, Attempt, OutcomeRecord
@@ -49,9 +54,8 @@ from supervisor.quantities import format_duration, format_size, parse_duration, 
               help="CPU quota, like 50% or 200% (two CPUs); 1% to 100000%.")
 @click.option("--tasks", type=IntRange(1, 4194304), help="Maximum number of tasks (TasksMax).")
 @click.option("--io-weight", type=IntRange(1, 10000), help="IO weight, 1 to 10000 (IOWeight).")
-@click.option("--runtime", callback=quantity(lambda v: int(parse_duration(v)), 1, 315360000, "1s to 3650d",
-                                              "seconds"),
-              help="Runtime limit, like 90s, 10m or 2h (1s to 3650d); the run is stopped after it.")
+@click.option("--runtime", callback=quantity(whole_seconds, 1, 315360000, "1s to 3650d", "seconds"),
+              help="Runtime limit in whole seconds, like 90s, 10m or 2h (1s to 3650d); the run is stopped after it.")
 @click.option("--max-attempts", type=IntRange(1, 1000), default=1, show_default=True,
               help="Attempts in all, the first included.")
 @click.option("--env", "environment", multiple=True, callback=env_pairs, metavar="NAME=VALUE",
@@ -83,7 +87,7 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
 
     \b
     Example:
-      unitvisor submit --memory 256M --cpu 50% --tasks 32 -- /bin/sh -c 'echo hi; exit 3'
+      unitvisor submit --memory 256M --cpu 50% --tasks 32 -- /usr/bin/python3 -c 'print("hi"); exit(3)'
     """
     if not command[0].startswith("/"):
         raise click.UsageError(f"the command must be an absolute path, not {command[0]!r}")
@@ -120,8 +124,19 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
             run_id = store.submit_run(conn, **fields)
         except store.DatabaseError as exc:
             raise Failure(str(exc)) from None
+        refused = (store.fleet_refusals(conn, [run_id]) or {}).get(run_id)
     click.echo(str(run_id))
+    if refused:
+        # Queued all the same (a host may come, or be allowed it, later), but said now rather than by
+        # `show` after two poll intervals: a typo in --host or --user, or an executable no host allows.
+        click.echo(f"unitvisor: warning: run {run_id} waits: {refused}", err=True)
 
+
+# The COMMAND column's width without --wide.
+COMMAND_WIDTH = 60
+# `runs` asks the fleet why a queued run waits (a query over every host per run) for this many of the
+# queued runs it lists at most; any further ones show what explain_waiting recorded.
+MAX_REFUSALS_ASKED = 100
 
 NETWORK_TEXT = {True: "none but loopback (--private-network)",
                 False: "the host's, unless the host's [runs] private_network is true"}
@@ -140,8 +155,9 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     """
     with ctx.connect() as conn:
         run = load_run(conn, run_id)
+        refused = (store.fleet_refusals(conn, [run.id]) or {}).get(run.id)
         data = run_json(run, store.get_attempts(conn, run.id), store.get_events(conn, run.id),
-                        store.get_outcome_records(conn, run.id))
+                        store.get_outcome_records(conn, run.id), refused)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -166,7 +182,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
                                                      ("start deadline", "start_deadline")) if data[key]]
     if start:
         lines.append(f"  start:     {'; '.join(start)}")
-    lines.append(f"  attempts:  {len(data['attempts'])} of {run.max_attempts}")
+    lines.append(f"  attempts:  {attempts_text(len(data['attempts']), run.max_attempts)}")
     for a in data["attempts"]:
         lines.append(f"  attempt {a['attempt']}: host={a['host']} unit={a['unit']} outcome={a['outcome'] or '-'} "
                      f"exit={a['exit_status'] or '-'} started={a['started_at'] or '-'} ended={a['ended_at'] or '-'}")
@@ -194,11 +210,15 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
 @click.option("--label", "labels", multiple=True, callback=label_pairs, metavar="KEY=VALUE",
               help="Only runs with this label (repeatable: all of them).")
 @click.option("--limit", type=IntRange(1, 100000), default=50, show_default=True)
+@click.option("--wide", is_flag=True, help="Show the whole command, not its first 60 characters.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float | None, labels: dict[str, str],
-         limit: int, as_json: bool) -> None:
+         limit: int, wide: bool, as_json: bool) -> None:
     """List runs, newest first.
+
+    Below the table, why each queued run waits, as `show` says it. On a host's own DSN (the default
+    on a host) runs pinned to other hosts are not listed, and a note on stderr says so.
 
     \b
     Example:
@@ -207,13 +227,20 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
     with ctx.connect() as conn:
         rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit, labels)
         now = store.now(conn)
+        queued = [r["id"] for r in rows if r["state"] == "queued"][:MAX_REFUSALS_ASKED]
+        refusals = (store.fleet_refusals(conn, queued) if queued else None) or {}
+        partial = partial_list_note(conn)
+    if partial:
+        click.echo(f"note: {partial}", err=True)
+    waits = {r["id"]: wait_text(r["wait_reason"], refusals.get(r["id"])) for r in rows if r["state"] == "queued"}
     if as_json:
         click.echo(json.dumps([{
             "id": str(r["id"]), "state": r["state"], "host": r["host_id"], "attempt": r["attempt"],
             "created_at": iso(r["created_at"]), "started_at": iso(r["started_at"]), "ended_at": iso(r["ended_at"]),
             "outcome": r["outcome"], "exit_status": r["exit_status"], "argv": r["argv"], "labels": r["labels"],
             "concurrency_key": r["concurrency_key"], "not_before": iso(r["not_before"]),
-            "start_deadline": iso(r["start_deadline"]),
+            "start_deadline": iso(r["start_deadline"]), "wait_reason": waits.get(r["id"]),
+            "no_host_accepts": refusals.get(r["id"]),
         } for r in rows], indent=2))
         return
     table = [("ID", "STATE", "HOST", "ATTEMPT", "AGE", "DURATION", "OUTCOME", "COMMAND")]
@@ -223,9 +250,11 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
             duration = ((r["ended_at"] or now) - r["started_at"]).total_seconds()
         table.append((str(r["id"])[:8], state_cell(r["state"]), r["host_id"] or "-", str(r["attempt"] or "-"),
                       format_duration((now - r["created_at"]).total_seconds()), format_duration(duration),
-                      r["outcome"] or "-", command_text(r["argv"])[:60]))
+                      r["outcome"] or "-", command_text(r["argv"], None if wide else COMMAND_WIDTH)))
     print_table(table)
-
+    for r in rows:
+        if waits.get(r["id"]):
+            click.echo(f"{str(r['id'])[:8]}: waits: {waits[r['id']]}")
 
 
 @cli.command()
@@ -248,10 +277,10 @@ def _transition(ctx: Context, run_id: str, request: Any, refused: str) -> tuple[
     with ctx.connect() as conn:
         rid = resolve_run_id(conn, run_id)
         result = request(conn, rid)
-    if result.state is None:
-        raise Failure(f"no run with id {run_id}")
+        if result.state is None:
+            raise no_run(conn, run_id)
     if not result.changed:
-        raise Failure(refused.format(id=rid, state=result.state))
+        raise Failure(refused.format(id=rid, state=result.state, is_state=state_phrase(result.state)))
     return rid, result
 
 
@@ -272,7 +301,7 @@ def resume(ctx: Context, run_id: str) -> None:
       unitvisor resume 3f2a9c
     """
     rid, _ = _transition(ctx, run_id, store.resume_run,
-                         "run {id} is {state}; only a failed or cancelled run can be resumed")
+                         "run {id} {is_state}; only a failed or cancelled run can be resumed")
     click.echo(f"run {rid} queued again")
 
 
@@ -288,7 +317,8 @@ def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: in
     The whole output lives in the journal of the host that ran the attempt, and is shown from there.
     Elsewhere (another host, or after that journal rotated or the host died) it shows the last lines
     kept with each ended attempt's outcome ([runs] output_tail_lines on the host that ran it),
-    saying so on stderr.
+    saying so on stderr. Several attempts are shown one after the other, each under a line
+    `-- attempt N of run ... on host H: OUTCOME --` (--lines then counts per attempt).
 
     \b
     Example:
@@ -313,12 +343,33 @@ def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: in
         if elsewhere:
             click.echo(f"note: attempts of this run also ran on {', '.join(elsewhere)}; their output is there",
                        err=True)
+        if attempt is None and not follow and len(mine) > 1:
+            _print_journal_by_attempt(run.id, mine, lines)
+            return
         cmd = log_command(str(run.id), attempt, follow, lines)
         try:
             os.execvp(cmd[0], cmd)
         except OSError as exc:
             raise Failure(f"cannot run journalctl: {exc.strerror}") from None
     _print_kept_output(run.id, attempts, records, here, follow, lines)
+
+
+def _print_journal_by_attempt(run_id: uuid.UUID, attempts: list[Attempt], lines: int | None) -> None:
+    """Each attempt's output from this host's journal under a header of its own, in journalctl's
+    `-- ... --` style: one journalctl over them all runs their lines together, and a retry's first
+    line would read as the failed attempt's last. --lines is per attempt then."""
+    worst = 0
+    for a in attempts:
+        click.echo(f"-- attempt {a.attempt} of run {run_id} on host {a.host_id}: "
+                   f"{a.outcome or 'no outcome yet'}{f' ({a.exit_status})' if a.exit_status else ''} --")
+        sys.stdout.flush()  # before journalctl writes to the same stdout
+        cmd = log_command(str(run_id), a.attempt, False, lines)
+        try:
+            worst = max(worst, subprocess.run(cmd, check=False).returncode)
+        except OSError as exc:
+            raise Failure(f"cannot run journalctl: {exc.strerror}") from None
+    if worst:
+        sys.exit(worst)
 
 
 def _print_kept_output(run_id: uuid.UUID, attempts: list[Attempt], records: dict[int, OutcomeRecord], here: str,
@@ -374,11 +425,13 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
     try:
         with ctx.connect() as conn:
             rid = resolve_run_id(conn, run_id)
+            seen = False
             while True:
                 # The status control planes read (unitvisor.run_status), so the two agree.
                 run = store.run_status(conn, rid)
                 if run is None:
-                    raise Failure(f"run {rid} was deleted")
+                    raise Failure(f"run {rid} was deleted") if seen else no_run(conn, run_id)
+                seen = True
                 if run.state in TERMINAL_STATES:
                     break
                 if deadline is not None and time.monotonic() >= deadline:

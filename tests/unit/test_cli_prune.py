@@ -42,7 +42,6 @@ def batches(monkeypatch) -> Calls:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    ([], "Missing option '--older-than'."),
     (["--older-than", "0"], "--older-than: invalid duration '0': must be more than zero (the range is 1s to 115740d)"),
     (["--older-than", "thirty days"], "--older-than: invalid duration 'thirty days': use a number with s, m, h or d, "
      "like 90s or 10m (the range is 1s to 115740d)"),
