@@ -37,6 +37,9 @@ private_network` takes it from every run) |
 | `cancel_requested_at`, `created_at`, `finished_at` | times |
 | `wait_reason` | while queued: why it has not started: its `not_before` still ahead, the run of its \
 concurrency key it waits for, or why no live host accepts it (`null`: none of these) |
+| `no_host_accepts` | while queued: why no live host accepts it now (`unitvisor.fleet_refusal`, asked when \
+`show` runs, where `wait_reason` has it only after two poll intervals); `null` when one does, or when the \
+role may not ask (only the admin may) |
 | `attempts` | list, oldest first: `attempt`, `host`, `unit`, `invocation_id`, `claimed_at`, `started_at`, \
 `ended_at`, `outcome`, `exit_status`, `reason`, `accounting` (`cpu_usage_nsec`, `memory_peak_bytes`, `io_read_bytes`, \
 `io_write_bytes`, `tasks_peak`: null where not measured), `not_measured` (an ended attempt's null figures, each with \
@@ -50,7 +53,9 @@ what its host would need to measure it), `output_tail` |
 `unitvisor runs --json`: a list, newest first, of `id`, `state`, `host`, `attempt`, `created_at`,
 `started_at`, `ended_at`, `outcome`, `exit_status` (the latest attempt's values, as
 `unitvisor.run_status` returns them: an expired run's `outcome` is `expired`), `argv`, `labels`,
-`concurrency_key`, `not_before`, `start_deadline`.
+`concurrency_key`, `not_before`, `start_deadline`, `wait_reason` and `no_host_accepts` (as in `show`).
+A role that cannot read every run (a host's own, the default DSN on a host) gets the runs it may read,
+and a note on stderr says the list may be partial; the JSON on stdout stays a list.
 
 `unitvisor hosts --json`: a list of `id`, `name`, `state` (`active`, `draining`, `stopped`, `dead`),
 `display_state` (the state with `(stale)` or `(conflict)`), `max_runs`, `memory_budget`, `version`,

@@ -149,11 +149,41 @@ _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
 SESSION_SETTINGS = {"lock_timeout": "5s", "statement_timeout": "15s", "idle_in_transaction_session_timeout": "30s"}
 
 
-def connect(dsn: str, connection_class: type[Connection] = psycopg.Connection) -> Connection:
+# How a DSN is written, for the errors about one that cannot be read: both forms libpq takes.
+DSN_EXAMPLES = ("postgresql://unitvisor:PASSWORD@db.example.com:5432/unitvisor, or "
+                "host=db.example.com port=5432 user=unitvisor password=PASSWORD dbname=unitvisor")
+_URI_PREFIXES = ("postgresql://", "postgres://")
+
+
+def parse_dsn(dsn: str) -> dict[str, str]:
+    """The DSN's parameters, or a DatabaseError that shows how to write one. libpq's own message is
+    left out: it quotes the text around the mistake, which may be a piece of the password.
+
+    A URI whose password holds '@' or '/' parses, but wrongly: `postgresql://u:p@ss@db/x` as the host
+    `ss@db`, `postgresql://u:p/ss@db/x` as the host `u` and the port `p`; the connection then fails
+    with "cannot connect to the database at ss@db:5432", which says nothing of the cause."""
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        raise DatabaseError("the database DSN cannot be parsed") from None
+        raise DatabaseError(f"the database DSN cannot be parsed: write it as {DSN_EXAMPLES}") from None
+    if dsn.lstrip().startswith(_URI_PREFIXES):
+        hosts = (params.get("host") or "").split(",")
+        ports = (params.get("port") or "").split(",")
+        # A host never holds '@' (a socket directory begins with '/': ?host=/var/run/postgresql); a
+        # password's '/' ends the authority early, leaving a port that is no number, or the rest of it,
+        # '@' and all, as the database's name.
+        if (any("@" in h for h in hosts) or not all(p.isdigit() or not p for p in ports)
+                or "@" in (params.get("dbname") or "")):
+            raise DatabaseError(
+                "the database DSN (a URI) cannot be read: a password with '@', '/' or '#' must be "
+                "percent-encoded there (@ as %40, / as %2F, # as %23: postgresql://unitvisor:PASS%40WORD@db.example.com"
+                "/unitvisor), or use the key=value form, which takes it as it is in single quotes "
+                "(host=db.example.com user=unitvisor password='PASS@WORD' dbname=unitvisor)")
+    return params
+
+
+def connect(dsn: str, connection_class: type[Connection] = psycopg.Connection) -> Connection:
+    params = parse_dsn(dsn)
     extra: dict[str, Any] = {key: value for key, value in _KEEPALIVES.items() if key not in params}
     if "connect_timeout" not in params:
         extra["connect_timeout"] = 5
@@ -568,7 +598,8 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
             """SELECT q.id, s.state, q.argv, q.created_at, q.finished_at, q.labels, q.concurrency_key, q.not_before,
-                      q.start_deadline, s.host_id, s.attempt, q.started_at, q.ended_at, s.outcome, s.exit_status
+                      q.start_deadline, s.host_id, s.attempt, q.started_at, q.ended_at, s.outcome, s.exit_status,
+                      s.wait_reason
                FROM (SELECT r.id, r.argv, r.created_at, r.finished_at, r.labels, r.concurrency_key, r.not_before,
                             r.start_deadline, a.started_at, a.ended_at, r.seq
                      FROM unitvisor.runs r
@@ -1072,6 +1103,32 @@ class Identity:
 
     kind: str
     host_id: str | None
+
+
+def sees_every_run(conn: Connection) -> tuple[str, bool]:
+    """This session's login role, and whether it reads every run. The admin and a control plane do; a
+    host's role does not (row-level security, sql/014_host_reads.sql: no run pinned to another host),
+    nor does a role whoami() refuses, which may see nothing at all."""
+    role = conn.execute("SELECT session_user").fetchone()[0]
+    try:
+        kind = conn.execute("SELECT kind FROM unitvisor.whoami()").fetchone()[0]
+    except psycopg.errors.InsufficientPrivilege:
+        return role, False
+    return role, kind in ("admin", "submitter")
+
+
+def fleet_refusals(conn: Connection, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str] | None:
+    """Why no live host accepts each of these queued runs now, by unitvisor.fleet_refusal (what
+    explain_waiting records only after a run has waited two poll intervals); a run some live host
+    accepts, or not queued, is left out. None: this role may not call it (only the admin may)."""
+    allowed = conn.execute("SELECT has_function_privilege('unitvisor.fleet_refusal(unitvisor.runs)', 'EXECUTE')"
+                           ).fetchone()[0]
+    if not allowed:
+        return None
+    rows = conn.execute(
+        """SELECT r.id, unitvisor.fleet_refusal(r) FROM unitvisor.runs r
+           WHERE r.id = ANY(%s) AND r.state = 'queued'""", (list(run_ids),)).fetchall()
+    return {row[0]: row[1] for row in rows if row[1] is not None}
 
 
 def whoami(conn: Connection) -> Identity:

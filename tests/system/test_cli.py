@@ -58,7 +58,10 @@ def test_hosts_drain_and_undrain(host: Host) -> None:
     host.stop()
     host.start()  # a draining host stays draining across restarts, and claims nothing
     # Proof that the daemon saw the run and left it: the fleet's upkeep says why it waits.
-    data = wait_for(lambda: (d := host.show(run_id))["wait_reason"] and d, timeout=30, what="the reason it waits")
+    # (Its event: `show` says why at once as the admin, from fleet_refusal, before any daemon looked.)
+    data = wait_for(lambda: (d := host.show(run_id)) and [e for e in d["events"]
+                                                          if (e["reason"] or "").startswith("waiting: ")] and d,
+                    timeout=30, what="the reason it waits")
     assert data["attempts"] == [] and data["wait_reason"].startswith("no live host")
     assert "draining" in host.unit_props("unitvisor.service", "StatusText")["StatusText"]
     host.cli("undrain", "testhost-1")

@@ -88,6 +88,7 @@ def submitted(monkeypatch) -> list[dict[str, Any]]:
     monkeypatch.setattr(store, "connect", lambda dsn, *a, **k: FakeConnection())
     monkeypatch.setattr(store, "pending_migrations", lambda conn: [])
     monkeypatch.setattr(store, "submit_run", submit_run)
+    monkeypatch.setattr(store, "fleet_refusals", lambda conn, run_ids: {})
     return calls
 
 
@@ -210,6 +211,8 @@ def test_debug_in_a_runs_command_does_not_turn_on_tracebacks(run_cli, config, mo
     (["submit", "--io-weight", "10001"], "--io-weight: 10001 is out of range (1 to 10000)"),
     (["submit", "--runtime", "0.5"], "--runtime: 0.5 seconds is out of range (1s to 3650d)"),
     (["submit", "--runtime", "3651d"], "--runtime: 3651d is out of range (1s to 3650d)"),
+    (["submit", "--runtime", "1.5"], "--runtime: 1.5 is not a whole number of seconds (the range is 1s to 3650d)"),
+    (["submit", "--runtime", "2.5s"], "--runtime: 2.5s is not a whole number of seconds (the range is 1s to 3650d)"),
     (["submit", "--max-attempts", "1001"], "--max-attempts: 1001 is out of range (1 to 1000)"),
     (["submit", "--priority", "99999999999"],
      "--priority: 99999999999 is out of range (-2147483648 to 2147483647)"),
