@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from supervisor import cli, store
+from supervisor import store
+from supervisor.cli import operations
 from tests.unit.test_cli_args import FakeConnection, config, run_cli  # noqa: F401 (fixtures)
 
 
@@ -35,7 +36,7 @@ def batches(monkeypatch) -> Calls:
     monkeypatch.setattr(store, "connect", lambda dsn, *a, **k: FakeConnection())
     monkeypatch.setattr(store, "pending_migrations", lambda conn: [])
     monkeypatch.setattr(store, "prune_batch", prune_batch)
-    monkeypatch.setattr(cli.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(operations.time, "sleep", lambda seconds: None)
     monkeypatch.setenv("UNITVISOR_DSN", "host=db.example dbname=x")
     return calls
 
@@ -72,7 +73,7 @@ def test_prune_loops_while_batches_are_full_and_waits_out_a_busy_lock(run_cli, c
 def test_prune_gives_up_on_a_lock_held_too_long(run_cli, config, batches, monkeypatch) -> None:  # noqa: F811
     batches.script.extend([store.Pruned(2, 2, 6, 2)] + [store.Pruned(0, 0, 0, 0, busy=True)] * 3)
     clock = iter(range(0, 1000, 25))  # 25 s later at every look
-    monkeypatch.setattr(cli.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(operations.time, "monotonic", lambda: float(next(clock)))
     result = run_cli("--config", str(config), "prune", "--older-than", "1d", "--batch-size", "2")
     assert result.code == 1
     assert result.line == ("unitvisor: another session has been pruning for 60s; 2 runs deleted so far; "

@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 
 from supervisor import fleet, store, taskspeak
-from supervisor.cli import accounting_text, not_measured, not_measured_text
+from supervisor.cli.output import accounting_text, not_measured, not_measured_text
 from supervisor.config import RunSettings, Settings
 from supervisor.journal import Journal, TailReader, cut_tail, log_command, log_matches
 from supervisor.model import Accounting, Attempt, Run

@@ -1,0 +1,394 @@
+"""The commands on runs: submit, show, runs, cancel, resume, logs and wait."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import click
+
+from supervisor import store
+from supervisor.cli.app import Context, CouldNotTell, Failure, Unreachable, cli, pass_ctx
+from supervisor.cli.lookup import load_run, resolve_run_id
+from supervisor.cli.output import (
+    accounting_text,
+    command_text,
+    iso,
+    not_measured_text,
+    print_table,
+    run_json,
+    state_cell,
+)
+from supervisor.cli.params import (
+    MIN_MEMORY,
+    IntRange,
+    at_time,
+    concurrency_key,
+    env_pairs,
+    label_pairs,
+    quantity,
+    time_or_duration,
+)
+from supervisor.journal import Journal, log_command
+from supervisor.model import RUN_STATES, TERMINAL_STATES, Accounting, Attempt, OutcomeRecord
+from supervisor.quantities import format_duration, format_size, parse_duration, parse_percent, parse_size
+
+
+@cli.command()
+@click.option("--memory", callback=quantity(parse_size, MIN_MEMORY, 1 << 62, "1M to 4E", "bytes"),
+              help="Memory limit (MemoryMax), like 512M or 2G; 1M to 4E. A bare number is bytes.")
+@click.option("--memory-high", callback=quantity(parse_size, MIN_MEMORY, 1 << 62, "1M to 4E", "bytes"),
+              help="Memory throttle (MemoryHigh): over it the run is slowed and its memory reclaimed, not "
+                   "killed; like 384M; at most --memory. A bare number is bytes.")
+@click.option("--cpu", callback=quantity(parse_percent, 1, 100000, "1% to 100000%", "%"),
+              help="CPU quota, like 50% or 200% (two CPUs); 1% to 100000%.")
+@click.option("--tasks", type=IntRange(1, 4194304), help="Maximum number of tasks (TasksMax).")
+@click.option("--io-weight", type=IntRange(1, 10000), help="IO weight, 1 to 10000 (IOWeight).")
+@click.option("--runtime", callback=quantity(lambda v: int(parse_duration(v)), 1, 315360000, "1s to 3650d",
+                                              "seconds"),
+              help="Runtime limit, like 90s, 10m or 2h (1s to 3650d); the run is stopped after it.")
+@click.option("--max-attempts", type=IntRange(1, 1000), default=1, show_default=True,
+              help="Attempts in all, the first included.")
+@click.option("--env", "environment", multiple=True, callback=env_pairs, metavar="NAME=VALUE",
+              help="Environment variable (repeatable). Its value is on this command line, which other users of "
+                   "this machine can see while it runs: submit secrets with unitvisor.submit_run instead.")
+@click.option("--workdir", help="Working directory (absolute).")
+@click.option("--user", "run_user", help="Run as this user (the host must allow it).")
+@click.option("--host", "host_pin", help="Only this host id may run it.")
+@click.option("--priority", type=IntRange(-(2**31), 2**31 - 1), default=0, show_default=True,
+              help="Higher runs first.")
+@click.option("--private-network", is_flag=True,
+              help="No network but the run's own loopback (PrivateNetwork=yes).")
+@click.option("--label", "labels", multiple=True, callback=label_pairs, metavar="KEY=VALUE",
+              help="Tag the run (repeatable); find it again with `runs --label`.")
+@click.option("--idempotency-key", metavar="KEY",
+              help="Submit at most once per KEY: a repeated submit prints the first run's id and queues nothing.")
+@click.option("--concurrency-key", metavar="KEY", callback=concurrency_key,
+              help="Never run beside another run with this KEY, on any host: runs with one KEY start one at a "
+                   "time, in the order they were submitted.")
+@click.option("--not-before", metavar="TIME", callback=time_or_duration,
+              help="Start no earlier than TIME: ISO 8601 (2026-12-01T03:00Z; without an offset, local time) or "
+                   "+DURATION from now by the database's clock (+10m).")
+@click.option("--start-deadline", metavar="TIME", callback=time_or_duration,
+              help="A run that has not started by TIME (as --not-before) ends as expired.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
+@pass_ctx
+def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
+    """Queue a run; print its id.
+
+    \b
+    Example:
+      unitvisor submit --memory 256M --cpu 50% --tasks 32 -- /bin/sh -c 'echo hi; exit 3'
+    """
+    if not command[0].startswith("/"):
+        raise click.UsageError(f"the command must be an absolute path, not {command[0]!r}")
+    if options["workdir"] is not None and (not options["workdir"].startswith("/") or "\n" in options["workdir"]):
+        raise click.UsageError(f"--workdir must be an absolute path, not {options['workdir']!r}")
+    high, limit = options["memory_high"], options["memory"]
+    if high is not None and limit is not None and high > limit:
+        # As unitvisor.submit_run refuses it (runs_memory_high_valid): throttled above the kill is never.
+        raise click.UsageError(f"--memory-high: {format_size(high)} is above --memory {format_size(limit)}: "
+                               "a run is throttled before it is killed")
+    fields = {
+        "argv": list(command), "environment": options["environment"] or None,
+        "working_directory": options["workdir"], "run_user": options["run_user"],
+        "memory_max": options["memory"], "cpu_quota_percent": options["cpu"], "tasks_max": options["tasks"],
+        "io_weight": options["io_weight"], "runtime_max_sec": options["runtime"],
+        "max_attempts": options["max_attempts"], "host_pin": options["host_pin"], "priority": options["priority"],
+        # Only when asked, as below: a database before schema 017 then still takes the run.
+        "memory_high": options["memory_high"],
+        # Only when asked: a database from before schema 003 then still takes the run.
+        "private_network": options["private_network"] or None,
+        "labels": options["labels"] or None, "idempotency_key": options["idempotency_key"],
+        "concurrency_key": options["concurrency_key"],
+    }
+    with ctx.connect() as conn:
+        # Only when a time is relative: then the database's clock, which decides when it is due, says
+        # what "now" is.
+        now = store.now(conn) if any(isinstance(options[k], timedelta) for k in ("not_before", "start_deadline")) \
+            else None
+        fields["not_before"] = at_time(options["not_before"], now)
+        fields["start_deadline"] = at_time(options["start_deadline"], now)
+        if fields["not_before"] and fields["start_deadline"] and fields["start_deadline"] <= fields["not_before"]:
+            raise click.UsageError("--start-deadline: must be later than --not-before")
+        try:
+            run_id = store.submit_run(conn, **fields)
+        except store.DatabaseError as exc:
+            raise Failure(str(exc)) from None
+    click.echo(str(run_id))
+
+
+NETWORK_TEXT = {True: "none but loopback (--private-network)",
+                False: "the host's, unless the host's [runs] private_network is true"}
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def show(ctx: Context, run_id: str, as_json: bool) -> None:
+    """Show a run, its limits, attempts and recent events.
+
+    \b
+    Example:
+      unitvisor show 3f2a9c --json
+    """
+    with ctx.connect() as conn:
+        run = load_run(conn, run_id)
+        data = run_json(run, store.get_attempts(conn, run.id), store.get_events(conn, run.id),
+                        store.get_outcome_records(conn, run.id))
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    limits = data["limits"]
+    lines = [
+        f"run {data['id']}",
+        f"  state:     {run.state}",
+    ]
+    if data["wait_reason"]:
+        lines.append(f"  waiting:   {data['wait_reason']}")
+    lines += [
+        f"  command:   {command_text(run.argv)}",
+        f"  limits:    memory={format_size(limits['memory_max'])} memory-high={format_size(limits['memory_high'])} cpu="
+        f"{str(limits['cpu_quota_percent']) + '%' if limits['cpu_quota_percent'] else '-'} "
+        f"tasks={limits['tasks_max'] or '-'} io-weight={limits['io_weight'] or '-'} "
+        f"runtime={format_duration(limits['runtime_max_sec'])}",
+        f"  network:   {NETWORK_TEXT[run.private_network]}",
+        f"  labels:    {' '.join(f'{k}={v}' for k, v in sorted(run.labels.items())) or '-'}",
+    ]
+    start = [f"{name} {data[key]}" for name, key in (("concurrency key", "concurrency_key"),
+                                                     ("not before", "not_before"),
+                                                     ("start deadline", "start_deadline")) if data[key]]
+    if start:
+        lines.append(f"  start:     {'; '.join(start)}")
+    lines.append(f"  attempts:  {len(data['attempts'])} of {run.max_attempts}")
+    for a in data["attempts"]:
+        lines.append(f"  attempt {a['attempt']}: host={a['host']} unit={a['unit']} outcome={a['outcome'] or '-'} "
+                     f"exit={a['exit_status'] or '-'} started={a['started_at'] or '-'} ended={a['ended_at'] or '-'}")
+        if a["reason"]:
+            lines.append(f"    reason: {a['reason']}")
+        if a["outcome"]:
+            lines.append(f"    measured: {accounting_text(Accounting(**a['accounting']))}")
+            if a["not_measured"]:
+                lines.append(f"    not measured on its host: {not_measured_text(a['not_measured'])}")
+            tail = a["output_tail"]
+            kept = "-" if tail is None else f"the last {len(tail.splitlines())} lines kept with the outcome"
+            lines.append(f"    output:   {kept}")
+    lines.append("  events:")
+    lines += [f"    {e['at']} {e['state']}: {e['reason']}" for e in data["events"]]
+    lines.append(f"  logs:      {data['logs_command']}")
+    click.echo("\n".join(lines))
+
+
+@cli.command()
+@click.option("--state", "states", multiple=True, type=click.Choice(RUN_STATES),
+              help="Only runs in this state (repeatable).")
+@click.option("--host", help="Only runs whose latest attempt is on this host.")
+@click.option("--since", callback=quantity(parse_duration, 1, 10**10, "1s to 115740d", "seconds"),
+              help="Only runs created this recently, like 1h.")
+@click.option("--label", "labels", multiple=True, callback=label_pairs, metavar="KEY=VALUE",
+              help="Only runs with this label (repeatable: all of them).")
+@click.option("--limit", type=IntRange(1, 100000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float | None, labels: dict[str, str],
+         limit: int, as_json: bool) -> None:
+    """List runs, newest first.
+
+    \b
+    Example:
+      unitvisor runs --state running --since 1h
+    """
+    with ctx.connect() as conn:
+        rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit, labels)
+        now = store.now(conn)
+    if as_json:
+        click.echo(json.dumps([{
+            "id": str(r["id"]), "state": r["state"], "host": r["host_id"], "attempt": r["attempt"],
+            "created_at": iso(r["created_at"]), "started_at": iso(r["started_at"]), "ended_at": iso(r["ended_at"]),
+            "outcome": r["outcome"], "exit_status": r["exit_status"], "argv": r["argv"], "labels": r["labels"],
+            "concurrency_key": r["concurrency_key"], "not_before": iso(r["not_before"]),
+            "start_deadline": iso(r["start_deadline"]),
+        } for r in rows], indent=2))
+        return
+    table = [("ID", "STATE", "HOST", "ATTEMPT", "AGE", "DURATION", "OUTCOME", "COMMAND")]
+    for r in rows:
+        duration = None
+        if r["started_at"]:
+            duration = ((r["ended_at"] or now) - r["started_at"]).total_seconds()
+        table.append((str(r["id"])[:8], state_cell(r["state"]), r["host_id"] or "-", str(r["attempt"] or "-"),
+                      format_duration((now - r["created_at"]).total_seconds()), format_duration(duration),
+                      r["outcome"] or "-", command_text(r["argv"])[:60]))
+    print_table(table)
+
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@pass_ctx
+def cancel(ctx: Context, run_id: str) -> None:
+    """Cancel a run: a queued one at once, a running one is stopped by its host (SIGTERM, then SIGKILL).
+
+    \b
+    Example:
+      unitvisor cancel 3f2a9c
+    """
+    rid, result = _transition(ctx, run_id, store.cancel_run, "run {id} already {state}; nothing to cancel")
+    click.echo(f"run {rid} cancelled" if result.state == "cancelled" else
+               f"run {rid}: cancel requested; its host stops it")
+
+
+def _transition(ctx: Context, run_id: str, request: Any, refused: str) -> tuple[uuid.UUID, store.Transition]:
+    """An operator's request on one run; a refusal (formatted with the run's id and state) fails."""
+    with ctx.connect() as conn:
+        rid = resolve_run_id(conn, run_id)
+        result = request(conn, rid)
+    if result.state is None:
+        raise Failure(f"no run with id {run_id}")
+    if not result.changed:
+        raise Failure(refused.format(id=rid, state=result.state))
+    return rid, result
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@pass_ctx
+def resume(ctx: Context, run_id: str) -> None:
+    """Reopen a failed or cancelled run: a new attempt with the command and limits its row has now.
+
+    The run is queued again at once. Its attempts are numbered on from the last one, and a failed
+    attempt is retried only while its number is below the run's --max-attempts. So a run that made N
+    attempts of M gets max(1, M - N) more: one that used them all gets exactly one (if it fails, the
+    run fails again at once: resume it again for another), one cancelled or failed earlier gets the
+    attempts it had left. Earlier attempts and their outcomes are kept; a pending cancel is cleared.
+
+    \b
+    Example:
+      unitvisor resume 3f2a9c
+    """
+    rid, _ = _transition(ctx, run_id, store.resume_run,
+                         "run {id} is {state}; only a failed or cancelled run can be resumed")
+    click.echo(f"run {rid} queued again")
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--attempt", type=IntRange(1), help="Only this attempt [default: all].")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output.")
+@click.option("--lines", "-n", type=IntRange(0), help="Only the last N lines.")
+@pass_ctx
+def logs(ctx: Context, run_id: str, attempt: int | None, follow: bool, lines: int | None) -> None:
+    """Show a run's output from journald, also long after its unit is gone.
+
+    The whole output lives in the journal of the host that ran the attempt, and is shown from there.
+    Elsewhere (another host, or after that journal rotated or the host died) it shows the last lines
+    kept with each ended attempt's outcome ([runs] output_tail_lines on the host that ran it),
+    saying so on stderr.
+
+    \b
+    Example:
+      unitvisor logs 3f2a9c --follow
+    """
+    with ctx.connect() as conn:
+        run = load_run(conn, run_id)
+        attempts = store.get_attempts(conn, run.id)
+        records = store.get_outcome_records(conn, run.id)
+    if attempt is not None:
+        attempts = [a for a in attempts if a.attempt == attempt]
+        if not attempts:
+            raise Failure(f"run {run.id} has no attempt {attempt}")
+    if not attempts:
+        raise Failure(f"run {run.id} has not started yet ({run.state}); no output")
+    here = ctx.settings.host_id
+    mine = [a for a in attempts if a.host_id == here]
+    elsewhere = sorted({a.host_id for a in attempts if a.host_id != here})
+    # An attempt still running here has its output only in the journal; an ended one is shown from
+    # the journal while it still has it.
+    if mine and (any(a.outcome is None for a in mine) or Journal().has_output(str(run.id), attempt)):
+        if elsewhere:
+            click.echo(f"note: attempts of this run also ran on {', '.join(elsewhere)}; their output is there",
+                       err=True)
+        cmd = log_command(str(run.id), attempt, follow, lines)
+        try:
+            os.execvp(cmd[0], cmd)
+        except OSError as exc:
+            raise Failure(f"cannot run journalctl: {exc.strerror}") from None
+    _print_kept_output(run.id, attempts, records, here, follow, lines)
+
+
+def _print_kept_output(run_id: uuid.UUID, attempts: list[Attempt], records: dict[int, OutcomeRecord], here: str,
+                       follow: bool, lines: int | None) -> None:
+    """`logs` where this host's journal does not have the output: the tails kept with the outcomes."""
+    running = [a for a in attempts if a.outcome is None]
+    if follow and running:
+        a = running[-1]
+        raise Failure(f"attempt {a.attempt} of run {run_id} runs on host {a.host_id}: run "
+                      f"`{' '.join(log_command(str(run_id), a.attempt, True, None))}` there")
+    kept = [(a, records[a.attempt].output_tail) for a in attempts
+            if a.attempt in records and records[a.attempt].output_tail is not None]
+    if not kept:
+        command = " ".join(log_command(str(run_id), None, False, None))
+        where = sorted({a.host_id for a in attempts})
+        if here not in where:
+            raise Failure(f"run {run_id} ran on host {', '.join(where)}, not on this host ({here}), and no output "
+                          f"was kept with its outcomes: run `{command}` there")
+        raise Failure(f"no output of run {run_id} in this host's journal, and none kept with its outcomes "
+                      f"([runs] output_tail_lines): `{command}` shows what journald still has")
+    for a, tail in kept:
+        shown = tail.splitlines()
+        if lines is not None:
+            shown = shown[-lines:] if lines else []
+        click.echo(f"attempt {a.attempt} on host {a.host_id}: the last {len(shown)} lines of its output, kept with "
+                   "its outcome; the whole output is in that host's journal while it keeps it", err=True)
+        if shown:
+            click.echo("\n".join(shown))
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--timeout", callback=quantity(parse_duration, 1, 10**10, "1s to 115740d", "seconds"),
+              help="Give up after this long, like 30s or 1h (exit 124).")
+@pass_ctx
+def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
+    """Wait until a run ends.
+
+    \b
+    Exit status:
+      0    the run succeeded
+      1    it failed, was cancelled or expired (or: no such run, bad configuration, no schema)
+      124  --timeout passed first; the run goes on
+      75   could not tell: the database was unreachable, or lost while waiting (EX_TEMPFAIL);
+           the run may still be running or have ended: wait again
+      2    bad usage
+
+    \b
+    Example:
+      unitvisor wait 3f2a9c --timeout 10m && echo done
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        with ctx.connect() as conn:
+            rid = resolve_run_id(conn, run_id)
+            while True:
+                # The status control planes read (unitvisor.run_status), so the two agree.
+                run = store.run_status(conn, rid)
+                if run is None:
+                    raise Failure(f"run {rid} was deleted")
+                if run.state in TERMINAL_STATES:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    click.echo(f"run {rid} is still {run.state}", err=True)
+                    sys.exit(124)
+                time.sleep(0.5)
+    except Unreachable as exc:
+        raise CouldNotTell(f"cannot tell how run {run_id} ends: {exc}") from None
+    except store.CONNECTION_LOST as exc:
+        raise CouldNotTell(f"cannot tell how run {run_id} ends: lost the database while waiting: "
+                           f"{store.one_line(exc)}") from None
+    click.echo(f"run {rid} {run.state}")
+    sys.exit(0 if run.state == "succeeded" else 1)
