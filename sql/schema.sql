@@ -949,6 +949,22 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                 ELSE (SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) END
 $$;
 
+-- The due time of a queued run's next attempt while it is still ahead and the run has had an attempt
+-- (a retry waiting out its backoff, or a resumed run not due yet); NULL otherwise, and for a run the
+-- caller may not see: a host role sees by the rule of the policy on runs (host_may_see), the submitter
+-- and the admin every run. As the owner, past spawn_jobs' privileges, so it says only this one time.
+CREATE FUNCTION unitvisor.next_attempt_at(run_id uuid) RETURNS timestamptz
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT max(j.scheduled_at)
+    FROM unitvisor.runs r JOIN unitvisor.spawn_jobs j ON j.run_id = r.id
+    WHERE r.id = next_attempt_at.run_id AND r.state = 'queued' AND j.state = 'available'
+      AND j.scheduled_at > now()
+      AND EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id)
+      AND (pg_has_role(session_user, 'unitvisor_admin', 'MEMBER')
+           OR pg_has_role(session_user, 'unitvisor_submitter', 'MEMBER')
+           OR unitvisor.host_may_see(r.host_pin, r.id, unitvisor.my_host_id()))
+$$;
+
 -- What queued run r is waiting for, in words, for the reason of its expiry: the run of its key, why no
 -- live host accepts it (as explain_waiting says it, but as of now), or its attempts that never started.
 CREATE FUNCTION unitvisor.waited_for(r unitvisor.runs) RETURNS text
@@ -1184,6 +1200,26 @@ BEGIN
     PERFORM unitvisor.require_host(mark_host_stopped.host_id);
     UPDATE unitvisor.hosts h SET state = 'stopped', heartbeat_at = now()
     WHERE h.id = mark_host_stopped.host_id AND h.epoch = mark_host_stopped.host_epoch AND h.state = 'active';
+END $$;
+
+-- The previous state (NULL: no such host). A dead host stays dead: it becomes active again only by
+-- registering, as with 0.7.0's UPDATE; a stopped host takes the new state, which its next registration
+-- keeps (register_host keeps a drain).
+CREATE FUNCTION unitvisor.set_host_state(host_id text, state text) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    before text;
+BEGIN
+    PERFORM unitvisor.require_host(set_host_state.host_id);
+    IF set_host_state.state IS NULL OR set_host_state.state NOT IN ('active', 'draining') THEN
+        RAISE EXCEPTION 'a host''s state is set to active or draining, not %', coalesce(set_host_state.state, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT h.state INTO before FROM unitvisor.hosts h WHERE h.id = set_host_state.host_id FOR UPDATE;
+    IF before IS NOT NULL AND before <> 'dead' AND before <> set_host_state.state THEN
+        UPDATE unitvisor.hosts h SET state = set_host_state.state WHERE h.id = set_host_state.host_id;
+    END IF;
+    RETURN before;
 END $$;
 
 -- A host is live while it is active and has been heard from within its own host_dead_after (whether
@@ -2399,6 +2435,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.host_in_flight(text),
     unitvisor.max_rows_bound(integer),
     unitvisor.my_host_id(),
+    unitvisor.next_attempt_at(uuid),
     unitvisor.run_status(uuid),
     unitvisor.runs_with_labels(jsonb,integer),
     unitvisor.wait_reason(unitvisor.runs),
@@ -2431,6 +2468,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.register_host_environment(text,bigint,text[],text[]),
     unitvisor.renew_heartbeat(text,bigint),
     unitvisor.set_host_pressure(text,bigint,text,text,jsonb,text),
+    unitvisor.set_host_state(text,text),
     unitvisor.unit_owners(text[])
     TO unitvisor_host;
 
@@ -2464,4 +2502,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('017_accounting'),
     ('018_admission_pressure'),
     ('019_fleet_upkeep'),
+    ('021_operator'),
     ('022_argument_checks');

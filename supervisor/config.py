@@ -546,15 +546,25 @@ def _has_password(dsn: str) -> bool:
         return False  # not a DSN at all: connecting says so
 
 
-def resolve_dsn(settings: Settings, override: str | None) -> str:
-    """The DSN from --dsn, then $UNITVISOR_DSN, then the config, then the root-only DSN file.
+def resolve_dsn(settings: Settings, override: str | None, file_override: str | Path | None = None) -> str:
+    """The DSN from --dsn, then --dsn-file, then $UNITVISOR_DSN, then $UNITVISOR_DSN_FILE, then the
+    config's [database] dsn, then its root-only DSN file ([database] dsn_file, /etc/unitvisor/dsn).
 
     A password is refused where others could read it: in a config file that is not private (the
     packaged one is world-readable, as conffiles are), or in a DSN file that is not (doctor and the
-    daemon say which and how to fix it, once, instead of leaking it on)."""
-    for candidate in (override, os.environ.get("UNITVISOR_DSN")):
-        if candidate:
-            return candidate
+    daemon say which and how to fix it, once, instead of leaking it on). A DSN file the operator names
+    (--dsn-file, $UNITVISOR_DSN_FILE: the home that keeps the admin's password out of `ps` and shell
+    history) is judged as the host's own, as ssh judges a private key, and must exist and hold one."""
+    if override and file_override:
+        raise ConfigError("--dsn and --dsn-file both given: give one")
+    if override:
+        return override
+    if file_override:
+        return read_dsn_file(Path(file_override), "--dsn-file")
+    if os.environ.get("UNITVISOR_DSN"):
+        return os.environ["UNITVISOR_DSN"]
+    if os.environ.get("UNITVISOR_DSN_FILE"):
+        return read_dsn_file(Path(os.environ["UNITVISOR_DSN_FILE"]), "UNITVISOR_DSN_FILE")
     if settings.database.dsn:
         source = Path(settings.source)
         if _has_password(settings.database.dsn) and source.is_file():
@@ -573,6 +583,24 @@ def resolve_dsn(settings: Settings, override: str | None) -> str:
     if problem:
         raise ConfigError(problem)
     if not dsn:
-        raise ConfigError(
-            f"no database configured: set --dsn, UNITVISOR_DSN, [database] dsn, or write it to {dsn_file}")
+        raise ConfigError(f"no database configured: set --dsn, --dsn-file, UNITVISOR_DSN, UNITVISOR_DSN_FILE, "
+                          f"[database] dsn, or write it to {dsn_file}")
+    return dsn
+
+
+def read_dsn_file(path: Path, named_by: str) -> str:
+    """The DSN in a file the caller named (`named_by` says where): it must exist, hold a DSN, and be
+    private (mode 0600 or 0400, owned by root or by whoever reads it), whether or not the DSN in it has
+    a password: a file named for credentials is treated as holding them."""
+    try:
+        dsn = path.read_text().strip()
+    except FileNotFoundError:
+        raise ConfigError(f"{path} ({named_by}): no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path} ({named_by}): cannot read the database DSN: {exc.strerror}") from None
+    problem = private_file_problem(path, "holds the database DSN")
+    if problem:
+        raise ConfigError(problem)
+    if not dsn:
+        raise ConfigError(f"{path} ({named_by}) is empty: write the DSN in it, on one line")
     return dsn

@@ -52,6 +52,11 @@ RETENTION_PAUSE = 0.5
 PRESSURE_EVERY = 2.0
 # A figure that moved by less than this (percentage points) is not written to the host row again.
 PRESSURE_REPORT_STEP = 1.0
+# What the journal's `host-state` event says of the state an operator gave the host row.
+HOST_STATE_TEXT = {
+    "draining": "drained (unitvisor drain): claims nothing new; its runs in flight finish and are recorded",
+    "active": "undrained (unitvisor undrain): claims runs again",
+}
 
 # What a fleet upkeep step may fail with and leave the loop going: the server gave up on the statement
 # (statement_timeout, lock_timeout) or rolled it back (a deadlock, a serialization failure); the
@@ -180,9 +185,12 @@ class Daemon:
                     continue
                 self.backoff = 1.0
                 # After every (re)connect, before anything else: repair what changed while we
-                # were not looking.
+                # were not looking. The count of settled attempts goes on from the previous
+                # connection's, as `claimed` does: STATUS= says both are since the daemon's start.
+                settled = self.reconciler.settled if self.reconciler else 0
                 self.reconciler = Reconciler(self.settings, self.fence, self.conn, self.systemd,
                                              cut_off_units=self.fenced)
+                self.reconciler.settled = settled
                 self.reconciler.tick = self._feed_watchdog
                 self.reconciler.metrics = self.metrics
                 self.reconciler.output_tails = self.output_tails
@@ -449,7 +457,7 @@ class Daemon:
             probe = store.probe(self.conn, self.fence, fleet.explain_after(self.settings))
             self._renewed(sent, sent_boot)
             # Read before the claim: a drain takes effect before the next claim, not at the next poll.
-            self.host_state = probe.host_state
+            self._host_state_seen(probe.host_state)
             wake_claim, wake_cancel = wake_claim or probe.claimable, wake_cancel or probe.cancels
             self.timers.claim = now + self.settings.daemon.poll_interval
             upkeep = probe.upkeep and now >= self.timers.upkeep
@@ -468,6 +476,15 @@ class Daemon:
             self._prune()
         self._feed_watchdog()
         self._status()
+
+    def _host_state_seen(self, state: str) -> None:
+        """The host row's state as the heartbeat read it. A change is `unitvisor drain` or `undrain`,
+        made by someone else: said once in the journal, when this daemon first acts on it, so that the
+        journal shows when the host stopped (or went back to) claiming and why."""
+        if state != self.host_state:
+            event("host-state", host=self.host_id, state=state, before=self.host_state,
+                  detail=HOST_STATE_TEXT.get(state, f"the host row says {state}"))
+        self.host_state = state
 
     def _admit(self) -> pressure.Admission:
         """Read the slice's pressure, decide what this host claims, and say it where it changed: an
@@ -623,7 +640,8 @@ class Daemon:
 
     def _status(self) -> None:
         r = self.reconciler
-        text = f"runs in flight: {r.in_flight if r else 0}, claimed: {self.claimed}, settled: {r.settled if r else 0}"
+        text = (f"runs in flight: {r.in_flight if r else 0}, claimed since start: {self.claimed}, "
+                f"settled since start: {r.settled if r else 0}")
         if self.host_state == "draining":
             text += "; draining"
         if not self.is_root:

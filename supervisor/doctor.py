@@ -86,7 +86,7 @@ def root_alias_check(runs: config.RunSettings,
                   "allowed_users) so that its runs are treated as root runs") for name in aliases]
 
 
-def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check]:
+def run_checks(config_path: Path | None, dsn_override: str | None, dsn_file: str | Path | None = None) -> list[Check]:
     checks: list[Check] = []
     try:
         settings = config.load(config_path)
@@ -102,16 +102,17 @@ def run_checks(config_path: Path | None, dsn_override: str | None) -> list[Check
         checks.append(Check("root", "warn", "not running as root: a daemon started like this claims no run "
                             "(systemd starts units only for root)"))
     systemd_checks, daemon_pid = _systemd_checks(settings)
-    checks += _database_checks(settings, dsn_override, daemon_pid)
+    checks += _database_checks(settings, dsn_override, daemon_pid, dsn_file)
     checks += systemd_checks
     checks.append(cgroup_check())
     checks.append(journal_check())
     return checks
 
 
-def _database_checks(settings: config.Settings, dsn_override: str | None, daemon_pid: int = 0) -> list[Check]:
+def _database_checks(settings: config.Settings, dsn_override: str | None, daemon_pid: int = 0,
+                     dsn_file: str | Path | None = None) -> list[Check]:
     try:
-        dsn = config.resolve_dsn(settings, dsn_override)
+        dsn = config.resolve_dsn(settings, dsn_override, dsn_file)
         with store.connect(dsn) as conn:
             pending = store.pending_migrations(conn)
             db_now = store.now(conn).timestamp()

@@ -17,6 +17,7 @@ from supervisor import envpolicy, globs, store
 from supervisor.config import Settings
 from supervisor.model import Run
 from supervisor.outcomes import Outcome
+from supervisor.quantities import format_duration
 
 # A claim takes only its fair share of jobs that became due less than this long ago (the rest are
 # left for the other live hosts); the daemon claims again after it, so nothing waits on a share.
@@ -113,3 +114,36 @@ def host_display_state(row: dict) -> str:
     if conflict_age is not None and conflict_age < 3 * poll and state != "dead":
         notes.append("conflict")
     return f"{state} ({', '.join(notes)})" if notes else state
+
+
+# What unitvisor.fleet_refusal says of a run when no host at all is live (sql/002_fleet.sql). It names no
+# host, so a run held by a drain read "every host is dead, stopped, draining or silent" (issue 24).
+# The SQL text is left as it is (another migration reworks fleet_refusal); the CLI names the hosts.
+NO_LIVE_HOST = "no live host (every host is dead, stopped, draining or silent)"
+# More hosts than this are counted, not named: a long list of retired hosts hides the drained one.
+NAMED_HOSTS = 5
+
+
+def host_not_live(row: dict) -> str | None:
+    """Why a host claims nothing at all, in words that name it ("host web-1 is draining"), from a row of
+    store.list_hosts; None for a live host (active, heard from within its own host_dead_after: the rule
+    of unitvisor.host_is_live)."""
+    host, state = row["id"], row["state"]
+    if state != "active":
+        return f"host {host} is {state}"
+    if row["heartbeat_age"] >= (row.get("dead_after_sec") or 60.0):
+        return f"host {host} has been silent for {format_duration(row['heartbeat_age'])}"
+    return None
+
+
+def name_the_hosts(reason: str | None, hosts: list[dict]) -> str | None:
+    """A waiting run's reason with the hosts named where the database's words name none: "no live host:
+    host web-1 is draining; host web-2 is dead" instead of NO_LIVE_HOST. Any other reason as it is."""
+    if reason != NO_LIVE_HOST:
+        return reason
+    said = [why for why in map(host_not_live, hosts) if why]
+    if not said:
+        return "no live host: no host has registered (see `unitvisor hosts`)" if not hosts else reason
+    more = len(said) - NAMED_HOSTS
+    return "no live host: " + "; ".join(said[:NAMED_HOSTS]) + (
+        f"; and {more} more host{'s' if more > 1 else ''} that claim nothing" if more > 0 else "")

@@ -580,6 +580,13 @@ def get_outcome_records(conn: Connection, run_id: uuid.UUID) -> dict[int, Outcom
     return {row[0]: OutcomeRecord(row[0], Accounting(*row[1:6]), row[6]) for row in rows}
 
 
+def next_attempt_at(conn: Connection, run_id: uuid.UUID) -> datetime | None:
+    """When a queued run's next attempt is due while it waits out its retry backoff (None: not waiting
+    for one, or a run this role may not see). Through unitvisor.next_attempt_at (sql/021_operator.sql):
+    the due time is the spawn job's, which a host role may not read."""
+    return conn.execute("SELECT unitvisor.next_attempt_at(%s)", (run_id,)).fetchone()[0]
+
+
 def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
@@ -738,26 +745,91 @@ def list_hosts(conn: Connection) -> list[dict[str, Any]]:
 
 def set_host_state(conn: Connection, host_id: str, state: str) -> str | None:
     """Drain (claim nothing new) or undrain a host. Returns the previous state, None if no such host.
-    A dead host's state is not changed: it becomes active again only by registering."""
-    row = conn.execute(
-        """UPDATE unitvisor.hosts h SET state = CASE WHEN old.state = 'dead' THEN 'dead' ELSE %s END
-           FROM (SELECT id, state FROM unitvisor.hosts WHERE id = %s FOR UPDATE) old
-           WHERE h.id = old.id RETURNING old.state""", (state, host_id)).fetchone()
-    return row[0] if row else None
+    A dead host's state is not changed: it becomes active again only by registering. Through
+    unitvisor.set_host_state (sql/021_operator.sql), so that a host role may drain its own host id,
+    and only that one, while the admin drains any (insufficient_privilege otherwise)."""
+    return conn.execute("SELECT unitvisor.set_host_state(%s, %s)", (host_id, state)).fetchone()[0]
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What `retire_host` did. state: the host's state (None: no such host row); open_count: its open
+    attempts (then nothing was removed); role: the login role bound to it (None: none); role_fate:
+    `dropped`, `disabled` (NOLOGIN and out of unitvisor_host: it still owns something, `kept_because`
+    says what), `kept` (asked to) or None (no role, or nothing removed)."""
+
+    state: str | None
+    open_count: int
+    role: str | None = None
+    role_fate: str | None = None
+    kept_because: str = ""
+
+
+class RoleNotDropped(DatabaseError):
+    """The session may not drop or disable the host's login role (it needs the right to create roles)."""
+
+    def __init__(self, role: str, detail: str) -> None:
+        super().__init__(detail)
+        self.role = role
 
 
 def forget_host(conn: Connection, host_id: str) -> tuple[str | None, int]:
-    """Remove a dead or stopped host's row once none of its attempts is open. Returns the host's state
-    (None: no such host) and how many of its attempts are still open (then nothing was removed)."""
+    """Remove a dead or stopped host's row once none of its attempts is open, leaving its login role as
+    it is. Returns the host's state (None: no such host) and how many of its attempts are still open
+    (then nothing was removed)."""
+    forgotten = retire_host(conn, host_id, keep_role=True)
+    return forgotten.state, forgotten.open_count
+
+
+def retire_host(conn: Connection, host_id: str, keep_role: bool = False) -> Forgotten:
+    """Remove a dead or stopped host's row once none of its attempts is open, and with it the login role
+    bound to its id (unless keep_role): DROP ROLE, or where the role still owns something (in any
+    database of the cluster) NOLOGIN and out of unitvisor_host, so that its DSN logs in nowhere and
+    reads nothing. A role whose host row was forgotten before (by 0.7.0, or with keep_role) is dropped
+    too. One transaction: the row stays when the role cannot be touched (RoleNotDropped: the session
+    needs the right to create roles, as for `hosts add`)."""
     with conn.transaction():
         row = conn.execute("SELECT state FROM unitvisor.hosts WHERE id = %s FOR UPDATE", (host_id,)).fetchone()
-        if row is None:
-            return None, 0
-        open_count = conn.execute("SELECT count(*) FROM unitvisor.attempts WHERE host_id = %s AND outcome IS NULL",
-                                  (host_id,)).fetchone()[0]
-        if row[0] in ("dead", "stopped") and open_count == 0:
+        open_count = 0
+        if row is not None:
+            open_count = conn.execute("SELECT count(*) FROM unitvisor.attempts WHERE host_id = %s AND outcome IS NULL",
+                                      (host_id,)).fetchone()[0]
+            if row[0] not in ("dead", "stopped") or open_count:
+                return Forgotten(row[0], open_count)
             conn.execute("DELETE FROM unitvisor.hosts WHERE id = %s", (host_id,))
-    return row[0], open_count
+        bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
+                             (host_id,)).fetchone()
+        state = row[0] if row else None
+        if bound is None:
+            return Forgotten(state, 0)
+        role = bound[0]
+        if keep_role:
+            return Forgotten(state, 0, role, "kept") if row else Forgotten(None, 0)
+        conn.execute("DELETE FROM unitvisor.host_roles WHERE role_name = %s", (role,))
+        fate, because = _drop_or_disable_role(conn, role)
+    return Forgotten(state, 0, role, fate, because)
+
+
+def _drop_or_disable_role(conn: Connection, role: str) -> tuple[str, str]:
+    """DROP ROLE; where something of the cluster depends on it (objects it owns or privileges granted
+    to it, in any database), NOLOGIN and out of unitvisor_host instead, which needs no such cleanup."""
+    name = sql.Identifier(role)
+    if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
+        return "dropped", ""  # dropped by hand already: only its binding was left
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("DROP ROLE {}").format(name))
+        return "dropped", ""
+    except psycopg.errors.DependentObjectsStillExist as exc:
+        because = one_line(exc)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise RoleNotDropped(role, one_line(exc)) from None
+    try:
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(name))
+        conn.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(HOST_ROLE), name))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise RoleNotDropped(role, one_line(exc)) from None
+    return "disabled", because
 
 
 @dataclass(frozen=True)

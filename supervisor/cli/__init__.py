@@ -54,18 +54,35 @@ _DENIED_SQLSTATE = "42501"
 _SUBMITTER = "unitvisor_submitter or unitvisor_admin (a control plane's or the admin's role)"
 _ADMIN = "unitvisor_admin"
 _HOST = "the role bound to this host's id (unitvisor hosts add) or unitvisor_admin"
-# The role each command needs, for the one line that says why the database refused it.
+_MAY_CREATE_ROLES = "unitvisor_admin and the right to create roles (a superuser, or CREATEROLE)"
+# How to come in with that role, said after it (issue 24: a refusal named the role, not how to use it).
+# The admin's and a control plane's DSN belong in a private file, not on the command line
+# (README, The operator's credentials); the right to create roles is the postgres superuser's, over
+# the database machine's local socket (README, Install); a host's role is in its own DSN file.
+_PASS_DSN = "pass its DSN with --dsn-file or UNITVISOR_DSN_FILE"
+_AS_POSTGRES = "run it as postgres on the database's machine: runuser -u postgres -- unitvisor --dsn " \
+               "'host=/var/run/postgresql dbname=unitvisor' {command}"
+_HOST_DSN = "its DSN goes in /etc/unitvisor/dsn"
+# The role each command needs and how to pass its DSN, for the one line that says why the database
+# refused it. A command that knows more (drain: which host) says it in invocation["needs"].
 _NEEDED_ROLE = {
-    "submit": _SUBMITTER, "cancel": _SUBMITTER, "resume": _SUBMITTER,
-    "drain": _ADMIN, "undrain": _ADMIN, "hosts forget": _ADMIN, "prune": _ADMIN,
-    "hosts add": "unitvisor_admin and the right to create roles (a superuser, or CREATEROLE)",
-    "migrate": "a role that may create roles (a superuser, or CREATEROLE) for migration 004, then unitvisor_admin",
-    "daemon": _HOST, "reconcile": _HOST,
+    "submit": (_SUBMITTER, _PASS_DSN), "cancel": (_SUBMITTER, _PASS_DSN), "resume": (_SUBMITTER, _PASS_DSN),
+    "drain": (_ADMIN, _PASS_DSN), "undrain": (_ADMIN, _PASS_DSN), "prune": (_ADMIN, _PASS_DSN),
+    "hosts forget": (_MAY_CREATE_ROLES, _AS_POSTGRES), "hosts add": (_MAY_CREATE_ROLES, _AS_POSTGRES),
+    "migrate": ("a role that may create roles (a superuser, or CREATEROLE) for migration 004, then unitvisor_admin",
+                _AS_POSTGRES),
+    "daemon": (_HOST, _HOST_DSN), "reconcile": (_HOST, _HOST_DSN),
 }
 
 
+def needed_role(command: str, needs: str | None = None) -> str:
+    """What `unitvisor COMMAND` needs that the session's role lacks, and how to pass a DSN that has it."""
+    role, how = _NEEDED_ROLE.get(command, ("a role allowed to (README, Roles: who may do what)", _PASS_DSN))
+    return f"{needs or role}: {how.format(command=command)}"
+
+
 def main() -> None:
-    invocation["debug"] = False
+    invocation["debug"], invocation["needs"] = False, None
     try:
         cli.main(prog_name="unitvisor", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -89,7 +106,7 @@ def main() -> None:
         if exc.sqlstate == _DENIED_SQLSTATE:
             command = invocation["command"]
             _fail(f"the database refused `unitvisor {command}` to this role ({store.one_line(exc)}): it needs "
-                  f"{_NEEDED_ROLE.get(command, 'a role allowed to (README, Roles: who may do what)')}", 1)
+                  f"{needed_role(command, invocation.get('needs'))}", 1)
         if exc.sqlstate in _SCHEMA_SQLSTATES:
             _fail(f"the database schema is missing or behind ({store.one_line(exc)}): run `unitvisor migrate`", 1)
         _fail(f"database error: {store.one_line(exc)}", 1)

@@ -36,13 +36,15 @@ class CouldNotTell(Failure):
 # What main() must know before the command's own Context exists, or after it is gone: set by the
 # --debug option wherever it was given (before or after the subcommand), never by a scan of argv,
 # which would also see a run's own `--debug` after `--`.
-invocation: dict[str, Any] = {"debug": False, "command": ""}
+# A command that knows better than main() which role a refusal means sets "needs" (drain: which host).
+invocation: dict[str, Any] = {"debug": False, "command": "", "needs": None}
 
 
 class Context:
-    def __init__(self, config_path: Path | None, dsn: str | None, debug: bool) -> None:
+    def __init__(self, config_path: Path | None, dsn: str | None, debug: bool, dsn_file: Path | None = None) -> None:
         self.config_path = config_path
         self.dsn_override = dsn
+        self.dsn_file_override = dsn_file
         self.debug = debug
         self._settings: config.Settings | None = None
 
@@ -57,7 +59,7 @@ class Context:
 
     def dsn(self) -> str:
         try:
-            return config.resolve_dsn(self.settings, self.dsn_override)
+            return config.resolve_dsn(self.settings, self.dsn_override, self.dsn_file_override)
         except config.ConfigError as exc:
             raise Failure(str(exc)) from None
 
@@ -97,16 +99,23 @@ pass_ctx = click.make_pass_decorator(Context)
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
               help=f"Configuration file [default: {config.DEFAULT_PATH}].")
-@click.option("--dsn", envvar="UNITVISOR_DSN", default=None,
+# $UNITVISOR_DSN and $UNITVISOR_DSN_FILE are read by config.resolve_dsn, not by click: a --dsn-file on
+# the command line must win over $UNITVISOR_DSN, which click would have made a --dsn beside it.
+@click.option("--dsn", default=None,
               help="PostgreSQL connection string (also $UNITVISOR_DSN).")
+@click.option("--dsn-file", type=click.Path(path_type=Path), default=None, metavar="PATH",
+              help="A file holding the DSN, readable by its owner only: the admin's password stays off "
+                   "the command line (also $UNITVISOR_DSN_FILE).")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="unitvisor")
 @click.pass_context
-def cli(ctx: click.Context, config_path: Path | None, dsn: str | None, debug: bool) -> None:
+def cli(ctx: click.Context, config_path: Path | None, dsn: str | None, dsn_file: Path | None, debug: bool) -> None:
     """unitvisor: run commands as limited, supervised systemd units, queued in PostgreSQL.
 
-    --config, --dsn and --debug may also follow the command (`unitvisor runs --dsn ...`); there
-    they win over the same option given before it. Nothing after `--` is read as an option.
+    --config, --dsn, --dsn-file and --debug may also follow the command (`unitvisor runs --dsn ...`);
+    there they win over the same option given before it. Nothing after `--` is read as an option.
+    The DSN is the first of --dsn, --dsn-file, $UNITVISOR_DSN, $UNITVISOR_DSN_FILE, the config's
+    [database] dsn and its dsn_file (/etc/unitvisor/dsn: the host's own).
 
     \b
     Example:
@@ -115,13 +124,13 @@ def cli(ctx: click.Context, config_path: Path | None, dsn: str | None, debug: bo
     """
     invocation["debug"] = invocation["debug"] or debug
     invocation["command"] = ctx.invoked_subcommand or ""
-    ctx.obj = Context(config_path, dsn, debug)
+    ctx.obj = Context(config_path, dsn, debug, dsn_file)
 
 
 # -- global options after the subcommand ---------------------------------------------------------
 #
 # `unitvisor runs --dsn X` works as `unitvisor --dsn X runs` does: every command carries hidden copies
-# of the group's --config, --dsn and --debug, whose callbacks write into the one Context (made by the
+# of the group's --config, --dsn, --dsn-file and --debug, whose callbacks write into the one Context (made by the
 # group's callback, which click runs before it parses the subcommand's arguments). Click parses them
 # as the command's own options, so `--` ends them as it ends any option: a run's command after it
 # (`submit -- /bin/sh -c ... --dsn x --debug`) is never read. The copies have no $UNITVISOR_DSN: the
@@ -135,10 +144,16 @@ def _global_option_callback(attribute: str) -> Any:
         obj = ctx.find_object(Context)
         if obj is not None:
             setattr(obj, attribute, value)
+            # A DSN given after the command wins over the other kind given before it, as over its own.
+            if attribute in _DSN_SOURCES:
+                setattr(obj, _DSN_SOURCES[attribute], None)
         if attribute == "debug":
             invocation["debug"] = True
         return value
     return callback
+
+
+_DSN_SOURCES = {"dsn_override": "dsn_file_override", "dsn_file_override": "dsn_override"}
 
 
 def _global_options() -> list[click.Option]:
@@ -147,6 +162,8 @@ def _global_options() -> list[click.Option]:
                      expose_value=False, callback=_global_option_callback("config_path")),
         click.Option(["--dsn", "global_dsn"], hidden=True, expose_value=False,
                      callback=_global_option_callback("dsn_override")),
+        click.Option(["--dsn-file", "global_dsn_file"], type=click.Path(path_type=Path), hidden=True,
+                     expose_value=False, callback=_global_option_callback("dsn_file_override")),
         click.Option(["--debug", "global_debug"], is_flag=True, hidden=True, expose_value=False,
                      callback=_global_option_callback("debug")),
     ]

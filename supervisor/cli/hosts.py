@@ -96,24 +96,55 @@ def _admission(r: dict) -> str:
 
 @hosts.command()
 @click.argument("host")
+@click.option("--keep-role", is_flag=True,
+              help="Leave the host's login role as it is (it still logs in); a later forget without it drops it.")
 @pass_ctx
-def forget(ctx: Context, host: str) -> None:
-    """Remove a dead (or stopped) host from the database once none of its runs is open.
+def forget(ctx: Context, host: str, keep_role: bool) -> None:
+    """Remove a dead (or stopped) host once none of its runs is open, and drop its login role.
+
+    The role bound to HOST (by `hosts add`) is dropped, so that the retired host's DSN logs in no
+    more; a role that still owns something in the cluster is made NOLOGIN and taken out of
+    unitvisor_host instead. Dropping a role needs the right to create roles, as `hosts add` does (the
+    postgres superuser): by any other role nothing changes, unless --keep-role. A role whose host
+    was forgotten before (with --keep-role, or by unitvisor 0.7) is dropped by forgetting the host again.
 
     \b
     Example:
-      unitvisor hosts forget web-7
+      runuser -u postgres -- unitvisor --dsn 'host=/var/run/postgresql dbname=unitvisor' \\
+          hosts forget web-7
     """
     with ctx.connect() as conn:
-        state, open_count = store.forget_host(conn, host)
-    if state is None:
+        try:
+            forgotten = store.retire_host(conn, host, keep_role)
+        except store.RoleNotDropped as exc:
+            raise Failure(f"host {host} is not forgotten: dropping its login role {exc.role} needs the right to "
+                          "create roles, which this role lacks; run it as postgres on the database's machine "
+                          f"(runuser -u postgres -- unitvisor --dsn 'host=/var/run/postgresql dbname=unitvisor' "
+                          f"hosts forget {host}), or give --keep-role and drop the role later") from None
+    if forgotten.state is None and forgotten.role is None:
         raise Failure(f"no host {host} (see `unitvisor hosts`)")
-    if open_count:
-        raise Failure(f"host {host} still has {open_count} open attempt(s); they are taken over once it is "
-                      "declared dead")
-    if state not in ("dead", "stopped"):
-        raise Failure(f"host {host} is {state}: only a dead or stopped host can be forgotten (drain and stop it first)")
-    click.echo(f"host {host} forgotten")
+    if forgotten.open_count:
+        raise Failure(f"host {host} still has {forgotten.open_count} open attempt(s); they are taken over once it "
+                      "is declared dead")
+    if forgotten.state not in ("dead", "stopped", None):
+        raise Failure(f"host {host} is {forgotten.state}: only a dead or stopped host can be forgotten "
+                      "(drain and stop it first)")
+    click.echo(forget_text(host, forgotten))
+
+
+def forget_text(host: str, forgotten: store.Forgotten) -> str:
+    """What `hosts forget` did, in one line: the host, and what became of its login role."""
+    said = f"host {host} forgotten" if forgotten.state else f"host {host} was forgotten before"
+    role = forgotten.role
+    if role is None:
+        return f"{said}; no login role was bound to it"
+    if forgotten.role_fate == "dropped":
+        return f"{said}; its login role {role} dropped: its DSN logs in no more"
+    if forgotten.role_fate == "disabled":
+        return (f"{said}; its login role {role} disabled (NOLOGIN, no longer a member of unitvisor_host), not "
+                f"dropped: {forgotten.kept_because}")
+    return (f"{said}; its login role {role} kept (--keep-role): it still logs in; drop it with "
+            f"`unitvisor hosts forget {host}` as postgres")
 
 
 @hosts.command("add")
@@ -212,6 +243,8 @@ def _toml_string(value: str) -> str:
 
 def _set_host_state(ctx: Context, host: str | None, state: str) -> None:
     host = host or ctx.settings.host_id
+    # The admin may drain any host, a host's own role only its own id (sql/021_operator.sql).
+    invocation["needs"] = f"unitvisor_admin, or the role of host {host}"
     with ctx.connect() as conn:
         before = store.set_host_state(conn, host, state)
     if before is None:
@@ -228,7 +261,8 @@ def _set_host_state(ctx: Context, host: str | None, state: str) -> None:
 def drain(ctx: Context, host: str | None) -> None:
     """Stop a host from claiming new runs; its runs finish. [default HOST: this one]
 
-    The daemon sees it at its next heartbeat.
+    The daemon sees it at its next heartbeat, and says so in its journal (host-state). Needs the
+    admin's DSN, or on the host itself its own (/etc/unitvisor/dsn): a host may drain only itself.
 
     \b
     Example:
@@ -242,6 +276,8 @@ def drain(ctx: Context, host: str | None) -> None:
 @pass_ctx
 def undrain(ctx: Context, host: str | None) -> None:
     """Let a drained host claim runs again. [default HOST: this one]
+
+    As drain: the admin's DSN, or the host's own for itself.
 
     \b
     Example:

@@ -74,7 +74,7 @@ def doctor(click_ctx: click.Context) -> None:
     from supervisor.doctor import run_checks
 
     ctx: Context = click_ctx.obj
-    checks = run_checks(ctx.config_path, ctx.dsn_override)
+    checks = run_checks(ctx.config_path, ctx.dsn_override, ctx.dsn_file_override)
     width = max(len(c.name) for c in checks)
     for check in checks:
         click.echo(f"{state_cell(check.status, check.status.ljust(4))}  {check.name.ljust(width)}  {check.message}")
@@ -168,7 +168,7 @@ def daemon(ctx: Context) -> None:
 
     log.setup(ctx.debug)
     settings = ctx.settings
-    sys.exit(Daemon(settings, lambda: config.resolve_dsn(settings, ctx.dsn_override)).run())
+    sys.exit(Daemon(settings, lambda: config.resolve_dsn(settings, ctx.dsn_override, ctx.dsn_file_override)).run())
 
 
 @cli.command("fence")

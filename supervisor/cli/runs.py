@@ -8,12 +8,12 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
 
-from supervisor import store
+from supervisor import fleet, store
 from supervisor.cli.app import Context, CouldNotTell, Failure, Unreachable, cli, pass_ctx
 from supervisor.cli.lookup import load_run, no_run, partial_list_note, resolve_run_id
 from supervisor.cli.output import (
@@ -40,7 +40,7 @@ from supervisor.cli.params import (
     whole_seconds,
 )
 from supervisor.journal import Journal, log_command
-from supervisor.model import RUN_STATES, TERMINAL_STATES, Accounting, Attempt, OutcomeRecord
+from supervisor.model import RUN_STATES, TERMINAL_STATES, Accounting, Attempt, OutcomeRecord, Run
 from supervisor.quantities import format_duration, format_size, parse_duration, parse_percent, parse_size
 
 
@@ -142,12 +142,28 @@ NETWORK_TEXT = {True: "none but loopback (--private-network)",
                 False: "the host's, unless the host's [runs] private_network is true"}
 
 
+def _waiting(conn: store.Connection, run: Run, data: dict) -> tuple[str | None, datetime | None, datetime | None]:
+    """Why a queued run waits, with the hosts named where the database names none (a run held by a
+    drain: "host web-1 is draining", fleet.name_the_hosts), and when its next attempt is due while it
+    waits out a retry's backoff (with the database's now, to say how far off). Issue 24."""
+    reason, due, now = data["wait_reason"], None, None
+    if reason and fleet.NO_LIVE_HOST in reason:  # alone, or beside what explain_waiting recorded
+        reason = reason.replace(fleet.NO_LIVE_HOST, fleet.name_the_hosts(fleet.NO_LIVE_HOST, store.list_hosts(conn)))
+    if run.state == "queued" and data["attempts"]:
+        due = store.next_attempt_at(conn, run.id)
+        now = store.now(conn) if due is not None else None
+    return reason, due, now
+
+
 @cli.command()
 @click.argument("run_id", metavar="RUN")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def show(ctx: Context, run_id: str, as_json: bool) -> None:
     """Show a run, its limits, attempts and recent events.
+
+    A queued run says why it waits (naming the hosts that claim nothing when no host is live), and,
+    while it waits out a retry's backoff, when its next attempt is due (next_attempt_at in --json).
 
     \b
     Example:
@@ -158,6 +174,8 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         refused = (store.fleet_refusals(conn, [run.id]) or {}).get(run.id)
         data = run_json(run, store.get_attempts(conn, run.id), store.get_events(conn, run.id),
                         store.get_outcome_records(conn, run.id), refused)
+        data["wait_reason"], due, now = _waiting(conn, run, data)
+        data["next_attempt_at"] = iso(due)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -168,6 +186,9 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     ]
     if data["wait_reason"]:
         lines.append(f"  waiting:   {data['wait_reason']}")
+    if due is not None:
+        lines.append(f"  waiting:   its retry: next attempt at {data['next_attempt_at']} "
+                     f"(in {format_duration((due - now).total_seconds())})")
     lines += [
         f"  command:   {command_text(run.argv)}",
         f"  limits:    memory={format_size(limits['memory_max'])} memory-high={format_size(limits['memory_high'])} cpu="

@@ -41,4 +41,5 @@ def test_prune_as_a_submitter_is_refused_in_one_line(cli, dsn: str, postgres: Po
     ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
     result = cli("prune", "--older-than", "30d", dsn=make_conninfo(dsn, user=TEST_SUBMITTER))
     line = assert_one_line_error(result, 1)
-    assert "the database refused `unitvisor prune` to this role" in line and line.endswith("it needs unitvisor_admin")
+    assert "the database refused `unitvisor prune` to this role" in line
+    assert line.endswith("it needs unitvisor_admin: pass its DSN with --dsn-file or UNITVISOR_DSN_FILE"), line

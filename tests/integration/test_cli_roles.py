@@ -176,7 +176,9 @@ def test_a_host_role_cannot_cancel(cli, dsn: str, host_id: str, conn: psycopg.Co
 def test_a_submitter_cannot_drain_and_is_told_which_role_can(cli, dsn: str, postgres: Postgres) -> None:
     ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
     line = assert_one_line_error(cli("drain", "h1", dsn=as_role(dsn, TEST_SUBMITTER)), 1)
-    assert "refused `unitvisor drain`" in line and line.endswith("it needs unitvisor_admin")
+    assert "refused `unitvisor drain`" in line
+    assert line.endswith("it needs unitvisor_admin, or the role of host h1: pass its DSN with --dsn-file or "
+                         "UNITVISOR_DSN_FILE"), line
 
 
 def test_a_submitter_submits_cancels_resumes_and_reads_with_the_cli(cli, dsn: str, postgres: Postgres) -> None:

@@ -62,11 +62,11 @@ def test_status_reports_counts(host: Host) -> None:
     running = host.submit("--", "/bin/sleep", "300")
     wait_for(lambda: host.show(running)["state"] == "running", what="the run to be running")
     status = host.unit_props("unitvisor.service", "StatusText")["StatusText"]
-    assert counts(status) == "runs in flight: 1, claimed: 2, settled: 1", status
+    assert counts(status) == "runs in flight: 1, claimed since start: 2, settled since start: 1", status
     host.cli("cancel", running)
     host.wait_run(running)
     wait_for(lambda: counts(host.unit_props("unitvisor.service", "StatusText")["StatusText"])
-             == "runs in flight: 0, claimed: 2, settled: 2", what="STATUS= to count the cancel")
+             == "runs in flight: 0, claimed since start: 2, settled since start: 2", what="STATUS= to count the cancel")
 
 
 # On a cgroup-v1 test bed STATUS= also says why admission by pressure is off (a cgroup-v2 host with

@@ -62,10 +62,16 @@ def test_hosts_drain_and_undrain(host: Host) -> None:
     data = wait_for(lambda: (d := host.show(run_id)) and [e for e in d["events"]
                                                           if (e["reason"] or "").startswith("waiting: ")] and d,
                     timeout=30, what="the reason it waits")
-    assert data["attempts"] == [] and data["wait_reason"].startswith("no live host")
+    # Issue 24: the reason names the drained host, not "every host is dead, stopped, draining or silent".
+    assert data["attempts"] == [] and data["wait_reason"] == "no live host: host testhost-1 is draining"
     assert "draining" in host.unit_props("unitvisor.service", "StatusText")["StatusText"]
     host.cli("undrain", "testhost-1")
     assert host.wait_run(run_id, timeout=30)["state"] == "succeeded"
+    # The daemon saw the undrain at a heartbeat and said so once in its journal (and the drain once,
+    # when a heartbeat came between it and the stop; the restarted daemon registered as draining).
+    said = [line for line in host.daemon_log().splitlines() if "host-state" in line]
+    assert said and "state=active before=draining" in said[-1], said
+    assert sum("state=active" in line for line in said) == 1 and len(said) <= 2, said
     unknown = host.cli("drain", "no-such-host", check=False)
     assert unknown.returncode == 1 and "no host no-such-host" in unknown.stderr
 

@@ -38,6 +38,7 @@ class Outcome:
 @pytest.fixture
 def run_cli(monkeypatch, capsys):
     monkeypatch.delenv("UNITVISOR_DSN", raising=False)
+    monkeypatch.delenv("UNITVISOR_DSN_FILE", raising=False)
 
     def run(*argv: str) -> Outcome:
         monkeypatch.setattr(sys, "argv", ["unitvisor", *argv])
@@ -127,6 +128,39 @@ def test_dsn_after_the_command_wins_over_the_environment(run_cli, connect_fails,
     run_cli("--config", str(config), "runs")
     run_cli("--config", str(config), "runs", "--dsn", B)
     assert connect_fails == [A, B]
+
+
+def _dsn_file(tmp_path, dsn: str, name: str = "admin.dsn"):
+    path = tmp_path / name
+    path.write_text(dsn + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_dsn_file_before_or_after_the_command(run_cli, connect_fails, config, tmp_path, where) -> None:
+    """Issue 24: the admin's DSN from a private file, not from the command line."""
+    argv = ["--dsn-file", _dsn_file(tmp_path, A)]
+    run_cli("--config", str(config), *(argv + ["runs"] if where == "before" else ["runs"] + argv))
+    assert connect_fails == [A]
+
+
+def test_dsn_file_wins_over_the_environments_dsn_and_its_own_variable(run_cli, connect_fails, config, tmp_path,
+                                                                       monkeypatch) -> None:
+    monkeypatch.setenv("UNITVISOR_DSN_FILE", _dsn_file(tmp_path, B, "env.dsn"))
+    run_cli("--config", str(config), "runs")
+    monkeypatch.setenv("UNITVISOR_DSN", A)
+    run_cli("--config", str(config), "runs")
+    run_cli("--config", str(config), "runs", "--dsn-file", _dsn_file(tmp_path, B))
+    assert connect_fails == [B, A, B]
+
+
+def test_the_dsn_given_last_wins_whichever_its_kind(run_cli, connect_fails, config, tmp_path) -> None:
+    run_cli("--config", str(config), "--dsn", A, "runs", "--dsn-file", _dsn_file(tmp_path, B))
+    run_cli("--config", str(config), "--dsn-file", _dsn_file(tmp_path, B), "runs", "--dsn", A)
+    assert connect_fails == [B, A]
+    both = run_cli("--config", str(config), "--dsn", A, "--dsn-file", _dsn_file(tmp_path, B), "runs")
+    assert both.code == 1 and both.line == "unitvisor: --dsn and --dsn-file both given: give one"
 
 
 def test_config_after_the_command_is_read(run_cli, connect_fails, tmp_path) -> None:

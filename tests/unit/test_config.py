@@ -425,7 +425,8 @@ def test_resolve_dsn_none_configured(tmp_path):
     with pytest.raises(ConfigError) as info:
         resolve_dsn(_with_dsn("", str(missing)), None)
     assert str(info.value) == (
-        f"no database configured: set --dsn, UNITVISOR_DSN, [database] dsn, or write it to {missing}")
+        "no database configured: set --dsn, --dsn-file, UNITVISOR_DSN, UNITVISOR_DSN_FILE, [database] dsn, "
+        f"or write it to {missing}")
 
 
 def test_resolve_dsn_empty_file_is_none_configured(tmp_path):
@@ -547,3 +548,64 @@ def test_a_host_id_longer_than_a_host_pin_may_be_is_refused():
     assert parse(f'[host]\nid = "{"h" * 255}"\n').host.id == "h" * 255
     with pytest.raises(ConfigError, match=r"^u.toml: \[host\] id: 256 characters, over the limit of 255"):
         parse(f'[host]\nid = "{"h" * 256}"\n', "u.toml")
+
+
+# -- a DSN file the operator names (issue 24): --dsn-file and $UNITVISOR_DSN_FILE --------------------
+
+
+def _private(tmp_path, text="postgresql://admin:hunter2@db/unitvisor\n", mode=0o600, name="admin.dsn"):
+    f = tmp_path / name
+    f.write_text(text)
+    f.chmod(mode)
+    return f
+
+
+def test_a_named_dsn_file_is_read(tmp_path, monkeypatch):
+    monkeypatch.delenv("UNITVISOR_DSN", raising=False)
+    f = _private(tmp_path)
+    assert resolve_dsn(_with_dsn("from-config"), None, f) == "postgresql://admin:hunter2@db/unitvisor"
+    monkeypatch.setenv("UNITVISOR_DSN_FILE", str(f))
+    assert resolve_dsn(_with_dsn("from-config"), None) == "postgresql://admin:hunter2@db/unitvisor"
+
+
+def test_the_order_flag_then_file_flag_then_environment_then_config(tmp_path, monkeypatch):
+    flag_file, env_file = _private(tmp_path, "from-flag-file"), _private(tmp_path, "from-env-file", name="env.dsn")
+    monkeypatch.setenv("UNITVISOR_DSN_FILE", str(env_file))
+    settings = _with_dsn("from-config")
+    assert resolve_dsn(settings, None, flag_file) == "from-flag-file"
+    assert resolve_dsn(settings, None) == "from-env-file"
+    monkeypatch.setenv("UNITVISOR_DSN", "from-env")  # a DSN beats a file at the same level
+    assert resolve_dsn(settings, None) == "from-env"
+    assert resolve_dsn(settings, None, flag_file) == "from-flag-file"  # the command line beats the environment
+    assert resolve_dsn(settings, "from-flag") == "from-flag"
+
+
+def test_dsn_and_dsn_file_together_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="--dsn and --dsn-file both given"):
+        resolve_dsn(_with_dsn(), "dbname=x", _private(tmp_path))
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o660])
+def test_a_named_dsn_file_others_may_read_is_refused_like_an_ssh_key(tmp_path, mode):
+    f = _private(tmp_path, mode=mode)
+    with pytest.raises(ConfigError) as info:
+        resolve_dsn(_with_dsn(), None, f)
+    assert str(info.value) == (f"{f} holds the database DSN but its mode {mode:04o} lets group or others read it; "
+                               f"chmod 600 {f}")
+    assert "hunter2" not in str(info.value)
+
+
+def test_a_named_dsn_file_without_a_password_is_refused_too(tmp_path):
+    """Named for credentials: judged as holding them, as ssh judges a key file whatever it holds."""
+    with pytest.raises(ConfigError, match="lets group or others read it"):
+        resolve_dsn(_with_dsn(), None, _private(tmp_path, "host=/var/run/postgresql dbname=unitvisor", 0o644))
+
+
+def test_a_named_dsn_file_that_is_missing_or_empty_says_so(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"nowhere\.dsn \(--dsn-file\): no such file$"):
+        resolve_dsn(_with_dsn("from-config"), None, tmp_path / "nowhere.dsn")
+    monkeypatch.setenv("UNITVISOR_DSN_FILE", str(tmp_path / "nowhere.dsn"))
+    with pytest.raises(ConfigError, match=r"\(UNITVISOR_DSN_FILE\): no such file$"):
+        resolve_dsn(_with_dsn("from-config"), None)
+    with pytest.raises(ConfigError, match="is empty: write the DSN in it"):
+        resolve_dsn(_with_dsn(), None, _private(tmp_path, " \n"))

@@ -480,13 +480,14 @@ def test_a_fenced_start_starts_nothing_more_of_the_batch(make, st, mocker):
 def test_status_of_a_daemon_without_root_says_it_claims_nothing(make):
     d = make(is_root=False)
     d._status()
-    assert statuses(d) == ["STATUS=runs in flight: 0, claimed: 0, settled: 0; not root: claiming nothing"]
+    assert statuses(d) == [
+        "STATUS=runs in flight: 0, claimed since start: 0, settled since start: 0; not root: claiming nothing"]
 
 
 def test_status_of_root_does_not_mention_root(make):
     d = make()
     d._status()
-    assert statuses(d) == ["STATUS=runs in flight: 0, claimed: 0, settled: 0"]
+    assert statuses(d) == ["STATUS=runs in flight: 0, claimed since start: 0, settled since start: 0"]
 
 
 def test_status_says_draining_cut_off_and_the_problem(make):
@@ -498,7 +499,8 @@ def test_status_says_draining_cut_off_and_the_problem(make):
     d.problem = "database at db.example:5433 unreachable: gone"
     d._status()
     assert statuses(d) == [
-        "STATUS=database at db.example:5433 unreachable: gone; retrying. runs in flight: 4, claimed: 12, settled: 9; "
+        "STATUS=database at db.example:5433 unreachable: gone; retrying. runs in flight: 4, claimed since start: 12, "
+        "settled since start: 9; "
         "draining; not root: claiming nothing; runs stopped by unitvisor-fence (stop_runs_when_cut_off), being settled"]
 
 
@@ -592,6 +594,28 @@ def test_the_loop_shows_progress_when_it_feeds_the_watchdog(make, mocker):
     mocker.patch.object(daemon_mod, "time").monotonic.return_value = 4242.0
     d._feed_watchdog()
     assert d.alive_at == 4242.0
+
+
+# -- drain and undrain, as the heartbeat reads them --------------------------------------------------
+
+def test_a_drain_and_an_undrain_are_each_said_once_in_the_journal(make, mocker, events):
+    """`unitvisor drain` changes the host row; the daemon learns it at its next heartbeat and says so
+    once, not at every heartbeat (before issue 24 it said nothing: the journal had no line for it)."""
+    d = make()
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    probe = mocker.patch.object(store, "probe")
+    d.watcher.drain.return_value = (set(), False)
+    d.reconciler = mock.Mock(settled=0, in_flight=0)
+    for state in ("active", "draining", "draining", "draining", "active", "active"):
+        probe.return_value = store.Probe(state, False, False, False)
+        d.timers = daemon_mod.Timers(claim=0.0, reconcile=math.inf, retention=math.inf, upkeep=math.inf,
+                                     pressure=math.inf)
+        d._iteration()
+    said = [c.kwargs for c in events.call_args_list if c.args[0] == "host-state"]
+    assert [(e["before"], e["state"]) for e in said] == [("active", "draining"), ("draining", "active")]
+    assert said[0]["detail"].startswith("drained (unitvisor drain): claims nothing new")
+    assert said[1]["detail"].startswith("undrained (unitvisor undrain)")
+    assert d.host_state == "active"
 
 
 # -- retention ---------------------------------------------------------------------------------------

@@ -210,12 +210,37 @@ def test_status_says_what_is_wrong_then_that_it_recovered(make, clock, st):
     d._iteration = iteration
     d.run()
     assert notes(d) == [
-        "STATUS=database: connection refused; retrying. runs in flight: 0, claimed: 0, settled: 0",
+        "STATUS=database: connection refused; retrying. runs in flight: 0, claimed since start: 0, "
+        "settled since start: 0",
         "READY=1",
-        f"STATUS=runs in flight: {d.reconciler.in_flight}, claimed: 0, settled: {d.reconciler.settled}",
+        f"STATUS=runs in flight: {d.reconciler.in_flight}, claimed since start: 0, "
+        f"settled since start: {d.reconciler.settled}",
         "STOPPING=1",
     ]
     assert d.problem == ""
+
+
+def test_the_counts_are_both_since_the_start_after_a_reconnect(make, clock, st):
+    """Issue 24: `claimed` counted since the daemon's start and `settled` since the last connect (each
+    connection has a new reconciler), so a reconnect showed "claimed: 9, settled: 0". Both go on."""
+    d = make()
+    daemon_mod.Reconciler.side_effect = lambda *a, **k: mock.Mock(settled=0, in_flight=0)
+    st.connect.side_effect = lambda *a, **k: mock.MagicMock()
+    d._reconcile = mock.Mock()
+    passes = []
+
+    def iteration():
+        passes.append(d.reconciler)
+        if len(passes) == 1:  # the first connection claims and settles 9, then is lost
+            d.claimed, d.reconciler.settled = 9, 9
+            d.conn = None
+            return
+        d._status()
+        d.stopping = True
+    d._iteration = iteration
+    d.run()
+    assert passes[0] is not passes[1]  # a reconciler of the new connection
+    assert notes(d)[-2] == "STATUS=runs in flight: 0, claimed since start: 9, settled since start: 9"
 
 
 def test_a_lost_bus_says_so_in_status(make, clock, st):
@@ -227,7 +252,7 @@ def test_a_lost_bus_says_so_in_status(make, clock, st):
     assert d._connect() is False
     d.watcher.close.assert_called_once_with()
     assert notes(d) == ["STATUS=subscribing to systemd's signals: systemd is not reachable over D-Bus ([err -2]: "
-                        "no socket); retrying. runs in flight: 0, claimed: 0, settled: 0"]
+                        "no socket); retrying. runs in flight: 0, claimed since start: 0, settled since start: 0"]
 
 
 def test_a_multi_line_problem_is_one_status_line(make):

@@ -184,3 +184,39 @@ def test_host_display_state(row, shown):
 
 def test_host_display_state_without_conflict_column():
     assert fleet.host_display_state({"state": "active", "heartbeat_age": 1.0}) == "active"
+
+
+# -- a waiting run names the hosts that hold it (issue 24) ------------------------------------------
+
+
+def _host(host_id: str, state: str = "active", age: float = 1.0, dead_after: float | None = 60.0) -> dict:
+    return {"id": host_id, "state": state, "heartbeat_age": age, "dead_after_sec": dead_after}
+
+
+def test_a_run_held_by_a_drain_names_the_host() -> None:
+    assert fleet.name_the_hosts(fleet.NO_LIVE_HOST, [_host("web-1", "draining")]) == (
+        "no live host: host web-1 is draining")
+
+
+def test_every_host_that_claims_nothing_is_named_with_why() -> None:
+    hosts = [_host("a", "dead"), _host("b", "stopped"), _host("c", age=75.0), _host("d", "draining"),
+             _host("e", age=30.0, dead_after=None)]
+    assert fleet.name_the_hosts(fleet.NO_LIVE_HOST, hosts) == (
+        "no live host: host a is dead; host b is stopped; host c has been silent for 1m15s; host d is draining")
+
+
+def test_a_long_list_is_cut_and_counted() -> None:
+    hosts = [_host(f"old-{n}", "dead") for n in range(8)]
+    said = fleet.name_the_hosts(fleet.NO_LIVE_HOST, hosts)
+    assert said.startswith("no live host: host old-0 is dead; ")
+    assert said.endswith("; host old-4 is dead; and 3 more hosts that claim nothing")
+
+
+def test_no_host_at_all_says_so_and_other_reasons_stay_as_they_are() -> None:
+    assert fleet.name_the_hosts(fleet.NO_LIVE_HOST, []) == (
+        "no live host: no host has registered (see `unitvisor hosts`)")
+    other = "no live host accepts it: executable /bin/sh is not allowed (web-1)"
+    assert fleet.name_the_hosts(other, [_host("web-2", "draining")]) == other
+    assert fleet.name_the_hosts(None, []) is None
+    # The hosts changed since the reason was recorded (one is live now): the database's words stand.
+    assert fleet.name_the_hosts(fleet.NO_LIVE_HOST, [_host("web-1")]) == fleet.NO_LIVE_HOST
