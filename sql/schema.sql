@@ -1514,6 +1514,22 @@ LANGUAGE sql STABLE AS $$
     END
 $$;
 
+-- The queued runs among run_ids that no live host accepts now, each with fleet_refusal's reason; a run
+-- some live host accepts, not queued, unknown or not visible to the caller is left out.
+CREATE FUNCTION unitvisor.refusals_now(run_ids uuid[])
+RETURNS TABLE (run_id uuid, reason text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT w.id, w.reason FROM (
+        SELECT r.id, unitvisor.fleet_refusal(r) AS reason
+        FROM unitvisor.runs r
+        WHERE r.id = ANY(refusals_now.run_ids[1:1000]) AND r.state = 'queued'
+          AND (pg_has_role(session_user, 'unitvisor_admin', 'MEMBER')
+               OR pg_has_role(session_user, 'unitvisor_submitter', 'MEMBER')
+               OR unitvisor.host_may_see(r.host_pin, r.id, unitvisor.my_host_id()))
+    ) w
+    WHERE w.reason IS NOT NULL
+$$;
+
 -- Whether another live host that can start units would also run r: only such runs are shared out.
 CREATE FUNCTION unitvisor.also_accepted(me unitvisor.hosts, r unitvisor.runs) RETURNS boolean
 LANGUAGE sql STABLE AS $$
@@ -2436,6 +2452,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.max_rows_bound(integer),
     unitvisor.my_host_id(),
     unitvisor.next_attempt_at(uuid),
+    unitvisor.refusals_now(uuid[]),
     unitvisor.run_status(uuid),
     unitvisor.runs_with_labels(jsonb,integer),
     unitvisor.wait_reason(unitvisor.runs),
@@ -2503,4 +2520,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('018_admission_pressure'),
     ('019_fleet_upkeep'),
     ('021_operator'),
-    ('022_argument_checks');
+    ('022_argument_checks'),
+    ('023_refusals_now');

@@ -37,9 +37,8 @@ private_network` takes it from every run) |
 | `cancel_requested_at`, `created_at`, `finished_at` | times |
 | `wait_reason` | while queued: why it has not started: its `not_before` still ahead, the run of its \
 concurrency key it waits for, or why no live host accepts it (`null`: none of these) |
-| `no_host_accepts` | while queued: why no live host accepts it now (`unitvisor.fleet_refusal`, asked when \
-`show` runs, where `wait_reason` has it only after two poll intervals); `null` when one does, or when the \
-role may not ask (only the admin may) |
+| `no_host_accepts` | while queued: why no live host accepts it now (`unitvisor.refusals_now`, asked when \
+`show` runs, where `wait_reason` has it only after two poll intervals); `null` when one does |
 | `attempts` | list, oldest first: `attempt`, `host`, `unit`, `invocation_id`, `claimed_at`, `started_at`, \
 `ended_at`, `outcome`, `exit_status`, `reason`, `accounting` (`cpu_usage_nsec`, `memory_peak_bytes`, `io_read_bytes`, \
 `io_write_bytes`, `tasks_peak`: null where not measured), `not_measured` (an ended attempt's null figures, each with \

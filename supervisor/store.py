@@ -1189,18 +1189,12 @@ def sees_every_run(conn: Connection) -> tuple[str, bool]:
     return role, kind in ("admin", "submitter")
 
 
-def fleet_refusals(conn: Connection, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str] | None:
-    """Why no live host accepts each of these queued runs now, by unitvisor.fleet_refusal (what
-    explain_waiting records only after a run has waited two poll intervals); a run some live host
-    accepts, or not queued, is left out. None: this role may not call it (only the admin may)."""
-    allowed = conn.execute("SELECT has_function_privilege('unitvisor.fleet_refusal(unitvisor.runs)', 'EXECUTE')"
-                           ).fetchone()[0]
-    if not allowed:
-        return None
-    rows = conn.execute(
-        """SELECT r.id, unitvisor.fleet_refusal(r) FROM unitvisor.runs r
-           WHERE r.id = ANY(%s) AND r.state = 'queued'""", (list(run_ids),)).fetchall()
-    return {row[0]: row[1] for row in rows if row[1] is not None}
+def fleet_refusals(conn: Connection, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Why no live host accepts each of these queued runs now (unitvisor.refusals_now: fleet_refusal's
+    reason, what explain_waiting records only after a run has waited two poll intervals), for any role,
+    of the runs it may see; a run some live host accepts, or not queued, is left out."""
+    rows = conn.execute("SELECT run_id, reason FROM unitvisor.refusals_now(%s)", (list(run_ids),)).fetchall()
+    return {row[0]: row[1] for row in rows}
 
 
 def whoami(conn: Connection) -> Identity:

@@ -76,7 +76,7 @@ def not_measured_text(missing: dict[str, str]) -> str:
 
 def wait_text(recorded: str | None, refused: str | None) -> str | None:
     """Why a queued run waits: what explain_waiting recorded (its not_before, the run of its
-    concurrency key, why no host took it), and why no live host accepts it now (fleet_refusal), which
+    concurrency key, why no host took it), and why no live host accepts it now (refusals_now), which
     explain_waiting records only once the run has waited two poll intervals; each said once."""
     parts = [recorded] if recorded else []
     if refused and refused not in (recorded or ""):

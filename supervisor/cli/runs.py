@@ -124,7 +124,7 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
             run_id = store.submit_run(conn, **fields)
         except store.DatabaseError as exc:
             raise Failure(str(exc)) from None
-        refused = (store.fleet_refusals(conn, [run_id]) or {}).get(run_id)
+        refused = store.fleet_refusals(conn, [run_id]).get(run_id)
     click.echo(str(run_id))
     if refused:
         # Queued all the same (a host may come, or be allowed it, later), but said now rather than by
@@ -171,7 +171,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     """
     with ctx.connect() as conn:
         run = load_run(conn, run_id)
-        refused = (store.fleet_refusals(conn, [run.id]) or {}).get(run.id)
+        refused = store.fleet_refusals(conn, [run.id]).get(run.id)
         data = run_json(run, store.get_attempts(conn, run.id), store.get_events(conn, run.id),
                         store.get_outcome_records(conn, run.id), refused)
         data["wait_reason"], due, now = _waiting(conn, run, data)
@@ -249,7 +249,7 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
         rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit, labels)
         now = store.now(conn)
         queued = [r["id"] for r in rows if r["state"] == "queued"][:MAX_REFUSALS_ASKED]
-        refusals = (store.fleet_refusals(conn, queued) if queued else None) or {}
+        refusals = store.fleet_refusals(conn, queued) if queued else {}
         partial = partial_list_note(conn)
     if partial:
         click.echo(f"note: {partial}", err=True)

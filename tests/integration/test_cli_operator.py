@@ -15,9 +15,10 @@ import pytest
 
 from supervisor import store, unitspec
 from supervisor.outcomes import Outcome
-from tests.integration.conftest import register
+from tests.harness.postgres import Postgres
+from tests.integration.conftest import TEST_SUBMITTER, ensure_login_role, register
 from tests.integration.test_cli_db import assert_one_line_error, submit
-from tests.integration.test_cli_roles import add
+from tests.integration.test_cli_roles import add, as_role
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +72,14 @@ def test_runs_says_on_stderr_when_its_list_may_be_partial(cli, dsn: str, conn: p
 
 # -- item 3: a run no live host accepts says why at once -----------------------------------------------
 
-def test_a_run_no_live_host_accepts_says_why_at_once(cli, dsn: str, conn: psycopg.Connection) -> None:
+@pytest.mark.parametrize("role", ["admin", "submitter"])
+def test_a_run_no_live_host_accepts_says_why_at_once(cli, dsn: str, conn: psycopg.Connection, postgres: Postgres,
+                                                     role: str) -> None:
+    """As the admin and as the submitter, the role a control plane submits with (before schema 23
+    only the admin might ask fleet_refusal: the submitter got no warning and no reason at once)."""
+    if role == "submitter":
+        ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
+        dsn = as_role(dsn, TEST_SUBMITTER)
     register(conn, "h1", allowed=("/usr/bin/python3",))
     cases = {
         ("--", "/bin/sh", "-c", "true"): "no live host accepts it: executable /bin/sh is not allowed (h1)",

@@ -491,9 +491,10 @@ HOST_FUNCTIONS = {
     "record_output_tails", "register_host", "register_host_allowlist", "register_host_environment", "run_status",
     "runs_with_labels", "wait_reason", "whoami", "host_holds_run", "host_may_see", "unit_owners", "host_in_flight",
     "set_host_pressure", "fleet_upkeep_turn", "declare_dead", "renew_heartbeat", "set_host_state",
-    "next_attempt_at"}
+    "next_attempt_at", "refusals_now"}
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
-                       "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at"}
+                       "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
+                       "refusals_now"}
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 
