@@ -81,8 +81,10 @@ try: venv
 # machine; the system tests spend most of theirs waiting (containers booting, daemons' timeouts, gates)
 # while the other passes compute (PostgreSQL, qemu's emulation, spin), so at once they take about as
 # long as the longest pass: in the measured run of 0.7.0 the PyPI pass, 32 minutes, with the VM tier
-# in it; the VM tier is now a pass of its own (test-vm), which takes the VM tier's 9 minutes or so
-# off that longest pass (README, Tests, has the figures). The passes in TEST_YIELDING get
+# in it; the VM tier is now a pass of its own (test-vm), which takes the VM tier's 8 minutes or so
+# off that longest pass and adds no CPU (one .deb build for both, no second boot): expected 24 to 27
+# minutes in all, not yet measured as a whole (README, Tests, has the figures). test-vm yields too:
+# its qemu would otherwise take both cores from the system tests. The passes in TEST_YIELDING get
 # a quarter of the CPU weight of the system tests when both want it: those are proven beside one
 # core's load (`make test-system-stress`), not beside two.
 # One more pass (as test-trixie was) is one more target: add it to TEST_PASSES, and to TEST_YIELDING
