@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor import config, fleet, store
+from supervisor import config, fleet, pressure, store, taskspeak
 from supervisor.systemd import Systemd, SystemdError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -37,6 +37,38 @@ def cgroup_check(root: Path = CGROUP_ROOT) -> Check:
     if missing:
         return Check("cgroups", "warn", f"cgroup v2 without {', '.join(missing)}: those limits are not enforced")
     return Check("cgroups", "ok", f"cgroup v2 with {', '.join(NEEDED_CONTROLLERS)}")
+
+
+def pressure_check(host: config.HostSettings, slice_name: str, cgroup_root: Path = CGROUP_ROOT,
+                   proc_pressure: Path = pressure.PROC_PRESSURE) -> Check:
+    """Whether admission by pressure acts here: the daemon reads the same files with the same code
+    (pressure.read, pressure.decide), so what this says is what it does. Off where PSI cannot be read
+    (a cgroup-v1 or hybrid host, a kernel with PSI disabled) is a warning: such a host claims into a
+    slice that is already thrashing. Off by [host] pressure_resources = [] is the administrator's
+    choice, and says so."""
+    if not host.pressure_resources:
+        return Check("pressure", "ok", "admission by pressure off by [host] pressure_resources = []")
+    reading = pressure.read(slice_name, host.pressure_resources, cgroup_root, proc_pressure)
+    if reading.unavailable is not None:
+        return Check("pressure", "warn", f"PSI unavailable ({reading.unavailable}): admission by pressure is off, "
+                     "this host claims whatever its runs' stall")
+    admission = pressure.decide(reading, host.pressure_slow_at, host.pressure_stop_at, 1)
+    where = (f"{slice_name}'s pressure files" if (cgroup_root / slice_name).is_dir()
+             else f"{proc_pressure} (no run in {slice_name} yet, so no cgroup of it to read)")
+    said = f"PSI read from {where}: admission by pressure active ({', '.join(host.pressure_resources)}; slows " \
+           f"at {host.pressure_slow_at:g}%, stops at {host.pressure_stop_at:g}%)"
+    if admission.state == pressure.OPEN:
+        return Check("pressure", "ok", said)
+    return Check("pressure", "warn", f"{said}; now {admission.detail}")
+
+
+def tasks_peak_check(cgroup_root: Path = CGROUP_ROOT, release: str | None = None) -> Check:
+    """Whether a run's peak tasks (tasks_peak) is measured: the same test the reconciler makes once
+    (taskspeak.available). Where it is not, the figure is NULL, which show and --json explain."""
+    if taskspeak.available(cgroup_root, release):
+        return Check("tasks peak", "ok", "measured (each run's cgroup's pids.peak, read as its unit ends)")
+    return Check("tasks peak", "warn", "not measured: needs cgroup v2 with the pids controller on Linux 6.1 or "
+                 "later (pids.peak); runs record tasks_peak NULL")
 
 
 def journal_check(persistent: Path = PERSISTENT_JOURNAL, machine_id: Path = MACHINE_ID) -> Check:
@@ -105,6 +137,8 @@ def run_checks(config_path: Path | None, dsn_override: str | None, dsn_file: str
     checks += _database_checks(settings, dsn_override, daemon_pid, dsn_file)
     checks += systemd_checks
     checks.append(cgroup_check())
+    checks.append(pressure_check(settings.host, settings.systemd.slice))
+    checks.append(tasks_peak_check())
     checks.append(journal_check())
     return checks
 

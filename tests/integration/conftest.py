@@ -9,6 +9,7 @@ import os
 import re
 import select
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,18 @@ from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
 
 UNITVISOR = REPO / ".venv" / "bin" / "unitvisor"
+
+
+def unitvisor_command() -> tuple[list[str], dict[str, str]]:
+    """The real executable, and what its environment needs besides: the checkout's virtualenv's
+    `unitvisor`; or, where the tests run outside the checkout's virtualenvs (`make test-trixie` in the
+    trixie chroot, on trixie's python3 and packages), that python3 running the same entry point
+    (`python3 -m supervisor`) with the checkout on its path. .venv's script would start .venv's
+    python, which is this machine's Python 3.11 with its packages, not trixie's: it could not even
+    import them there, and every CLI test failed."""
+    if Path(sys.prefix).resolve().is_relative_to(REPO):
+        return [str(UNITVISOR)], {}
+    return [sys.executable, "-m", "supervisor"], {"PYTHONPATH": str(REPO)}
 TABLES = ("runs", "spawn_jobs", "run_events", "attempts", "hosts")
 
 
@@ -187,7 +200,9 @@ def cli(empty_config: Path) -> Callable[..., CliResult]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("UNITVISOR_", "PG"))}
         if dsn is not None:
             env["UNITVISOR_DSN"] = dsn
-        cmd = [str(UNITVISOR), "--config", str(config or empty_config), *args]
+        command, extra = unitvisor_command()
+        env.update(extra)
+        cmd = [*command, "--config", str(config or empty_config), *args]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd="/")
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
 

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from supervisor import store
-from tests.integration.conftest import UNITVISOR, table_counts
+from tests.integration.conftest import table_counts, unitvisor_command
 from tests.integration.test_cli_db import assert_one_line_error, submit
 
 # Every command that reads or writes the database, with arguments that would be fine on a migrated one.
@@ -128,7 +128,9 @@ def test_wait_exits_75_when_the_database_goes_away(dsn: str, conn: psycopg.Conne
     run_id = store.submit_run(conn, argv=["/bin/true"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UNITVISOR_", "PG"))}
     env["UNITVISOR_DSN"] = dsn
-    proc = subprocess.Popen([str(UNITVISOR), "--config", str(empty_config), "wait", str(run_id)], env=env,
+    command, extra = unitvisor_command()
+    env.update(extra)
+    proc = subprocess.Popen([*command, "--config", str(empty_config), "wait", str(run_id)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
     try:
         # Its session, once it is polling; then the database ends it, as a restart or failover would.

@@ -7,6 +7,8 @@ wall-clock speed: the guest runs under software emulation beside whatever else t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.vm.conftest import SERVICE, VmHost
@@ -59,6 +61,10 @@ def test_the_guest_is_a_cgroup_v2_host(vm_host: VmHost) -> None:
     doctor = vm_host.unitvisor("doctor", check=False)
     assert "cgroup" in doctor.stdout
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    # What doctor says of PSI and pids.peak is the truth here: trixie's 6.12 has both.
+    assert re.search(r"^ok\s+pressure\s+PSI read from .*admission by pressure active \(memory, io;", doctor.stdout,
+                     re.M), doctor.stdout
+    assert re.search(r"^ok\s+tasks peak\s+measured \(", doctor.stdout, re.M), doctor.stdout
 
 
 def test_a_run_over_its_memory_is_killed_and_recorded_oom_kill(vm_host: VmHost) -> None:

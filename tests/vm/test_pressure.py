@@ -8,14 +8,23 @@ pressure lasts as long as the test wants. Times are read from the guest's own cl
 monotonic timestamps and the daemon's journal), never from this machine's, whose load under software
 emulation says nothing of the daemon. Printed for docs/benchmarks.md (Admission by pressure).
 
-Without admission by pressure the runs would be claimed while the hog runs, and the test fails."""
+Without admission by pressure the runs would be claimed while the hog runs, and the test fails.
+
+The second test shows where such runs go when the fleet has room elsewhere: a second host, vm-2, on
+the same PostgreSQL. The guest has no network, so vm-2 is a second daemon in the same guest, under a
+copy of the packaged unitvisor.service with a configuration of its own: its own host id and role
+(`hosts add`), its own slice (unitvisor-vm2.slice, which the hog does not stall), no metrics port.
+It is another host to the fleet (registration, claims, heartbeats, `hosts`), though not to the
+machine: both daemons' reconcilers see each other's units (left alone while their attempts are open
+on the other host: reconciler.decide_orphan), and share /run/unitvisor, so the test looks at where
+the runs ran and when, not at their peak tasks."""
 
 from __future__ import annotations
 
 import json
 import time
 
-from tests.vm.conftest import SERVICE, VmHost
+from tests.vm.conftest import CONFIG, HOST_ID, SERVICE, VmHost
 
 PY = "/usr/bin/python3"
 HOG_UNIT = "uv-pressure-hog.service"
@@ -31,9 +40,9 @@ STOP_WITHIN = 30.0
 RESUME_WITHIN = 60.0
 
 
-def journal_events(host: VmHost, name: str, since_usec: int) -> list[tuple[int, str]]:
+def journal_events(host: VmHost, name: str, since_usec: int, unit: str = SERVICE) -> list[tuple[int, str]]:
     """(monotonic µs, message) of the daemon's `name` events since a monotonic time of this boot."""
-    out = host.run("journalctl", "-u", SERVICE, "-o", "json", "--output-fields=MESSAGE,__MONOTONIC_TIMESTAMP",
+    out = host.run("journalctl", "-u", unit, "-o", "json", "--output-fields=MESSAGE,__MONOTONIC_TIMESTAMP",
                    "--no-pager").stdout
     found = []
     for line in out.splitlines():
@@ -44,8 +53,22 @@ def journal_events(host: VmHost, name: str, since_usec: int) -> list[tuple[int, 
     return found
 
 
-def hosts_pressure(host: VmHost) -> dict:
-    return json.loads(host.unitvisor("hosts", "--json").stdout)[0]["pressure"] or {}
+def hosts_pressure(host: VmHost, host_id: str = HOST_ID) -> dict:
+    # As the operator: what `hosts` shows whoever looks at the fleet (a host role may not read every host).
+    rows = {row["id"]: row for row in json.loads(host.operator("hosts", "--json").stdout)}
+    return rows[host_id]["pressure"] or {}
+
+
+def uptime_usec(host: VmHost) -> int:
+    """The guest's monotonic clock now (CLOCK_MONOTONIC's µs, as the journal's timestamps)."""
+    return int(float(host.run("cat", "/proc/uptime").stdout.split()[0]) * 1e6)
+
+
+def start_hog(host: VmHost) -> int:
+    """Start the hog in unitvisor.slice; its start on the guest's monotonic clock."""
+    host.run("systemd-run", "--unit", HOG_UNIT, "--slice", "unitvisor.slice", "-p", "MemoryHigh=32M",
+             "-p", "MemorySwapMax=0", "--", PY, "-c", HOG, "96")
+    return int(host.prop(HOG_UNIT, "ActiveEnterTimestampMonotonic"))
 
 
 def wait_for(what: str, check, timeout: float) -> object:
@@ -61,10 +84,8 @@ def wait_for(what: str, check, timeout: float) -> object:
 
 def test_a_memory_hog_stops_the_claims_until_it_ends(vm_host: VmHost) -> None:
     wait_for("the host reports open", lambda: hosts_pressure(vm_host).get("state") == "open", 120)
-    vm_host.run("systemd-run", "--unit", HOG_UNIT, "--slice", "unitvisor.slice", "-p", "MemoryHigh=32M",
-                "-p", "MemorySwapMax=0", "--", PY, "-c", HOG, "96")
+    hog_started = start_hog(vm_host)
     try:
-        hog_started = int(vm_host.prop(HOG_UNIT, "ActiveEnterTimestampMonotonic"))
         wait_for("the host reports stopped", lambda: hosts_pressure(vm_host).get("state") == "stopped", 180)
         stopped = journal_events(vm_host, "admission", hog_started)
         stopped_at = next(at for at, message in stopped if "state=stopped" in message)
@@ -87,7 +108,7 @@ def test_a_memory_hog_stops_the_claims_until_it_ends(vm_host: VmHost) -> None:
         vm_host.run("systemctl", "stop", HOG_UNIT, check=False)
     hog_ended = int(vm_host.prop(HOG_UNIT, "InactiveEnterTimestampMonotonic") or 0)
     if not hog_ended:  # a unit that ended is collected at once: its stop was just now
-        hog_ended = int(float(vm_host.run("cat", "/proc/uptime").stdout.split()[0]) * 1e6)
+        hog_ended = uptime_usec(vm_host)
     for run_id in runs:
         assert vm_host.wait_ended(run_id, timeout=240)["state"] == "succeeded"
     resumed_at = next(at for at, message in journal_events(vm_host, "admission", hog_ended)
@@ -103,3 +124,90 @@ def test_a_memory_hog_stops_the_claims_until_it_ends(vm_host: VmHost) -> None:
     assert figures["stop"] <= STOP_WITHIN, figures
     assert figures["resume"] <= RESUME_WITHIN and figures["claim"] <= RESUME_WITHIN, figures
     assert hosts_pressure(vm_host)["state"] in ("open", "slowed")
+
+
+SECOND = "vm-2"
+SECOND_UNIT = "unitvisor-vm2.service"
+SECOND_SLICE = "unitvisor-vm2.slice"
+SECOND_CONFIG = CONFIG.replace(f'id = "{HOST_ID}"', f'id = "{SECOND}"') + f"""
+[database]
+dsn_file = "/etc/unitvisor/{SECOND}.dsn"
+
+[systemd]
+slice = "{SECOND_SLICE}"
+
+[metrics]
+listen = ""
+"""
+# Submitted while vm-1 claims nothing; each must run on vm-2.
+MOVED_RUNS = 2
+# A submit is a CLI start in the guest, whose two cores are shared here by the hog and two daemons
+# under software emulation: on a machine at load 69 one took over the default 120 s.
+SUBMIT_WITHIN = 600.0
+
+
+def start_second_host(host: VmHost) -> None:
+    """vm-2: the packaged unit, run with its own configuration (and without the self-fence, which is
+    vm-1's and is not needed: stop_runs_when_cut_off is off)."""
+    added = json.loads(host.operator("hosts", "add", SECOND, "--db-host", "localhost", "--json").stdout)
+    host.guest.write(f"/etc/unitvisor/{SECOND}.dsn", (added["dsn"] + "\n").encode(), mode=0o600)
+    host.guest.write(f"/etc/unitvisor/{SECOND}.toml", SECOND_CONFIG.encode(), mode=0o644)
+    packaged = host.run("cat", "/usr/lib/systemd/system/unitvisor.service").stdout
+    assert "ExecStart=/usr/bin/unitvisor daemon\n" in packaged, packaged
+    unit = (packaged.replace("ExecStart=/usr/bin/unitvisor daemon\n",
+                             f"ExecStart=/usr/bin/unitvisor --config /etc/unitvisor/{SECOND}.toml daemon\n")
+            .replace("Wants=unitvisor-fence.service\n", ""))
+    host.guest.write(f"/etc/systemd/system/{SECOND_UNIT}", unit.encode())
+    host.guest.write(f"/etc/systemd/system/{SECOND_SLICE}",
+                     host.run("cat", "/usr/lib/systemd/system/unitvisor.slice").stdout.encode())
+    host.run("systemctl", "daemon-reload", timeout=120)
+    host.run("systemctl", "start", SECOND_UNIT, timeout=300)
+    wait_for("vm-2 connected", lambda: "waiting" not in host.prop(SECOND_UNIT, "StatusText")
+             and host.prop(SECOND_UNIT, "ActiveState") == "active", 180)
+    wait_for("vm-2 reports open", lambda: hosts_pressure(host, SECOND).get("state") == "open", 120)
+
+
+def stop_second_host(host: VmHost) -> None:
+    host.run("systemctl", "stop", SECOND_UNIT, check=False, timeout=120)
+    # Back to the one host the other tests of the tier expect.
+    host.operator("hosts", "forget", SECOND, check=False)
+
+
+def test_a_pressured_host_leaves_its_queued_runs_to_another_host(vm_host: VmHost) -> None:
+    wait_for("the host reports open", lambda: hosts_pressure(vm_host).get("state") == "open", 120)
+    start_second_host(vm_host)
+    try:
+        hog_started = start_hog(vm_host)
+        try:
+            wait_for("vm-1 reports stopped", lambda: hosts_pressure(vm_host).get("state") == "stopped", 180)
+            stopped_at = next(at for at, message in journal_events(vm_host, "admission", hog_started)
+                              if "state=stopped" in message)
+            submitted = uptime_usec(vm_host)
+            runs = [vm_host.operator("submit", "--", PY, "-c", "pass", timeout=SUBMIT_WITHIN).stdout.strip()
+                    for _ in range(MOVED_RUNS)]
+            shown = [vm_host.wait_ended(run_id, timeout=240) for run_id in runs]
+            # Every run ran, on vm-2 alone, while vm-1 was still stopped by the hog: its admission is
+            # what `hosts` shows, and vm-2's is open.
+            assert [s["state"] for s in shown] == ["succeeded"] * MOVED_RUNS, shown
+            assert [[a["host"] for a in s["attempts"]] for s in shown] == [[SECOND]] * MOVED_RUNS, shown
+            vm1, vm2 = hosts_pressure(vm_host), hosts_pressure(vm_host, SECOND)
+            assert vm1["state"] == "stopped" and vm1["resource"] == "memory", vm1
+            assert "claiming nothing" in vm1["detail"], vm1
+            assert vm2["state"] == "open", vm2
+            assert vm_host.run("systemctl", "is-active", HOG_UNIT, check=False).stdout.strip() == "active"
+        finally:
+            vm_host.run("systemctl", "stop", HOG_UNIT, check=False)
+        claims = [at for at, message in journal_events(vm_host, "claimed", submitted, SECOND_UNIT)
+                  if any(f"run={run_id}" in message for run_id in runs)]
+        assert len(claims) == MOVED_RUNS, claims
+        # vm-1 claimed none of them, before or after.
+        assert not [message for _, message in journal_events(vm_host, "claimed", submitted)
+                    if any(f"run={run_id}" in message for run_id in runs)]
+    finally:
+        stop_second_host(vm_host)
+    figures = {"stop": (stopped_at - hog_started) / 1e6, "first": (min(claims) - submitted) / 1e6,
+               "last": (max(claims) - submitted) / 1e6}
+    print(f"\nqueued runs moved by pressure (guest seconds): vm-1 stopped {figures['stop']:.1f} s after the hog "
+          f"started; of {MOVED_RUNS} runs submitted then, vm-2 claimed the first {figures['first']:.1f} s and the "
+          f"last {figures['last']:.1f} s after the submissions began")
+    assert figures["stop"] <= STOP_WITHIN, figures
