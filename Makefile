@@ -11,10 +11,12 @@ VENV        := .venv
 APT_PACKAGES := postgresql systemd-container libsystemd-dev pkg-config gcc python3-dev python3-venv dbus util-linux
 # The fleet protocol's model (model/fleet.pml) is checked by spin: `make model`, tests/unit/test_model.py.
 APT_PACKAGES += spin
+# The manual page is rendered by man as lintian renders it (tests/unit/test_manpage.py).
+APT_PACKAGES += man-db
 # The package tests (tests/package): the .deb's build dependencies (debian/control), lintian, and
 # debootstrap for the clean-room install.
 APT_PACKAGES += build-essential dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools \
-	help2man python3-click python3-psycopg python3-pystemd python3-sdnotify python3-pytest python3-pytest-mock \
+	python3-click python3-psycopg python3-pystemd python3-sdnotify python3-pytest python3-pytest-mock \
 	lintian debootstrap python3-prometheus-client
 # piuparts installs, removes and purges the .deb in a minimal bookworm and trixie (tests/package/test_piuparts.py).
 APT_PACKAGES += piuparts

@@ -167,6 +167,35 @@ class Postgres:
         if self.running:
             self._run("pg_ctl", "-D", str(self.data), "reload")
 
+    def require_tls(self, cert: Path, key: Path) -> None:
+        """What README's Install sets up for hosts on other machines: the server speaks TLS with this
+        certificate (`ssl = on`), and over TCP it admits only TLS sessions that log in with their
+        password (`hostssl ... scram-sha-256`); a plain connection has no pg_hba.conf line. The
+        superuser comes in over the cluster's socket (`socket_dsn_for`), as `runuser -u postgres`
+        does on a real host. Takes effect at the next start (the server reads its key only then)."""
+        tls = self.dir / "tls"
+        tls.mkdir(exist_ok=True)
+        # PostgreSQL refuses a key that group or others may read, and reads it as the cluster's owner.
+        for source, mode in ((cert, 0o644), (key, 0o600)):
+            target = tls / source.name
+            shutil.copyfile(source, target)
+            target.chmod(mode)
+            if self.user:
+                pw = pwd.getpwnam(self.user)
+                os.chown(target, pw.pw_uid, pw.pw_gid)
+        if self.user:
+            os.chown(tls, pwd.getpwnam(self.user).pw_uid, pwd.getpwnam(self.user).pw_gid)
+        self.settings.update({"ssl": "on", "ssl_cert_file": str(tls / cert.name),
+                              "ssl_key_file": str(tls / key.name), "password_encryption": "scram-sha-256"})
+        (self.data / "pg_hba.conf").write_text(
+            "local all all trust\n"
+            "hostssl all all 127.0.0.1/32 scram-sha-256\n"
+            "hostssl all all ::1/128 scram-sha-256\n")
+
+    def socket_dsn_for(self, dbname: str) -> str:
+        """The superuser over the cluster's Unix socket: no TCP, so no pg_hba.conf `host` line needed."""
+        return f"host={self.dir} port={self.port} user=postgres dbname={dbname}"
+
     def start(self) -> None:
         # fsync off: a test cluster need not survive a power cut, and it makes every commit cheap.
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir}"

@@ -105,3 +105,13 @@ def test_the_fence_outlives_the_daemon_and_shares_its_runtime_directory() -> Non
     for key in ("RuntimeDirectory", "RuntimeDirectoryMode", "RuntimeDirectoryPreserve"):
         assert fence[key] == daemon[key]
     assert fence["ExecStart"] == ["/usr/bin/unitvisor fence"]
+
+
+def test_documentation_points_at_what_the_package_installs() -> None:
+    """Documentation= of every unit is the man page and files under /usr/share/doc/unitvisor, which
+    `systemctl help` opens on a host (test_deb_contents.py checks that the .deb ships each file).
+    (Failed before: https://example.invalid/unitvisor.)"""
+    for name in UNITS:
+        urls = " ".join(unit_settings(name)["Documentation"]).split()
+        assert "man:unitvisor(1)" in urls, name
+        assert all(re.fullmatch(r"man:unitvisor\(1\)|file:///usr/share/doc/unitvisor/[\w.-]+", u) for u in urls), urls
