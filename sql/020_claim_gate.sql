@@ -79,6 +79,10 @@ CREATE INDEX spawn_jobs_kind_idx ON unitvisor.spawn_jobs (kind, scheduled_at)
 -- The keys that have a job waiting (a skip scan: one probe per key).
 CREATE INDEX spawn_jobs_key_idx ON unitvisor.spawn_jobs (concurrency_key)
     WHERE state = 'available' AND concurrency_key IS NOT NULL;
+-- The heartbeat's "a job has waited long" (its upkeep flag, as in 012): the oldest available job by
+-- scheduled_at. spawn_jobs_available_idx leads with priority, so that EXISTS walked every available job
+-- younger than `waited` to find none: 10,000 jobs behind a key, 10,000 rows on every heartbeat of every host.
+CREATE INDEX spawn_jobs_due_idx ON unitvisor.spawn_jobs (scheduled_at) WHERE state = 'available';
 -- A key's queued runs numbered NULL (submitted before 013, or resumed since): concurrency_blocker's
 -- third look-up. Without it, the look-up for a numbered run walked every queued run of the key
 -- (runs_queued_key_idx has no seq) to find none: 10,000 rows for each run behind a key of 10,000.
