@@ -24,9 +24,9 @@
 --   runs behind one key are one key, 1,000 runs of a rollout no host accepts are one kind. A run waits
 --   for its `not_before` (and a retry for its backoff) as its job's scheduled_at, which is due or not.
 --   (unitvisor has no dependencies between runs; nothing else holds a queued run back.)
--- * claim_jobs walks the keyless jobs and the heads of the keys only (key_head_jobs), merged in claim
---   order, instead of every available job with a concurrency_blocker each: a claim among 10,000 runs
---   behind one key looks at one of them.
+-- * claim_jobs passes over the jobs of a key that wait behind its head on the job's own row (its
+--   concurrency_key), instead of joining each to its run and asking concurrency_blocker: a claim among
+--   10,000 runs behind one key reads their job rows, not their runs.
 -- * host_open_attempts: the number of open attempts of each host, kept by triggers on attempts (every
 --   insert, settlement and delete, by any function of any release). The claim's fair share (`busy`)
 --   and notify_spawn_targets (each live host's free slots) read one row per host instead of counting
@@ -71,9 +71,7 @@ CREATE TRIGGER spawn_jobs_describe BEFORE INSERT ON unitvisor.spawn_jobs
 UPDATE unitvisor.spawn_jobs j SET concurrency_key = r.concurrency_key, kind = unitvisor.run_kind(r)
 FROM unitvisor.runs r WHERE r.id = j.run_id AND j.state = 'available';
 
--- The keyless jobs in claim order (claim_jobs' first stream), and by kind (host_has_work's walk).
-CREATE INDEX spawn_jobs_free_idx ON unitvisor.spawn_jobs (priority DESC, scheduled_at, id)
-    WHERE state = 'available' AND concurrency_key IS NULL;
+-- The keyless jobs by kind (host_has_work's walk).
 CREATE INDEX spawn_jobs_kind_idx ON unitvisor.spawn_jobs (kind, scheduled_at)
     WHERE state = 'available' AND concurrency_key IS NULL;
 -- The keys that have a job waiting (a skip scan: one probe per key).
@@ -274,10 +272,9 @@ END $$;
 -- -- the claim -------------------------------------------------------------------------------------------
 
 -- claim_jobs as in 013, with two changes:
--- * its query walks two streams merged in claim order: the keyless jobs (spawn_jobs_free_idx) and the
---   jobs key_head_jobs names (each key's head, when it may start). A job of a key behind its head is
---   never fetched; 013 fetched it and asked concurrency_blocker, for every one, on every claim. The
---   check stays on the head (and again under the key's lock, as in 006).
+-- * its query passes over the jobs of a key but the one key_head_jobs names (the key's head, when it may
+--   start) on the job's row: 013 joined each to its run and asked concurrency_blocker, for every one, on
+--   every claim. The check stays on the head (and again under the key's lock, as in 006).
 -- * `busy` (the open attempts of the live hosts that can start units) is the sum of their counts in
 --   host_open_attempts: one row per host, not one per open attempt of the fleet.
 -- The rest is 013's, line for line.
@@ -305,19 +302,19 @@ DECLARE
     accepted jsonb := '{}';
     contested boolean;
     heads bigint[];
-    -- (A bound cursor, planned for its first rows: sql/009_claim_cost.sql.) The two streams, each in
-    -- claim order, merged (a Merge Append): the keyless jobs by spawn_jobs_free_idx, and the few heads.
+    -- (A bound cursor, planned for its first rows: sql/009_claim_cost.sql.) Still one walk of
+    -- spawn_jobs_available_idx in claim order, as 013's: a job of a key that is not its key's head is
+    -- passed over on the job's own row (its concurrency_key column), before the join to its run and
+    -- without a concurrency_blocker. (A merge of two streams, keyless jobs and heads, was tried: the
+    -- planner sorted the whole queue for it, every claim of a burst.)
     jobs CURSOR FOR
         SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max, r.concurrency_key,
                r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max)::text AS kind,
                r AS run
-        FROM (SELECT f.id, f.run_id, f.scheduled_at, f.priority FROM unitvisor.spawn_jobs f
-              WHERE f.state = 'available' AND f.concurrency_key IS NULL AND f.scheduled_at <= now()
-              UNION ALL
-              SELECT k.id, k.run_id, k.scheduled_at, k.priority FROM unitvisor.spawn_jobs k
-              WHERE k.id = ANY (heads) AND k.state = 'available' AND k.scheduled_at <= now()) j
-        JOIN unitvisor.runs r ON r.id = j.run_id
-        WHERE (r.state <> 'queued' OR ((r.host_pin IS NULL OR r.host_pin = me.id)
+        FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+        WHERE j.state = 'available' AND j.scheduled_at <= now()
+          AND (j.concurrency_key IS NULL OR j.id = ANY (heads))
+          AND (r.state <> 'queued' OR ((r.host_pin IS NULL OR r.host_pin = me.id)
                                        AND (r.concurrency_key IS NULL OR unitvisor.concurrency_blocker(r) IS NULL)
                                        AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))))
         ORDER BY j.priority DESC, j.scheduled_at, j.id
