@@ -109,17 +109,24 @@ REVOKE EXECUTE ON FUNCTION unitvisor.key_head(text) FROM PUBLIC;
 -- at all (stale: their runs moved on), at most 10 a key, so that a claim discards them. Every other job of
 -- a key waits behind its head: concurrency_blocker says so for each, and no claim need look at them.
 -- Due or not, overdue or not: the claim's query decides that, as for any job. One skip-scan probe and a
--- few index look-ups per key.
-CREATE FUNCTION unitvisor.key_head_jobs() RETURNS bigint[]
+-- few index look-ups per key, for at most `max_keys` keys: past that (many keys waiting, say one per
+-- run of a burst), NULL, and the claim asks concurrency_blocker of each keyed job it fetches, as 013
+-- did, which costs what it takes, not the number of keys.
+CREATE FUNCTION unitvisor.key_head_jobs(max_keys integer DEFAULT 64) RETURNS bigint[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     key text;
     head unitvisor.runs;
     ids bigint[] := '{}';
+    keys integer := 0;
 BEGIN
     SELECT j.concurrency_key INTO key FROM unitvisor.spawn_jobs j
     WHERE j.state = 'available' AND j.concurrency_key IS NOT NULL ORDER BY j.concurrency_key LIMIT 1;
     WHILE key IS NOT NULL LOOP
+        keys := keys + 1;
+        IF keys > max_keys THEN
+            RETURN NULL;
+        END IF;
         head := unitvisor.key_head(key);
         IF head.id IS NULL THEN
             ids := ids || ARRAY(SELECT j.id FROM unitvisor.spawn_jobs j
@@ -136,7 +143,7 @@ BEGIN
     END LOOP;
     RETURN ids;
 END $$;
-REVOKE EXECUTE ON FUNCTION unitvisor.key_head_jobs() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION unitvisor.key_head_jobs(integer) FROM PUBLIC;
 
 -- -- open attempts per host ------------------------------------------------------------------------------
 
@@ -193,6 +200,7 @@ DECLARE
     this_kind text;
     this_key text;
     head unitvisor.runs;
+    keys integer := 0;
 BEGIN
     IF me.state <> 'active' OR NOT me.can_start
             OR (SELECT count(*) FROM unitvisor.attempts a WHERE a.host_id = me.id AND a.outcome IS NULL)
@@ -224,10 +232,16 @@ BEGIN
             this_kind := NULL;
         END IF;
     END LOOP;
-    -- Keyed runs: the head of each key, when it may start (key_head_jobs), due, not overdue, accepted.
+    -- Keyed runs: the head of each key, when it may start (key_head_jobs), due, not overdue, accepted;
+    -- for at most 64 keys: past them, "maybe", and the claim decides (as before 020), so that a fleet
+    -- running thousands of keys at once does not pay a probe per key on every heartbeat.
     SELECT j.concurrency_key INTO this_key FROM unitvisor.spawn_jobs j
     WHERE j.state = 'available' AND j.concurrency_key IS NOT NULL ORDER BY j.concurrency_key LIMIT 1;
     WHILE this_key IS NOT NULL LOOP
+        keys := keys + 1;
+        IF keys > 64 THEN
+            RETURN true;
+        END IF;
         head := unitvisor.key_head(this_key);
         IF head.id IS NULL THEN
             RETURN true;  -- stale jobs only: the claim discards them
@@ -313,7 +327,7 @@ DECLARE
                r AS run
         FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now()
-          AND (j.concurrency_key IS NULL OR j.id = ANY (heads))
+          AND (heads IS NULL OR j.concurrency_key IS NULL OR j.id = ANY (heads))
           AND (r.state <> 'queued' OR ((r.host_pin IS NULL OR r.host_pin = me.id)
                                        AND (r.concurrency_key IS NULL OR unitvisor.concurrency_blocker(r) IS NULL)
                                        AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))))
