@@ -157,7 +157,8 @@ lint: venv
 # simulated fleet's (one after the other: all load this machine's cores).
 # `make bench-fleet` re-measures only the fleet's (about 2 minutes), e.g. after a change to claims or
 # dead-host timing; `make bench-history` only a million finished runs and their pruning (6 to 10 minutes,
-# PostgreSQL only); `make bench-scale` only 100 and 300 simulated hosts; `--tiny` in seconds.
+# PostgreSQL only); `make bench-scale` only the simulated hosts (100, 300 and 1,000, beside a baseline);
+# `--tiny` in seconds.
 # The peers of (8), pgqueuer workers (bench/peers.py), run from a virtualenv of their own,
 # .venv-bench-peers (bench/peers-requirements.txt): never unitvisor's, nor in pyproject or debian/control.
 # bench.run makes it itself when it is missing or older than the requirements (so `--tiny` and the
@@ -179,11 +180,18 @@ bench-fleet: venv
 bench-history: venv
 	$(VENV)/bin/python -m bench.history
 
-# 100 and then 300 real daemons against one PostgreSQL, systemd faked at its adapter (about 6 minutes,
-# PostgreSQL only): what an idle fleet costs the database, and what a submit wakes (docs/benchmarks.md,
-# Fleet at scale (simulated)).
+# Real daemons against one PostgreSQL, systemd faked at its adapter (PostgreSQL only): what an idle fleet
+# costs the database, what a submit wakes, a burst, and runs that cannot start (docs/benchmarks.md, Fleet
+# at scale (simulated)). Each size twice in the one run: first the daemons and migrations of
+# SCALE_BASELINE (a commit, unpacked with git archive into build/scale-baseline), then this checkout's.
+# 1,000 daemons need max_connections 1,020 (the bench sets it) and most of an hour on a 2-core machine.
+SCALE_BASELINE ?= d60b583
+SCALE_FLEETS   ?= 100,300,1000
+SCALE_BURST    ?= 10000
 bench-scale: venv
-	$(VENV)/bin/python -m bench.scale
+	rm -rf build/scale-baseline && mkdir -p build/scale-baseline
+	git archive $(SCALE_BASELINE) | tar -x -C build/scale-baseline
+	$(VENV)/bin/python -m bench.scale --fleets $(SCALE_FLEETS) --burst $(SCALE_BURST) --baseline build/scale-baseline
 
 # The system tests three times in a row beside a CPU load (stress-ng on one of the two cores): the
 # proof that no system test depends on catching a short moment on a quiet machine. Not part of

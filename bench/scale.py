@@ -14,11 +14,20 @@ postmaster's helpers, from /proc/<pid>/stat) per idle host, statements per host 
 a time: claim latency (the submit's commit to attempts.claimed_at, both on the database's clock), and how
 many daemons each submit makes run a claim (every daemon's store.claim is counted by the bench, in its
 worker, with the host and the time). (S3) a burst of `burst` runs in one transaction: claim latency p50 and
-p99, the claim statements it cost. What each figure means, and the latest results: docs/benchmarks.md,
-Fleet at scale (simulated).
+p99, the claim statements it cost, the claims that took nothing, the hosts declared dead, and the share
+of the machine the simulated daemons themselves took (their worker processes' CPU), so that the
+database's part can be read apart. (S4) idle again with 1,000 runs that no host accepts (an executable no
+allowlist names), then (S5) with 10,000 runs behind one concurrency key (whose head no host accepts, so
+that none may start): the server's CPU per host per minute beside (S1)'s.
+
+With `--baseline DIR` (a checkout of an earlier release, e.g. `git worktree add /tmp/base d60b583`), every
+fleet size is measured twice in the one run, first with that checkout's daemon code and migrations
+(sql/), then with this one's, on the same PostgreSQL: the figures side by side, under the same load.
+What each figure means, and the latest results: docs/benchmarks.md, Fleet at scale (simulated).
 
     .venv/bin/python -m bench.scale            # 100 and 300 daemons (about 6 minutes here)
     .venv/bin/python -m bench.scale --tiny     # 5 daemons, every figure in seconds (the smoke test)
+    .venv/bin/python -m bench.scale --fleets 100,300 --burst 10000 --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -26,11 +35,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import heapq
+import json
 import logging
 import math
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -78,10 +90,13 @@ class Sizes:
     run_seconds: float = 0.5  # how long a fake unit "runs"
     ready_timeout: float = 300.0  # every daemon registered and through its first reconcile pass
     burst_timeout: float = 300.0
+    refused: int = 1000  # (S4) runs no host accepts
+    behind_key: int = 10000  # (S5) runs behind one concurrency key
 
 
 TINY = Sizes(fleets=[5], idle_seconds=3.0, trickle=3, trickle_gap=1.0, burst=20, ready_timeout=120.0,
-             burst_timeout=120.0)
+             burst_timeout=120.0, refused=50, behind_key=100)
+REFUSED_EXECUTABLE = "/opt/rollout/new-binary"  # in no host's allowed_executables (HOST_CONFIG)
 
 
 # -- the fake systemd (in the worker processes) --------------------------------------------------
@@ -279,6 +294,19 @@ def worker(hosts: list[str], dsn: str, run_seconds: float, pipe: Pipe) -> None:
     pipe.send(claims)
 
 
+def boot(code: str | None, *args: Any) -> None:
+    """A worker process's entry: with `code` (a directory holding only a `supervisor` link to a baseline
+    checkout's package), the daemons run that code. The spawned child imported this module, and so
+    supervisor, as the parent's main module; it is dropped and imported again from `code`."""
+    if code:
+        for name in [m for m in sys.modules if m == "supervisor" or m.startswith("supervisor.")]:
+            del sys.modules[name]
+        sys.modules.pop("bench.scale", None)
+        sys.path.insert(0, code)
+    from bench.scale import worker as fresh_worker
+    fresh_worker(*args)
+
+
 # -- the bench (in the main process) -------------------------------------------------------------
 
 
@@ -309,13 +337,14 @@ def server_cpu(pg: Postgres) -> float:
 class Fleet:
     """N daemons in worker processes against one database of the cluster, and the bench's connection."""
 
-    def __init__(self, pg: Postgres, n: int, sizes: Sizes) -> None:
+    def __init__(self, pg: Postgres, n: int, sizes: Sizes, baseline: Path | None = None,
+                 code: str | None = None) -> None:
         self.pg, self.n, self.sizes = pg, n, sizes
-        self.dbname = f"scale_{n}"
+        self.dbname = f"scale_{n}" + ("_baseline" if baseline else "")
         with store.connect(pg.dsn) as conn:
             conn.execute(f"CREATE DATABASE {self.dbname}")
         with store.connect(pg.dsn_for(self.dbname)) as conn:
-            store.migrate(conn)
+            store.migrate(conn, baseline / "sql" if baseline else None)
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         # The bench's own statements (submits, polling) log in as CLIENT_ROLE, counted apart.
         self.conn = psycopg.connect(pg.dsn_for(self.dbname).replace("user=postgres", f"user={CLIENT_ROLE}"),
@@ -325,8 +354,8 @@ class Fleet:
         self.workers: list[tuple[multiprocessing.process.BaseProcess, Pipe]] = []
         for start in range(0, n, HOSTS_PER_WORKER):
             ours, theirs = context.Pipe()
-            proc = context.Process(target=worker, daemon=True, args=(
-                hosts[start:start + HOSTS_PER_WORKER], pg.dsn_for(self.dbname), sizes.run_seconds, theirs))
+            proc = context.Process(target=boot, daemon=True, args=(
+                code, hosts[start:start + HOSTS_PER_WORKER], pg.dsn_for(self.dbname), sizes.run_seconds, theirs))
             proc.start()
             self.workers.append((proc, ours))
         deadline = time.monotonic() + sizes.ready_timeout
@@ -335,6 +364,7 @@ class Fleet:
                 raise SystemExit(f"{n} daemons: not all registered within {sizes.ready_timeout:.0f} s")
             pipe.recv()
         self.claims: list[tuple[float, str, int]] = []
+        self.epochs = dict(self.conn.execute("SELECT id, epoch FROM unitvisor.hosts").fetchall())
 
     def stop(self) -> None:
         for _, pipe in self.workers:
@@ -353,6 +383,64 @@ class Fleet:
                JOIN pg_roles u ON u.oid = s.userid JOIN pg_database d ON d.oid = s.dbid
                WHERE u.rolname <> %s AND d.datname = %s AND s.query LIKE %s""",
             (CLIENT_ROLE, self.dbname, pattern)).fetchone()[0]
+
+    def simulation_cpu(self) -> float:
+        """CPU seconds the worker processes (the simulated daemons and their fake systemd) used so far."""
+        return sum(_cpu_seconds(proc.pid) for proc, _ in self.workers if proc.pid)
+
+    def hosts_declared_dead(self) -> int:
+        """Hosts declared dead since the fleet was ready: `dead` now, or registered again since (a new
+        epoch: a live daemon declared dead is fenced, and registers again)."""
+        return self.conn.execute(
+            "SELECT count(*) FROM unitvisor.hosts h WHERE h.state = 'dead' OR h.epoch <> (%s::jsonb ->> h.id)::bigint",
+            (json.dumps(self.epochs),)).fetchone()[0]
+
+    def _idle_window(self) -> dict[str, Any]:
+        self.conn.execute("SELECT pg_stat_statements_reset()")
+        cpu, began = server_cpu(self.pg), time.monotonic()
+        time.sleep(self.sizes.idle_seconds)
+        seconds = time.monotonic() - began
+        cpu = server_cpu(self.pg) - cpu
+        minutes = seconds / 60
+        return {"seconds": seconds, "server_cpu_seconds": cpu, "loadavg": loadavg(),
+                "server_cpu_ms_per_host_per_minute": cpu * 1000 / self.n / minutes,
+                "statements_per_host_per_minute": self._daemon_statements() / self.n / minutes,
+                "claim_statements_per_host_per_minute": self._daemon_statements(CLAIM_STATEMENT) / self.n / minutes}
+
+    def _submit_sql(self, count: int, argv0: str, key: str | None) -> None:
+        with self.conn.transaction():
+            self.conn.execute("SET LOCAL statement_timeout = 0")
+            self.conn.execute("SELECT unitvisor.submit_run(ARRAY[%s::text], concurrency_key => %s) "
+                              "FROM generate_series(1, %s)", (argv0, key, count))
+
+    def _cancel_queued(self) -> None:
+        with self.conn.transaction():
+            self.conn.execute("SET LOCAL statement_timeout = 0")
+            self.conn.execute("SELECT unitvisor.cancel_run(r.id) FROM unitvisor.runs r WHERE r.state = 'queued'")
+
+    def _settled(self) -> None:
+        """Wait until no run is queued, starting or running (the burst's runs ended)."""
+        deadline = time.monotonic() + self.sizes.burst_timeout
+        while time.monotonic() < deadline and self.conn.execute(
+                "SELECT count(*) FROM unitvisor.runs WHERE state IN ('queued', 'starting', 'running')").fetchone()[0]:
+            time.sleep(0.5)
+
+    def waiting(self) -> dict[str, Any]:
+        """(S4) idle with `refused` runs no host accepts; (S5) idle with `behind_key` runs behind one key
+        whose head no host accepts (so none may start). Each is cancelled before the next."""
+        self._settled()
+        poll = 10.0  # the daemons' poll interval (HOST_CONFIG: the packaged default)
+        self._submit_sql(self.sizes.refused, REFUSED_EXECUTABLE, None)
+        time.sleep(poll)  # every daemon has probed once with them queued
+        refused = self._idle_window()
+        self._cancel_queued()
+        self._submit_sql(1, REFUSED_EXECUTABLE, "bench-key")
+        self._submit_sql(self.sizes.behind_key, "/bin/true", "bench-key")
+        time.sleep(poll)
+        behind = self._idle_window()
+        self._cancel_queued()
+        return {"refused": {"runs": self.sizes.refused, **refused},
+                "behind_key": {"runs": self.sizes.behind_key, **behind}}
 
     def connections(self) -> int:
         return self.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND usename <> %s",
@@ -416,6 +504,7 @@ class Fleet:
     def burst(self) -> dict[str, Any]:
         """(S3) `burst` runs in one transaction, claimed by the fleet."""
         before, cpu = self._daemon_statements(CLAIM_STATEMENT), server_cpu(self.pg)
+        sim, wall, cores = self.simulation_cpu(), time.monotonic(), os.cpu_count() or 1
         self.burst_window = (time.time(), math.inf)
         began = time.monotonic()
         ids, at = self._submit(self.sizes.burst)
@@ -427,7 +516,10 @@ class Fleet:
         return {"runs": self.sizes.burst, "claimed": len(latencies), "seconds": time.monotonic() - began,
                 "claim_latency_ms": summary(latencies), "hosts_that_claimed": per_host,
                 "claim_statements": self._daemon_statements(CLAIM_STATEMENT) - before, "loadavg": loadavg(),
-                "server_cpu_seconds": server_cpu(self.pg) - cpu}
+                "server_cpu_seconds": server_cpu(self.pg) - cpu,
+                # of the whole machine (every core): the simulation's own part of the load, and the server's
+                "simulation_cpu_share": (self.simulation_cpu() - sim) / (time.monotonic() - wall) / cores,
+                "server_cpu_share": (server_cpu(self.pg) - cpu) / (time.monotonic() - wall) / cores}
 
     def woken(self) -> dict[str, Any]:
         """(S2) how many daemons each single submit made run a claim: the distinct hosts whose store.claim
@@ -450,10 +542,11 @@ class Fleet:
                 "failed": got.count(FAILED)}
 
 
-def measure(pg: Postgres, n: int, sizes: Sizes) -> dict[str, Any]:
-    say(f"{n} daemons: starting ...")
+def measure(pg: Postgres, n: int, sizes: Sizes, baseline: Path | None = None,
+            code: str | None = None) -> dict[str, Any]:
+    say(f"{n} daemons{' (baseline)' if baseline else ''}: starting ...")
     began = time.monotonic()
-    fleet = Fleet(pg, n, sizes)
+    fleet = Fleet(pg, n, sizes, baseline, code)
     try:
         result: dict[str, Any] = {"hosts": n, "workers": len(fleet.workers),
                                   "start_seconds": time.monotonic() - began}
@@ -463,6 +556,9 @@ def measure(pg: Postgres, n: int, sizes: Sizes) -> dict[str, Any]:
         result["trickle"] = fleet.trickle()
         say(f"{n} daemons: a burst of {sizes.burst} runs ...")
         result["burst"] = fleet.burst()
+        say(f"{n} daemons: idle with {sizes.refused} runs no host accepts, then {sizes.behind_key} behind one key ...")
+        result["waiting"] = fleet.waiting()
+        result["hosts_declared_dead"] = fleet.hosts_declared_dead()
     finally:
         fleet.stop()
     result["trickle"]["woken"] = fleet.woken()
@@ -470,11 +566,19 @@ def measure(pg: Postgres, n: int, sizes: Sizes) -> dict[str, Any]:
     return result
 
 
-def run(sizes: Sizes) -> dict[str, Any]:
+def baseline_code(baseline: Path) -> str:
+    """A directory whose only entry is `supervisor`, a link to the baseline checkout's package."""
+    code = tempfile.mkdtemp(prefix="unitvisor-baseline-")
+    os.symlink(baseline.resolve() / "supervisor", Path(code) / "supervisor")
+    return code
+
+
+def run(sizes: Sizes, baseline: Path | None = None) -> dict[str, Any]:
     started = dt.datetime.now(dt.UTC)
     with database() as pg:
         # bench.run's cluster, with room for the largest fleet's connections (the default 100 would not do).
         needed = CONNECTIONS_PER_DAEMON * max(sizes.fleets) + SPARE_CONNECTIONS
+        # (a real deployment: docs/fleet.md, The ceiling of one PostgreSQL)
         pg.settings["max_connections"] = str(max(100, needed))
         pg.restart()
         with pg.connect() as conn:
@@ -486,8 +590,17 @@ def run(sizes: Sizes) -> dict[str, Any]:
             "max_connections": int(pg.settings["max_connections"]), "systemd": "fake (bench/scale.py FakeSystemd)",
             "loadavg": {"start": loadavg()}, "fleets": {},
         }
-        for n in sizes.fleets:
-            r["fleets"][str(n)] = measure(pg, n, sizes)
+        code = baseline_code(baseline) if baseline else None
+        if baseline:
+            r["baseline"] = {"checkout": str(baseline), "fleets": {}}
+        try:
+            for n in sizes.fleets:
+                if baseline:
+                    r["baseline"]["fleets"][str(n)] = measure(pg, n, sizes, baseline, code)
+                r["fleets"][str(n)] = measure(pg, n, sizes)
+        finally:
+            if code:
+                shutil.rmtree(code, ignore_errors=True)
         r["loadavg"]["end"] = loadavg()
         r["wall_seconds"] = (dt.datetime.now(dt.UTC) - started).total_seconds()
         return r
@@ -499,15 +612,27 @@ def table(r: dict[str, Any]) -> str:
 
     lines = [f"Fleet at scale (simulated; systemd is a fake), {r['machine']['nproc']} cores, "
              f"load {r['loadavg']['start']}",
-             f"{'hosts':>6}  {'(S1) server CPU/host/min':>24}  {'stmts/host/min':>14}  {'conns/host':>10}  "
-             f"{'(S2) claim p50/p99':>18}  {'daemons woken/submit':>20}  {'(S3) burst p50/p99':>18}"]
-    for n, f in r["fleets"].items():
+             f"{'hosts':>10}  {'(S1) CPU/host/min':>17}  {'stmts/host/min':>14}  "
+             f"{'(S2) claim p50/p99':>18}  {'woken':>5}  {'(S3) burst p50/p99':>20}  {'empty':>5}  {'dead':>4}  "
+             f"{'sim CPU':>7}  {'(S4) refused':>12}  {'(S5) behind key':>15}"]
+    rows = [(f"{n} base", f) for n, f in r.get("baseline", {}).get("fleets", {}).items()]
+    rows += [(f"{n}", f) for n, f in r["fleets"].items()]
+    rows.sort(key=lambda row: (int(row[0].split()[0]), len(row[0].split()) == 1))
+    for label, f in rows:
         idle, trickle, burst = f["idle"], f["trickle"], f["burst"]
         woken = trickle["woken"]["daemons_that_claimed"]["p50"]
-        lines.append(f"{n:>6}  {idle['server_cpu_ms_per_host_per_minute']:>21.1f} ms  "
-                     f"{idle['statements_per_host_per_minute']:>14.1f}  {idle['connections_per_host']:>10.2f}  "
-                     f"{ms(trickle['claim_latency_ms']):>18}  {woken:>20.0f}  "
-                     f"{ms(burst['claim_latency_ms']):>18}")
+        waiting = f.get("waiting", {})
+        per_min = idle["server_cpu_ms_per_host_per_minute"]
+
+        def vs(which: str, waiting: dict = waiting, per_min: float = per_min) -> str:
+            got = waiting.get(which, {}).get("server_cpu_ms_per_host_per_minute")
+            return f"{got:.1f} ms ({got / per_min:.2f}x)" if got is not None and per_min else "-"
+
+        lines.append(f"{label:>10}  {per_min:>14.1f} ms  {idle['statements_per_host_per_minute']:>14.1f}  "
+                     f"{ms(trickle['claim_latency_ms']):>18}  {woken:>5.0f}  {ms(burst['claim_latency_ms']):>20}  "
+                     f"{burst['daemon_claims']['empty']:>5}  {f.get('hosts_declared_dead', '-'):>4}  "
+                     f"{burst.get('simulation_cpu_share', math.nan):>7.0%}  {vs('refused'):>12}  "
+                     f"{vs('behind_key'):>15}")
     return "\n".join(lines)
 
 
@@ -518,6 +643,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleets", help="comma-separated fleet sizes [default: 100,300]")
     parser.add_argument("--idle-seconds", type=float, help="how long the idle fleet is watched [default: 60]")
     parser.add_argument("--burst", type=int, help="runs submitted in one transaction [default: 1000]")
+    parser.add_argument("--baseline", type=Path, help="a checkout of an earlier release (its supervisor/ and "
+                        "sql/), measured first at every fleet size, in the same run")
+    parser.add_argument("--refused", type=int, help="(S4) runs no host accepts [default: 1000]")
+    parser.add_argument("--behind-key", type=int, help="(S5) runs behind one concurrency key [default: 10000]")
     parser.add_argument("--out", type=Path, help="the JSON file [default: bench/results/scale.json, "
                         "or scale-tiny.json with --tiny]")
     args = parser.parse_args(argv)
@@ -528,9 +657,13 @@ def main(argv: list[str] | None = None) -> int:
         sizes.idle_seconds = args.idle_seconds
     if args.burst is not None:
         sizes.burst = args.burst
+    if args.refused is not None:
+        sizes.refused = args.refused
+    if args.behind_key is not None:
+        sizes.behind_key = args.behind_key
     out = args.out or RESULTS / ("scale-tiny.json" if args.tiny else "scale.json")
     interrupt_on_sigterm()
-    results = run(sizes)
+    results = run(sizes, args.baseline)
     save(out, results)
     print(table(results))
     print(f"\nresults: {out}")

@@ -386,6 +386,11 @@ ALTER TABLE unitvisor.runs ALTER COLUMN seq SET DEFAULT nextval('unitvisor.run_s
 -- range scan that stops at the first row.
 CREATE INDEX runs_queued_key_seq_idx ON unitvisor.runs (concurrency_key, seq)
     WHERE state = 'queued' AND concurrency_key IS NOT NULL;
+-- A key's queued runs numbered NULL (submitted before 013, or resumed since): concurrency_blocker's
+-- third look-up. Without it, the look-up for a numbered run walked every queued run of the key
+-- (runs_queued_key_idx has no seq) to find none: 10,000 rows for each run behind a key of 10,000.
+CREATE INDEX runs_queued_key_unnumbered_idx ON unitvisor.runs (concurrency_key, created_at, id)
+    WHERE state = 'queued' AND concurrency_key IS NOT NULL AND seq IS NULL;
 
 -- -- attempts ------------------------------------------------------------------------------------------
 
@@ -436,6 +441,15 @@ CREATE TABLE unitvisor.attempts (
 CREATE INDEX attempts_open_idx ON unitvisor.attempts (host_id) WHERE outcome IS NULL;
 CREATE UNIQUE INDEX attempts_unit_name_idx ON unitvisor.attempts (unit_name);
 
+-- The number of open attempts of each host, kept by triggers on attempts (count_open_attempt): the
+-- claim's fair share and the submitter's wake trigger read one row per host instead of counting the
+-- fleet's open attempts. A table of its own, not a column of hosts: the heartbeat updates the host row
+-- every poll, and a counter there would make a claim's transaction hold the row the heartbeat needs.
+CREATE TABLE unitvisor.host_open_attempts (
+    host_id text PRIMARY KEY,
+    open    integer NOT NULL DEFAULT 0
+);
+
 -- -- spawn_jobs ----------------------------------------------------------------------------------------
 
 -- A spawn job carries the run id and nothing else about the run: the run row is the one source of
@@ -451,6 +465,10 @@ CREATE TABLE unitvisor.spawn_jobs (
     claimed_at    timestamptz,
     error         text,
     created_at    timestamptz NOT NULL DEFAULT now(),
+    -- Its run's concurrency key and kind (run_kind), filled in at its INSERT (describe_spawn_job): the
+    -- heartbeat's and the claim's walks read the job's own row, not its run's (schema 20).
+    concurrency_key text,
+    kind          text,
     CONSTRAINT spawn_jobs_state_valid CHECK (state IN ('available', 'claimed', 'discarded')),
     CONSTRAINT spawn_jobs_claim_valid CHECK ((state = 'available') = (claimed_by IS NULL))
 );
@@ -465,6 +483,16 @@ CREATE UNIQUE INDEX spawn_jobs_one_available_idx ON unitvisor.spawn_jobs (run_id
 CREATE INDEX spawn_jobs_run_idx ON unitvisor.spawn_jobs (run_id);
 -- Retention: old claimed and discarded jobs (both have claimed_at).
 CREATE INDEX spawn_jobs_done_idx ON unitvisor.spawn_jobs (claimed_at) WHERE state <> 'available';
+-- The keyless jobs by kind (host_has_work's walk).
+CREATE INDEX spawn_jobs_kind_idx ON unitvisor.spawn_jobs (kind, scheduled_at)
+    WHERE state = 'available' AND concurrency_key IS NULL;
+-- The keys that have a job waiting (a skip scan: one probe per key).
+CREATE INDEX spawn_jobs_key_idx ON unitvisor.spawn_jobs (concurrency_key)
+    WHERE state = 'available' AND concurrency_key IS NOT NULL;
+-- The heartbeat's "a job has waited long" (its upkeep flag, as in 012): the oldest available job by
+-- scheduled_at. spawn_jobs_available_idx leads with priority, so that EXISTS walked every available job
+-- younger than `waited` to find none: 10,000 jobs behind a key, 10,000 rows on every heartbeat of every host.
+CREATE INDEX spawn_jobs_due_idx ON unitvisor.spawn_jobs (scheduled_at) WHERE state = 'available';
 
 -- -- hosts ---------------------------------------------------------------------------------------------
 
@@ -1169,8 +1197,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
       AND unitvisor.check_fence(set_host_pressure.host_id, set_host_pressure.host_epoch)
 $$;
 
--- The heartbeat and the fallback poll (store.probe). No row: fenced (its row is gone, its epoch is
--- over, or it is dead).
+-- heartbeat as in 012, its claimable from host_has_work.
 CREATE FUNCTION unitvisor.heartbeat(host_id text, host_epoch bigint, waited interval)
 RETURNS TABLE (host_state text, claimable boolean, cancels boolean, upkeep boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1180,10 +1207,7 @@ BEGIN
     UPDATE unitvisor.hosts h SET heartbeat_at = now()
     WHERE h.id = heartbeat.host_id AND h.epoch = heartbeat.host_epoch AND h.state <> 'dead'
     RETURNING h.state,
-        EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
-                WHERE j.state = 'available' AND j.scheduled_at <= now()
-                  AND (r.state <> 'queued' OR (unitvisor.host_refusal(h, r) IS NULL
-                                               AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))))),
+        unitvisor.host_has_work(h),
         EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
                 WHERE a.host_id = heartbeat.host_id AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL),
         EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))
@@ -1556,6 +1580,144 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
          ORDER BY k.created_at DESC, k.id DESC LIMIT 1)) END
 $$;
 
+-- The kind of a run: what host_refusal reads of it (besides the host), so that one answer holds for
+-- every run of a kind. Environment names only (sorted), never their values, which may be secrets.
+CREATE FUNCTION unitvisor.run_kind(r unitvisor.runs) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT md5(jsonb_build_array(
+        r.argv[1], r.run_user, r.memory_max, r.host_pin,
+        CASE WHEN jsonb_typeof(r.environment) = 'object'
+             THEN (SELECT coalesce(jsonb_agg(e.name ORDER BY e.name), '[]') FROM jsonb_object_keys(r.environment) AS e(name))
+             ELSE r.environment END)::text)
+$$;
+
+-- The queued run of `key` that concurrency_blocker puts first (numbered NULL first, by created_at and
+-- id; then by seq), or NULL when none is queued. Whether it may start (nothing of its key starting or
+-- running) is concurrency_blocker's to say.
+CREATE FUNCTION unitvisor.key_head(key text) RETURNS unitvisor.runs
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(
+        (SELECT r FROM unitvisor.runs r
+         WHERE r.concurrency_key = key AND r.state = 'queued' AND r.seq IS NULL
+         ORDER BY r.created_at, r.id LIMIT 1),
+        (SELECT r FROM unitvisor.runs r
+         WHERE r.concurrency_key = key AND r.state = 'queued' AND r.seq IS NOT NULL
+         ORDER BY r.seq LIMIT 1))
+$$;
+
+-- The available jobs of concurrency keys that a claim may look at: per key with a job waiting, the job of
+-- its head when nothing of the key is starting or running; and the jobs of a key that has no queued run
+-- at all (stale: their runs moved on), at most 10 a key, so that a claim discards them. Every other job of
+-- a key waits behind its head: concurrency_blocker says so for each, and no claim need look at them.
+-- Due or not, overdue or not: the claim's query decides that, as for any job. One skip-scan probe and a
+-- few index look-ups per key, for at most `max_keys` keys: past that (many keys waiting, say one per
+-- run of a burst), NULL, and the claim asks concurrency_blocker of each keyed job it fetches, as 013
+-- did, which costs what it takes, not the number of keys.
+CREATE FUNCTION unitvisor.key_head_jobs(max_keys integer DEFAULT 64) RETURNS bigint[]
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    key text;
+    head unitvisor.runs;
+    ids bigint[] := '{}';
+    keys integer := 0;
+BEGIN
+    SELECT j.concurrency_key INTO key FROM unitvisor.spawn_jobs j
+    WHERE j.state = 'available' AND j.concurrency_key IS NOT NULL ORDER BY j.concurrency_key LIMIT 1;
+    WHILE key IS NOT NULL LOOP
+        keys := keys + 1;
+        IF keys > max_keys THEN
+            RETURN NULL;
+        END IF;
+        head := unitvisor.key_head(key);
+        IF head.id IS NULL THEN
+            ids := ids || ARRAY(SELECT j.id FROM unitvisor.spawn_jobs j
+                                WHERE j.state = 'available' AND j.concurrency_key = key LIMIT 10);
+        ELSIF unitvisor.concurrency_blocker(head) IS NULL THEN
+            ids := ids || ARRAY(SELECT j.id FROM unitvisor.spawn_jobs j
+                                WHERE j.run_id = head.id AND j.state = 'available');
+        END IF;
+        SELECT j.concurrency_key INTO key FROM unitvisor.spawn_jobs j
+        WHERE j.state = 'available' AND j.concurrency_key > key ORDER BY j.concurrency_key LIMIT 1;
+        IF NOT FOUND THEN
+            key := NULL;
+        END IF;
+    END LOOP;
+    RETURN ids;
+END $$;
+
+-- Whether a claim by `me` now could take a run, or discard a stale job: the heartbeat's claimable (see the
+-- head of this file). It may say true where the claim then takes nothing (the fair share holds a burst's
+-- run for another host within spread_grace, the memory budget is used up, another host took it first),
+-- never false where the claim would take one, except for a keyed job left by a run that moved on while
+-- its key still has queued runs (no claim looks at it; the run it belongs to is not queued).
+CREATE FUNCTION unitvisor.host_has_work(me unitvisor.hosts) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    this_kind text;
+    this_key text;
+    head unitvisor.runs;
+    keys integer := 0;
+BEGIN
+    IF me.state <> 'active' OR NOT me.can_start
+            OR (SELECT count(*) FROM unitvisor.attempts a WHERE a.host_id = me.id AND a.outcome IS NULL)
+               >= me.max_runs THEN
+        RETURN false;
+    END IF;
+    -- Keyless runs: one kind at a time (a skip scan over spawn_jobs_kind_idx).
+    SELECT j.kind INTO this_kind FROM unitvisor.spawn_jobs j
+    WHERE j.state = 'available' AND j.concurrency_key IS NULL ORDER BY j.kind LIMIT 1;
+    WHILE this_kind IS NOT NULL LOOP
+        -- The oldest job of the kind stands for all of them before host_refusal (the kind is what it reads).
+        SELECT r.* INTO head FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+        WHERE j.state = 'available' AND j.concurrency_key IS NULL AND j.kind = this_kind
+        ORDER BY j.scheduled_at LIMIT 1;
+        IF head.state <> 'queued' THEN
+            RETURN true;  -- a stale job: the claim discards it
+        END IF;
+        IF unitvisor.host_refusal(me, head) IS NULL AND EXISTS (
+                SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+                WHERE j.state = 'available' AND j.concurrency_key IS NULL AND j.kind = this_kind
+                  AND j.scheduled_at <= now()
+                  AND (r.state <> 'queued' OR r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))) THEN
+            RETURN true;
+        END IF;
+        SELECT j.kind INTO this_kind FROM unitvisor.spawn_jobs j
+        WHERE j.state = 'available' AND j.concurrency_key IS NULL AND j.kind > this_kind
+        ORDER BY j.kind LIMIT 1;
+        IF NOT FOUND THEN
+            this_kind := NULL;
+        END IF;
+    END LOOP;
+    -- Keyed runs: the head of each key, when it may start (key_head_jobs), due, not overdue, accepted;
+    -- for at most 64 keys: past them, "maybe", and the claim decides (as before 020), so that a fleet
+    -- running thousands of keys at once does not pay a probe per key on every heartbeat.
+    SELECT j.concurrency_key INTO this_key FROM unitvisor.spawn_jobs j
+    WHERE j.state = 'available' AND j.concurrency_key IS NOT NULL ORDER BY j.concurrency_key LIMIT 1;
+    WHILE this_key IS NOT NULL LOOP
+        keys := keys + 1;
+        IF keys > 64 THEN
+            RETURN true;
+        END IF;
+        head := unitvisor.key_head(this_key);
+        IF head.id IS NULL THEN
+            RETURN true;  -- stale jobs only: the claim discards them
+        END IF;
+        IF unitvisor.concurrency_blocker(head) IS NULL
+                AND EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
+                            WHERE j.run_id = head.id AND j.state = 'available' AND j.scheduled_at <= now())
+                AND (head.start_deadline IS NULL OR NOT unitvisor.is_overdue(head))
+                AND unitvisor.host_refusal(me, head) IS NULL THEN
+            RETURN true;
+        END IF;
+        SELECT j.concurrency_key INTO this_key FROM unitvisor.spawn_jobs j
+        WHERE j.state = 'available' AND j.concurrency_key > this_key ORDER BY j.concurrency_key LIMIT 1;
+        IF NOT FOUND THEN
+            this_key := NULL;
+        END IF;
+    END LOOP;
+    RETURN false;
+END $$;
+
 -- Whether r is past its start deadline without ever having started (no attempt of it recorded a
 -- start; one that failed to start, or was refused, did not). A run that started once is never expired:
 -- its retries go on as its max_attempts says.
@@ -1664,11 +1826,13 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
                 ELSE memo || jsonb_build_object(kind, answer) END
 $$;
 
--- claim_jobs as in 012, claiming nothing for a host that is not live (host_is_live: active, and heard
--- from within its own host_dead_after). check_fence already refuses a host declared dead or whose id
--- was taken over; a host silent that long but not declared yet may be declared dead by any peer at the
--- next moment, its new attempts settled `lost` and started again elsewhere: it takes nothing until its
--- heartbeat is renewed (the daemon's next probe). The rest is 012's, line for line.
+-- claim_jobs as in 013, with two changes:
+-- * its query passes over the jobs of a key but the one key_head_jobs names (the key's head, when it may
+--   start) on the job's row: 013 joined each to its run and asked concurrency_blocker, for every one, on
+--   every claim. The check stays on the head (and again under the key's lock, as in 006).
+-- * `busy` (the open attempts of the live hosts that can start units) is the sum of their counts in
+--   host_open_attempts: one row per host, not one per open attempt of the fleet.
+-- The rest is 013's, line for line.
 CREATE FUNCTION unitvisor.claim_jobs(
     host_id text, host_epoch bigint, batch integer, unit_format text,
     starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')
@@ -1692,13 +1856,19 @@ DECLARE
     refusals jsonb := '{}';
     accepted jsonb := '{}';
     contested boolean;
-    -- (A bound cursor, planned for its first rows: sql/009_claim_cost.sql.)
+    heads bigint[];
+    -- (A bound cursor, planned for its first rows: sql/009_claim_cost.sql.) Still one walk of
+    -- spawn_jobs_available_idx in claim order, as 013's: a job of a key that is not its key's head is
+    -- passed over on the job's own row (its concurrency_key column), before the join to its run and
+    -- without a concurrency_blocker. (A merge of two streams, keyless jobs and heads, was tried: the
+    -- planner sorted the whole queue for it, every claim of a burst.)
     jobs CURSOR FOR
         SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max, r.concurrency_key,
                r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max)::text AS kind,
                r AS run
         FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now()
+          AND (heads IS NULL OR j.concurrency_key IS NULL OR j.id = ANY (heads))
           AND (r.state <> 'queued' OR ((r.host_pin IS NULL OR r.host_pin = me.id)
                                        AND (r.concurrency_key IS NULL OR unitvisor.concurrency_blocker(r) IS NULL)
                                        AND (r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))))
@@ -1721,8 +1891,10 @@ BEGIN
     WHERE unitvisor.host_is_live(h) AND h.can_start;
     IF capacity > me.max_runs THEN
         enough := least(capacity, ceil((free + in_flight)::numeric * capacity / me.max_runs)::bigint);
-        SELECT (SELECT count(*) FROM unitvisor.attempts a JOIN unitvisor.hosts h ON h.id = a.host_id
-                WHERE a.outcome IS NULL AND unitvisor.host_is_live(h) AND h.can_start),
+        -- busy and waiting in one statement, from one snapshot (009).
+        SELECT (SELECT coalesce(sum(c.open), 0) FROM unitvisor.hosts h
+                JOIN unitvisor.host_open_attempts c ON c.host_id = h.id
+                WHERE unitvisor.host_is_live(h) AND h.can_start),
                (SELECT count(*) FROM (
                     SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
                     WHERE j.state = 'available' AND j.scheduled_at <= now() AND r.state = 'queued'
@@ -1734,6 +1906,7 @@ BEGIN
     ELSE
         share := free;  -- no other live host: nothing to share
     END IF;
+    heads := unitvisor.key_head_jobs();
     FOR job IN jobs LOOP
         IF job.run_state = 'queued' THEN
             IF refusals ? job.kind THEN
@@ -2301,9 +2474,8 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- At commit: the targets of what the transaction's statements noted, one NOTIFY, and the notes cleared
--- (so that the trigger's other events, and a SET CONSTRAINTS ... IMMEDIATE before more inserts, find
--- nothing, or only what came after).
+-- notify_spawn_targets as in 011, each live host's free slots from host_open_attempts (one row per host)
+-- instead of a count of the fleet's open attempts grouped by host, in the submitter's COMMIT.
 CREATE FUNCTION unitvisor.notify_spawn_targets() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2322,10 +2494,9 @@ BEGIN
             set_config('unitvisor.spawn_kinds', '', true);
     IF wanted > 0 THEN
         WITH live AS (
-            SELECT h.id, h.max_runs, h.max_runs - coalesce(o.open, 0) AS free
+            SELECT h.id, h.max_runs, h.max_runs - coalesce(c.open, 0) AS free
             FROM unitvisor.hosts h
-            LEFT JOIN (SELECT a.host_id, count(*) AS open FROM unitvisor.attempts a WHERE a.outcome IS NULL
-                       GROUP BY a.host_id) o ON o.host_id = h.id
+            LEFT JOIN unitvisor.host_open_attempts c ON c.host_id = h.id
             WHERE unitvisor.host_is_live(h) AND h.can_start),
         fit AS (
             SELECT l.id, l.free,
@@ -2337,8 +2508,7 @@ BEGIN
         SELECT coalesce(array_agg(id) FILTER (WHERE before < wanted OR n <= 2), '{}'), coalesce(array_agg(id), '{}')
         INTO targets, room FROM ranked;
         -- Every kind accepted by one of them, or every host with room. Not asked when they are every host
-        -- with room already (one live host, or a burst that needs them all): the answer could not
-        -- change them.
+        -- with room already (011).
         IF cardinality(targets) > 0 AND cardinality(targets) < cardinality(room) AND (jsonb_array_length(kinds) > 32 OR EXISTS (
                 SELECT 1 FROM jsonb_array_elements(kinds) AS e(k)
                 WHERE NOT EXISTS (SELECT 1 FROM unitvisor.hosts h
@@ -2350,6 +2520,34 @@ BEGIN
     targets := ARRAY(SELECT DISTINCT t FROM unnest(targets || pins) AS t ORDER BY t);
     payload := json_build_object('hosts', targets)::text;
     PERFORM pg_notify('unitvisor_spawn', CASE WHEN octet_length(payload) > 7000 THEN '' ELSE payload END);
+    RETURN NULL;
+END $$;
+
+-- Filled in from the run at every INSERT. SECURITY DEFINER: a submitter's session inserts through
+-- submit_run (a definer already), but the trigger must read the run whoever inserts.
+CREATE FUNCTION unitvisor.describe_spawn_job() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    SELECT r.concurrency_key, unitvisor.run_kind(r) INTO NEW.concurrency_key, NEW.kind
+    FROM unitvisor.runs r WHERE r.id = NEW.run_id;
+    RETURN NEW;
+END $$;
+
+-- Moves a host's count by `delta`. Row triggers with a WHEN clause: an update of an attempt that does not
+-- open or settle it (mark_started, an output tail) costs no call.
+CREATE FUNCTION unitvisor.count_open_attempt() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.outcome IS NULL THEN
+        UPDATE unitvisor.host_open_attempts c SET open = c.open - 1 WHERE c.host_id = OLD.host_id;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.outcome IS NULL THEN
+        UPDATE unitvisor.host_open_attempts c SET open = c.open + 1 WHERE c.host_id = NEW.host_id;
+        IF NOT FOUND THEN
+            INSERT INTO unitvisor.host_open_attempts AS c (host_id, open) VALUES (NEW.host_id, 1)
+            ON CONFLICT (host_id) DO UPDATE SET open = c.open + 1;
+        END IF;
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -2395,6 +2593,21 @@ CREATE TRIGGER spawn_jobs_note AFTER INSERT ON unitvisor.spawn_jobs
 CREATE CONSTRAINT TRIGGER spawn_jobs_notify AFTER INSERT ON unitvisor.spawn_jobs
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION unitvisor.notify_spawn_targets();
+
+-- Every spawn job's concurrency key and kind, from its run, whoever inserts it.
+CREATE TRIGGER spawn_jobs_describe BEFORE INSERT ON unitvisor.spawn_jobs
+    FOR EACH ROW EXECUTE FUNCTION unitvisor.describe_spawn_job();
+
+-- The open attempts per host (host_open_attempts): only an insert, settlement, move or delete of an open
+-- attempt calls it.
+CREATE TRIGGER attempts_count_insert AFTER INSERT ON unitvisor.attempts
+    FOR EACH ROW WHEN (NEW.outcome IS NULL) EXECUTE FUNCTION unitvisor.count_open_attempt();
+CREATE TRIGGER attempts_count_update AFTER UPDATE ON unitvisor.attempts
+    FOR EACH ROW WHEN ((OLD.outcome IS NULL) <> (NEW.outcome IS NULL)
+                       OR (OLD.outcome IS NULL AND OLD.host_id IS DISTINCT FROM NEW.host_id))
+    EXECUTE FUNCTION unitvisor.count_open_attempt();
+CREATE TRIGGER attempts_count_delete AFTER DELETE ON unitvisor.attempts
+    FOR EACH ROW WHEN (OLD.outcome IS NULL) EXECUTE FUNCTION unitvisor.count_open_attempt();
 
 -- == row-level security =============================================================================
 --
@@ -2519,6 +2732,7 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('017_accounting'),
     ('018_admission_pressure'),
     ('019_fleet_upkeep'),
+    ('020_claim_gate'),
     ('021_operator'),
     ('022_argument_checks'),
     ('023_refusals_now');

@@ -21,6 +21,9 @@ FIGURES = [
     ("trickle", "woken", "empty_claims", "p50"), ("trickle", "woken", "share_of_fleet_p50"),
     ("burst", "claim_statements"), ("burst", "hosts_that_claimed"), ("burst", "seconds"),
     ("start_seconds",), ("workers",),
+    ("burst", "daemon_claims", "empty"), ("burst", "simulation_cpu_share"), ("hosts_declared_dead",),
+    *(("waiting", phase, key) for phase in ("refused", "behind_key")
+      for key in ("server_cpu_ms_per_host_per_minute", "claim_statements_per_host_per_minute")),
 ]
 
 
