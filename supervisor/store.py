@@ -782,14 +782,25 @@ def forget_host(conn: Connection, host_id: str) -> tuple[str | None, int]:
 
 
 def retire_host(conn: Connection, host_id: str, keep_role: bool = False) -> Forgotten:
-    """Remove a dead or stopped host's row once none of its attempts is open, and with it the login role
-    bound to its id (unless keep_role): DROP ROLE, or where the role still owns something (in any
+    """Remove a dead, stopped, or drained and silent host's row once none of its attempts is open, and
+    with it the login role bound to its id (unless keep_role): DROP ROLE, or where the role still owns something (in any
     database of the cluster) NOLOGIN and out of unitvisor_host, so that its DSN logs in nowhere and
     reads nothing. A role whose host row was forgotten before (by 0.7.0, or with keep_role) is dropped
     too. One transaction: the row stays when the role cannot be touched (RoleNotDropped: the session
     needs the right to create roles, as for `hosts add`)."""
     with conn.transaction():
-        row = conn.execute("SELECT state FROM unitvisor.hosts WHERE id = %s FOR UPDATE", (host_id,)).fetchone()
+        # A drained host whose daemon then stopped (the README's retirement: drain, wait, apt purge) stays
+        # 'draining', so that a restart keeps the drain (mark_host_stopped stops only an active host). It
+        # may go once it is silent, two of its poll intervals without a heartbeat (a daemon still running
+        # sends one each interval): before, it had to be declared dead first, which took host_dead_after
+        # and fired the host-declared-dead alert for a planned retirement. Forgetting it cannot run
+        # anything twice: it claims nothing, has nothing open (checked below), and a daemon that did
+        # come back would find its row gone (fenced) and its login role dropped. Said as 'stopped'.
+        row = conn.execute(
+            """SELECT CASE WHEN h.state = 'draining' AND h.heartbeat_at
+                               < now() - make_interval(secs => 2 * coalesce(h.poll_interval_sec, 10))
+                           THEN 'stopped' ELSE h.state END
+               FROM unitvisor.hosts h WHERE h.id = %s FOR UPDATE""", (host_id,)).fetchone()
         open_count = 0
         if row is not None:
             open_count = conn.execute("SELECT count(*) FROM unitvisor.attempts WHERE host_id = %s AND outcome IS NULL",

@@ -127,8 +127,8 @@ def forget(ctx: Context, host: str, keep_role: bool) -> None:
         raise Failure(f"host {host} still has {forgotten.open_count} open attempt(s); they are taken over once it "
                       "is declared dead")
     if forgotten.state not in ("dead", "stopped", None):
-        raise Failure(f"host {host} is {forgotten.state}: only a dead or stopped host can be forgotten "
-                      "(drain and stop it first)")
+        raise Failure(f"host {host} is {forgotten.state}: only a dead or stopped host, or a drained one whose daemon "
+                      "has stopped (silent for two poll intervals), can be forgotten (drain and stop it first)")
     click.echo(forget_text(host, forgotten))
 
 

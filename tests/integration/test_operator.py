@@ -16,7 +16,7 @@ from psycopg.conninfo import make_conninfo
 from supervisor import store, unitspec
 from supervisor.outcomes import Outcome
 from tests.harness.postgres import Postgres
-from tests.integration.conftest import TEST_SUBMITTER, age_jobs, bind_host_role, ensure_login_role, register
+from tests.integration.conftest import TEST_SUBMITTER, age_jobs, bind_host_role, ensure_login_role, register, silence
 
 DENIED = "42501"
 FAILED = Outcome("exit-code", "exit:1", "exited 1")
@@ -154,6 +154,20 @@ def test_a_live_host_keeps_its_row_and_its_role(conn: psycopg.Connection, retiri
     conn.execute("UPDATE unitvisor.hosts SET state = 'draining' WHERE id = %s", (host_id,))
     assert store.retire_host(conn, host_id) == store.Forgotten("draining", 0)
     assert role_row(conn, role) == (True, True)
+
+
+def test_a_drained_host_whose_daemon_stopped_is_forgotten_without_being_declared_dead(
+        conn: psycopg.Connection, retiring: tuple[str, str]) -> None:
+    """The README's retirement: drain, wait, apt purge (the daemon stops), forget. A drained host's clean
+    stop leaves it 'draining' (mark_host_stopped stops only an active host, so a restart keeps the
+    drain), and forget refused it until a peer had declared it dead, host_dead_after later, with the
+    host-declared-dead alert firing (failed before: Forgotten('draining', 0))."""
+    host_id, role = retiring
+    conn.execute("UPDATE unitvisor.hosts SET state = 'draining' WHERE id = %s", (host_id,))
+    silence(conn, host_id, 2 * 10 + 1)  # two of its poll intervals (10 s) without a heartbeat
+    assert store.retire_host(conn, host_id) == store.Forgotten("stopped", 0, role, "dropped")
+    assert conn.execute("SELECT 1 FROM unitvisor.hosts WHERE id = %s", (host_id,)).fetchone() is None
+    assert role_row(conn, role) is None
 
 
 # -- when the next attempt is due -------------------------------------------------------------------------
