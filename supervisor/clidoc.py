@@ -72,8 +72,8 @@ the run succeeded and 1 when it failed, was cancelled or expired. `wait` also ex
 the database was unreachable, or lost while waiting; the run may still be running, so wait again.
 Errors are one line on stderr; `--debug` shows tracebacks (never for bad usage).
 
-`--config`, `--dsn` and `--debug` may come before or after the command (`unitvisor --dsn X runs` or
-`unitvisor runs --dsn X`); after it they win. Nothing after `--` is read as an option.
+`--config`, `--dsn`, `--dsn-file` and `--debug` may come before or after the command (`unitvisor --dsn X
+runs` or `unitvisor runs --dsn X`); after it they win. Nothing after `--` is read as an option.
 """
 
 

@@ -144,7 +144,16 @@ def render(version: str = __version__, date: str | None = None) -> str:
         out += command_section(command, _context(command, name, root))
     out += [".SH \"EXIT STATUS\"", *markdown_section("Exit codes")]
     out += [".SH ENVIRONMENT", ".TP", "\\fBUNITVISOR_DSN\\fR",
-            "The PostgreSQL connection string, where \\fB\\-\\-dsn\\fR is not given."]
+            "The PostgreSQL connection string, where neither \\fB\\-\\-dsn\\fR nor \\fB\\-\\-dsn\\-file\\fR "
+            "is given.",
+            ".TP", "\\fBUNITVISOR_DSN_FILE\\fR",
+            "A file holding the DSN (mode 0600 or 0400, owned by its reader or root), where neither "
+            "\\fB\\-\\-dsn\\fR, \\fB\\-\\-dsn\\-file\\fR nor \\fBUNITVISOR_DSN\\fR is given: the operator's "
+            "home for the admin's DSN, which keeps its password out of \\fBps\\fR and the shell's history "
+            "(README.md, The operator's credentials).",
+            ".TP", "\\fBPGPASSFILE\\fR",
+            "libpq's password file [default: \\fI~/.pgpass\\fR, mode 0600]: a DSN without a password "
+            "takes it from there."]
     out += [".SH FILES",
             ".TP", "\\fI/etc/unitvisor/unitvisor.toml\\fR",
             "The configuration; every key is documented in it, with its default.",

@@ -309,13 +309,14 @@ def _transition(ctx: Context, run_id: str, request: Any, refused: str) -> tuple[
 @click.argument("run_id", metavar="RUN")
 @pass_ctx
 def resume(ctx: Context, run_id: str) -> None:
-    """Reopen a failed or cancelled run: a new attempt with the command and limits its row has now.
+    """Reopen a failed, cancelled or expired run: a new attempt with the command and limits its row has now.
 
-    The run is queued again at once. Its attempts are numbered on from the last one, and a failed
-    attempt is retried only while its number is below the run's --max-attempts. So a run that made N
-    attempts of M gets max(1, M - N) more: one that used them all gets exactly one (if it fails, the
-    run fails again at once: resume it again for another), one cancelled or failed earlier gets the
-    attempts it had left. Earlier attempts and their outcomes are kept; a pending cancel is cleared.
+    The run is queued again at once (an expired run's passed --start-deadline is dropped). Its
+    attempts are numbered on from the last one, and a failed attempt is retried only while its
+    number is below the run's --max-attempts. So a run that made N attempts of M gets max(1, M - N)
+    more: one that used them all gets exactly one (if it fails, the run fails again at once: resume
+    it again for another), one cancelled or failed earlier gets the attempts it had left. Earlier
+    attempts and their outcomes are kept; a pending cancel is cleared.
 
     \b
     Example:
