@@ -249,6 +249,9 @@ def _set_host_state(ctx: Context, host: str | None, state: str) -> None:
         before = store.set_host_state(conn, host, state)
     if before is None:
         raise Failure(f"no host {host} (see `unitvisor hosts`)")
+    if before == "dead":  # set_host_state changes nothing: a dead host is made live only by registering
+        raise Failure(f"host {host} is dead: nothing changed; it becomes live again when its daemon registers "
+                      "(a drain set before it died is kept)")
     if before == state:
         click.echo(f"host {host} is already {state}")
     else:

@@ -323,7 +323,7 @@ def resume(ctx: Context, run_id: str) -> None:
       unitvisor resume 3f2a9c
     """
     rid, _ = _transition(ctx, run_id, store.resume_run,
-                         "run {id} {is_state}; only a failed or cancelled run can be resumed")
+                         "run {id} {is_state}; only a failed, cancelled or expired run can be resumed")
     click.echo(f"run {rid} queued again")
 
 

@@ -92,6 +92,17 @@ def test_a_dsn_file_others_may_read_is_refused(run_cli, dsn: str, tmp_path: Path
 # -- a host drains itself ------------------------------------------------------------------------------------
 
 
+def test_draining_a_dead_host_says_nothing_changed(cli, host: tuple[str, str, Path], conn: psycopg.Connection,
+                                                  dsn: str) -> None:
+    """set_host_state leaves a dead host dead (it becomes live only by registering): `drain` printed
+    "dead -> draining" as if it had drained it."""
+    host_id, _, _ = host
+    conn.execute("UPDATE unitvisor.hosts SET state = 'dead' WHERE id = %s", (host_id,))
+    line = assert_one_line_error(cli("drain", host_id, dsn=dsn), 1)
+    assert line.startswith(f"unitvisor: host {host_id} is dead: nothing changed")
+    assert conn.execute("SELECT state FROM unitvisor.hosts WHERE id = %s", (host_id,)).fetchone() == ("dead",)
+
+
 def test_a_host_drains_and_undrains_itself_with_its_own_dsn(cli, host: tuple[str, str, Path],
                                                            conn: psycopg.Connection) -> None:
     host_id, host_dsn, config = host
