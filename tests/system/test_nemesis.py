@@ -67,9 +67,15 @@ def test_the_checker_reports_a_planted_second_start_and_a_second_live_copy(dsn: 
         first, second = fleet
         first.host.start(configure=False)  # fleet-2 runs no daemon: only what is planted runs there
         with psycopg.connect(dsn, autocommit=True) as conn:
-            [long_run] = [str(r) for r in submit_many(conn, ["/bin/sleep", "30"])]
+            # The long run is cancelled below: 300 s only keeps it running however slow the machine.
+            [long_run] = [str(r) for r in submit_many(conn, ["/bin/sleep", "300"])]
             [short_run] = [str(r) for r in submit_many(conn, ["/bin/true"])]
-        wait_for(lambda: first.host.show(short_run)["state"] == "succeeded", what="the short run to succeed")
+        # 90 s, and the run's events if it ended otherwise: a fresh-clone run, its five passes at once,
+        # timed out after 30 s here, and the old wait said nothing of why.
+        shown = wait_for(lambda: (d := first.host.show(short_run))["state"] in ("succeeded", "failed", "cancelled",
+                                                                                "expired") and d,
+                         timeout=90, what="the short run to end")
+        assert shown["state"] == "succeeded", shown["events"]
         wait_for(lambda: first.host.show(long_run)["state"] == "running", what="the long run to run")
         before = sample(fleet, 2)
         clean = audit(fleet, dsn, before, settled=False)  # the long run still runs
