@@ -52,6 +52,12 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 $$;
 REVOKE EXECUTE ON FUNCTION unitvisor.run_kind(unitvisor.runs) FROM PUBLIC;
 
+-- runs first, then spawn_jobs, in the order a submit takes them: a submit that has inserted its run
+-- and waits for spawn_jobs (locked by the ALTER below) would otherwise deadlock with this migration's
+-- CREATE INDEX on runs further down (it waits for that submit's lock on runs). Held to the commit, it
+-- holds submits for the migration's few seconds (a lock timeout to a daemon or CLI, tried again), never
+-- a deadlock. (A fresh-clone run's big-migration test, submits running throughout, failed on one.)
+LOCK TABLE unitvisor.runs IN SHARE MODE;
 ALTER TABLE unitvisor.spawn_jobs ADD COLUMN concurrency_key text, ADD COLUMN kind text;
 
 -- Filled in from the run at every INSERT. SECURITY DEFINER: a submitter's session inserts through
