@@ -28,6 +28,7 @@ from tests.integration.conftest import (
     register,
 )
 from tests.integration.test_cli_db import assert_one_line_error
+from tests.integration.test_cli_roles import add
 
 HOW_TO_PASS = "pass its DSN with --dsn-file or UNITVISOR_DSN_FILE"
 
@@ -57,7 +58,7 @@ def host(cli, dsn: str, conn: psycopg.Connection, tmp_path: Path) -> tuple[str, 
     """A host id of this test's own (roles are the cluster's), made by `hosts add` and registered:
     (host id, its DSN, a config naming it as this host's [host] id)."""
     host_id = f"web-{uuid.uuid4().hex[:8]}"
-    added = cli("hosts", "add", host_id, "--json", dsn=dsn)
+    added = add(cli, dsn, host_id)
     assert added.returncode == 0, added.stderr
     host_dsn = json.loads(added.stdout)["dsn"]
     with store.connect(host_dsn) as session:
