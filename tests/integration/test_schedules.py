@@ -551,3 +551,40 @@ def test_the_documented_schedules_example_runs_and_prints_what_the_docs_show(
         EXPECTED.write_text(actual)
     assert actual == EXPECTED.read_text()
     assert conn.execute("SELECT count(*) FROM unitvisor.schedules").fetchone()[0] == 0
+
+
+# -- unitvisor schedules ---------------------------------------------------------------------------
+
+
+def test_the_cli_lists_schedules_with_their_next_and_last_run(conn: psycopg.Connection, dsn: str, cli) -> None:
+    assert "no schedules" in cli("schedules", dsn=dsn).stdout
+    fence = register(conn, "h1")
+    create(conn, "nightly", "30 2 * * *", "Europe/Berlin", catch_up="one")
+    create(conn, "often", "*/5 * * * *", "UTC", overlap="allow")
+    conn.execute("SELECT unitvisor.pause_schedule('often')")
+    due = due_now(conn, "nightly")
+    [turn] = store.submit_due_schedules(conn, fence)
+    row = schedule(conn, "nightly")
+    shown = cli("schedules", dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "CRON", "TIMEZONE", "NEXT", "LAST", "LAST", "RUN", "OVERLAP", "CATCH-UP",
+                                "MISSED"]
+    berlin = ZoneInfo("Europe/Berlin")
+    nightly = next(line for line in lines if line.startswith("nightly"))
+    assert row["next_due"].astimezone(berlin).strftime("%Y-%m-%d %H:%M %z") in nightly
+    assert f"{due.astimezone(berlin).strftime('%Y-%m-%d %H:%M %z')} (submitted)" in nightly
+    assert f"{str(turn.run_id)[:8]} queued" in nightly
+    assert "PAUSED" in next(line for line in lines if line.startswith("often"))
+    listed = cli("schedules", "--json", dsn=dsn)
+    assert listed.returncode == 0, listed.stderr
+    by_name = {s["name"]: s for s in json.loads(listed.stdout)}
+    assert by_name["nightly"] | {"created_at": None} == {
+        "name": "nightly", "cron": "30 2 * * *", "timezone": "Europe/Berlin", "run": {"argv": ["/bin/true"]},
+        "overlap": "skip", "catch_up": "one", "paused": False,
+        "next_due": row["next_due"].astimezone(UTC).isoformat(),
+        "last_due": due.astimezone(UTC).isoformat(), "last_result": "submitted",
+        "last_at": row["last_at"].astimezone(UTC).isoformat(),
+        "last_run_id": str(turn.run_id), "last_run_state": "queued", "submitted": 1, "skipped": 0, "missed": 0,
+        "created_at": None, "created_by": row["created_by"]}
+    assert by_name["often"]["paused"] is True
