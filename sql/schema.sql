@@ -3038,19 +3038,27 @@ END $$;
 -- in it submitted nothing and moved nothing, and the next host to ask does both. The idempotency key
 -- (schedule_run_spec) makes even a second submit for one due time return the first's run.
 --
--- The due times a pass reaches: next_due and every later one up to now (at most 1,000 counted; past
--- that, those of the last minute). The latest is on time when it is at most a minute old (a fleet that
--- is up reaches it within a poll interval or two); every other is missed. An on-time due time is
+-- At most max_schedules schedules a pass, and none begun after `budget` of it. The due times a pass
+-- reaches: next_due and every later one up to now (at most 1,000 counted; past that, those of the last
+-- minute). The latest is on time when it is at most a minute old (a fleet that is up reaches it within a
+-- poll interval or two); every other is missed. An on-time due time is
 -- submitted; missed ones are dropped (catch_up none), or make one run, for the latest of them, when
 -- no due time is on time (catch_up one). overlap skip: nothing is submitted while the schedule's last
 -- run is queued, starting or running (counted as skipped). A run submit_run refuses (a schedule made
 -- before a check was added) is said in last_result, and the schedule moves on.
-CREATE FUNCTION unitvisor.submit_due_schedules(host_id text, host_epoch bigint, max_schedules integer DEFAULT 100)
+CREATE FUNCTION unitvisor.submit_due_schedules(host_id text, host_epoch bigint, max_schedules integer DEFAULT 100,
+                                               budget interval DEFAULT '2 seconds')
 RETURNS TABLE (schedule text, due timestamptz, run_id uuid, result text, missed integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     late_after constant interval := interval '1 minute';
     counted_max constant integer := 1000;
+    -- A pass takes no further schedule once it has worked `budget` (2 seconds): the rest are still due,
+    -- and the next pass (a poll interval later, by any host) takes them. So that a pass after a long
+    -- outage, with many schedules each counting up to counted_max missed times (about 0.2 ms each),
+    -- stays well inside the daemons' statement_timeout (15 s) instead of being cancelled, rolled back
+    -- and started again for ever.
+    started timestamptz := clock_timestamp();
     me unitvisor.hosts;
     s unitvisor.schedules;
     fields unitvisor.cron_fields;
@@ -3069,6 +3077,7 @@ BEGIN
     FOR s IN SELECT * FROM unitvisor.schedules x WHERE NOT x.paused AND x.next_due <= now()
              ORDER BY x.next_due, x.name LIMIT greatest(submit_due_schedules.max_schedules, 0)
              FOR UPDATE SKIP LOCKED LOOP
+        EXIT WHEN clock_timestamp() - started > submit_due_schedules.budget;
         fields := unitvisor.cron_parse(s.cron);
         d := s.next_due;
         reached := 0;
@@ -3203,7 +3212,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.renew_heartbeat(text,bigint),
     unitvisor.set_host_pressure(text,bigint,text,text,jsonb,text),
     unitvisor.set_host_state(text,text),
-    unitvisor.submit_due_schedules(text,bigint,integer),
+    unitvisor.submit_due_schedules(text,bigint,integer,interval),
     unitvisor.unit_owners(text[])
     TO unitvisor_host;
 

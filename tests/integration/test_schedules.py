@@ -473,6 +473,25 @@ def test_a_long_outage_counts_at_most_a_thousand_and_still_moves_on(conn: psycop
     assert schedule(conn)["next_due"] > conn.execute("SELECT now()").fetchone()[0]
 
 
+def test_a_pass_stops_taking_schedules_after_its_budget_and_the_next_goes_on(conn: psycopg.Connection) -> None:
+    """After a month's outage each schedule counts 1,000 missed times (0.05 to 0.2 s of work): a pass takes
+    no schedule once it has worked its budget (2 seconds for the daemons, well inside their
+    statement_timeout; 10 ms here, so that one schedule fills it), and the next passes take the rest,
+    each schedule once."""
+    fence = register(conn, "h1")
+    for i in range(4):
+        create(conn, f"s{i}")
+    conn.execute("UPDATE unitvisor.schedules SET next_due = date_trunc('minute', now()) - interval '30 days'")
+    taken = []
+    for _ in range(4):
+        turns = conn.execute("SELECT schedule FROM unitvisor.submit_due_schedules(%s, %s, budget => '10 ms')",
+                             (fence.host_id, fence.epoch)).fetchall()
+        assert len(turns) == 1
+        taken += [t for (t,) in turns]
+    assert sorted(taken) == ["s0", "s1", "s2", "s3"]
+    assert store.submit_due_schedules(conn, fence) == []
+
+
 def test_a_refused_run_is_said_and_the_schedule_moves_on(conn: psycopg.Connection) -> None:
     fence = register(conn, "h1")
     create(conn, "s")
