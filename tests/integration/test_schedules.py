@@ -15,6 +15,7 @@ import re
 import subprocess
 import threading
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -22,11 +23,20 @@ import psycopg
 import pytest
 
 from supervisor import store
+from tests.conftest import TEMPLATE_DB, throwaway_database
 from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
 from tests.integration.conftest import TEST_SUBMITTER, ensure_login_role, register, run_concurrently
 
 RUN = '{"argv": ["/bin/true"]}'
+
+
+@pytest.fixture(scope="module")
+def pure(postgres: Postgres) -> Iterator[psycopg.Connection]:
+    """One migrated database for the tests that write nothing (the cron functions, refusals): a database
+    a test costs more than the test itself on a loaded machine."""
+    with throwaway_database(postgres, TEMPLATE_DB) as dsn, store.connect(dsn) as connection:
+        yield connection
 
 
 def cron_next(conn: psycopg.Connection, cron: str, tz: str, after: datetime) -> datetime | None:
@@ -73,10 +83,10 @@ def runs_of(conn: psycopg.Connection, name: str = "s") -> list[tuple]:
     ("@weekly", [0], [0], list(range(1, 32)), list(range(1, 13)), [0], True, False),
     ("  0   0\t1 1 *  ", [0], [0], [1], [1], list(range(7)), False, True),
 ])
-def test_a_cron_expression_parses_into_its_sets(conn: psycopg.Connection, cron: str, minutes: list[int],
+def test_a_cron_expression_parses_into_its_sets(pure: psycopg.Connection, cron: str, minutes: list[int],
                                                 hours: list[int], days: list[int], months: list[int],
                                                 weekdays: list[int], any_day: bool, any_weekday: bool) -> None:
-    row = conn.execute("SELECT (f).minutes, (f).hours, (f).days, (f).months, (f).weekdays, (f).any_day, "
+    row = pure.execute("SELECT (f).minutes, (f).hours, (f).days, (f).months, (f).weekdays, (f).any_day, "
                        "(f).any_weekday FROM (SELECT unitvisor.cron_parse(%s) AS f) p", (cron,)).fetchone()
     assert row == (minutes, hours, days, months, weekdays, any_day, any_weekday)
 
@@ -102,12 +112,12 @@ def test_a_cron_expression_parses_into_its_sets(conn: psycopg.Connection, cron: 
     ("? * * * *", "which is not *, a value or a range"),
     ("0 0 30 2 *", "cron: matches no time in the next 10 years"),
 ])
-def test_a_bad_cron_expression_is_refused_naming_cron_and_the_field(conn: psycopg.Connection, cron: str,
+def test_a_bad_cron_expression_is_refused_naming_cron_and_the_field(pure: psycopg.Connection, cron: str,
                                                                     message: str) -> None:
-    error = refusal(conn, "SELECT unitvisor.create_schedule('s', %s, 'UTC', '{\"argv\": [\"/bin/true\"]}')", cron)
+    error = refusal(pure, "SELECT unitvisor.create_schedule('s', %s, 'UTC', '{\"argv\": [\"/bin/true\"]}')", cron)
     assert error.sqlstate == "22023"
     assert message in error.diag.message_primary
-    assert conn.execute("SELECT count(*) FROM unitvisor.schedules").fetchone()[0] == 0
+    assert pure.execute("SELECT count(*) FROM unitvisor.schedules").fetchone()[0] == 0
 
 
 @pytest.mark.parametrize(("cron", "tz", "after", "expected"), [
@@ -122,12 +132,12 @@ def test_a_bad_cron_expression_is_refused_naming_cron_and_the_field(conn: psycop
     ("0 9 * * *", "America/New_York", "2026-12-02 12:00Z", "2026-12-02 14:00Z"),
     ("0 9 31 * *", "UTC", "2026-11-01 00:00Z", "2026-12-31 09:00Z"),  # November has no 31st
 ])
-def test_the_next_due_time(conn: psycopg.Connection, cron: str, tz: str, after: str, expected: str) -> None:
-    assert cron_next(conn, cron, tz, datetime.fromisoformat(after)) == datetime.fromisoformat(expected)
+def test_the_next_due_time(pure: psycopg.Connection, cron: str, tz: str, after: str, expected: str) -> None:
+    assert cron_next(pure, cron, tz, datetime.fromisoformat(after)) == datetime.fromisoformat(expected)
 
 
-def test_a_schedule_that_never_comes_again_has_no_next_due_time(conn: psycopg.Connection) -> None:
-    assert cron_next(conn, "0 0 31 2 *", "UTC", datetime(2026, 1, 1, tzinfo=UTC)) is None
+def test_a_schedule_that_never_comes_again_has_no_next_due_time(pure: psycopg.Connection) -> None:
+    assert cron_next(pure, "0 0 31 2 *", "UTC", datetime(2026, 1, 1, tzinfo=UTC)) is None
 
 
 @pytest.mark.parametrize(("cron", "after", "expected"), [
@@ -147,8 +157,8 @@ def test_a_schedule_that_never_comes_again_has_no_next_due_time(conn: psycopg.Co
     # Created during the second 02:xx: its times have passed once already.
     ("*/15 * * * *", "2026-10-25 01:10Z", "2026-10-25 02:00Z"),
 ])
-def test_the_days_clocks_change_in_berlin(conn: psycopg.Connection, cron: str, after: str, expected: str) -> None:
-    assert cron_next(conn, cron, "Europe/Berlin", datetime.fromisoformat(after)) == datetime.fromisoformat(expected)
+def test_the_days_clocks_change_in_berlin(pure: psycopg.Connection, cron: str, after: str, expected: str) -> None:
+    assert cron_next(pure, cron, "Europe/Berlin", datetime.fromisoformat(after)) == datetime.fromisoformat(expected)
 
 
 def transitions(tz: str, year: int) -> list[datetime]:
@@ -210,17 +220,17 @@ def reference_due_times(cron_sets: tuple, tz: str, start: datetime, end: datetim
 @pytest.mark.parametrize("cron", ["*/15 * * * *", "30 2 * * *", "0 1,2,3 * * *", "59 1 * * *", "*/7 0-4 * * *",
                                   "0 * * * *", "45 0 * * sun"])
 def test_the_next_due_time_around_every_clock_change_matches_the_documented_rule(
-        conn: psycopg.Connection, tz: str, cron: str) -> None:
+        pure: psycopg.Connection, tz: str, cron: str) -> None:
     """Exhaustive over each 2026 change of the zone's clocks: the sequence cron_next walks, from a day
     before the change to a day after, is exactly the rule's (Lord Howe moves its clocks by 30 minutes,
     Santiago at midnight)."""
-    row = conn.execute("SELECT (f).minutes, (f).hours, (f).days, (f).months, (f).weekdays, (f).any_day, "
+    row = pure.execute("SELECT (f).minutes, (f).hours, (f).days, (f).months, (f).weekdays, (f).any_day, "
                        "(f).any_weekday FROM (SELECT unitvisor.cron_parse(%s) AS f) p", (cron,)).fetchone()
     changes = transitions(tz, 2026)
     assert len(changes) == 2, changes
     for change in changes:
         start, end = change - timedelta(days=1), change + timedelta(days=1)
-        walked = conn.execute(
+        walked = pure.execute(
             """WITH RECURSIVE walk(t) AS (
                    SELECT unitvisor.cron_next(%(cron)s, %(tz)s, %(start)s)
                    UNION ALL SELECT unitvisor.cron_next(%(cron)s, %(tz)s, walk.t) FROM walk WHERE walk.t <= %(end)s)
@@ -267,11 +277,11 @@ def test_create_returns_the_first_due_time_and_the_schedule_lists(conn: psycopg.
     (("s", "* * * * *", "UTC", json.dumps({"argv": ["/bin/true"], "labels": {f"k{i}": "v" for i in range(63)}})),
      "run: labels"),
 ])
-def test_create_refuses_each_argument_naming_it(conn: psycopg.Connection, args: tuple, message: str) -> None:
-    error = refusal(conn, "SELECT unitvisor.create_schedule(%s, %s, %s, %s::jsonb)", *args)
+def test_create_refuses_each_argument_naming_it(pure: psycopg.Connection, args: tuple, message: str) -> None:
+    error = refusal(pure, "SELECT unitvisor.create_schedule(%s, %s, %s, %s::jsonb)", *args)
     assert message in error.diag.message_primary, error.diag.message_primary
-    assert conn.execute("SELECT count(*) FROM unitvisor.schedules").fetchone()[0] == 0
-    assert conn.execute("SELECT count(*) FROM unitvisor.runs").fetchone()[0] == 0
+    assert pure.execute("SELECT count(*) FROM unitvisor.schedules").fetchone()[0] == 0
+    assert pure.execute("SELECT count(*) FROM unitvisor.runs").fetchone()[0] == 0
 
 
 @pytest.mark.parametrize(("overlap", "catch_up", "message"), [
@@ -279,9 +289,9 @@ def test_create_refuses_each_argument_naming_it(conn: psycopg.Connection, args: 
     (None, "none", "overlap: must be"),
     ("skip", "all", "catch_up: must be none or one"),
 ])
-def test_create_refuses_overlap_and_catch_up_naming_them(conn: psycopg.Connection, overlap: str | None,
+def test_create_refuses_overlap_and_catch_up_naming_them(pure: psycopg.Connection, overlap: str | None,
                                                          catch_up: str, message: str) -> None:
-    error = refusal(conn, "SELECT unitvisor.create_schedule('s', '* * * * *', 'UTC', %s::jsonb, %s, %s)",
+    error = refusal(pure, "SELECT unitvisor.create_schedule('s', '* * * * *', 'UTC', %s::jsonb, %s, %s)",
                     RUN, overlap, catch_up)
     assert error.sqlstate == "22023" and error.diag.message_primary.startswith(message)
 
@@ -341,14 +351,14 @@ def test_every_argument_of_submit_run_is_a_key_of_the_spec(conn: psycopg.Connect
     ('{"argv": ["/bin/true"], "memory_max": 5}', "23514", "memory_max: 5 is out of range"),
     ('"x"', "22023", "spec: must be a JSON object of submit_run's argument names"),
 ])
-def test_the_spec_refuses_naming_the_key(conn: psycopg.Connection, spec: str, sqlstate: str, message: str) -> None:
-    error = refusal(conn, "SELECT unitvisor.submit_run_spec(%s::jsonb)", spec)
+def test_the_spec_refuses_naming_the_key(pure: psycopg.Connection, spec: str, sqlstate: str, message: str) -> None:
+    error = refusal(pure, "SELECT unitvisor.submit_run_spec(%s::jsonb)", spec)
     assert error.sqlstate == sqlstate
     assert error.diag.message_primary.startswith(message), error.diag.message_primary
 
 
-def test_a_spec_value_is_never_echoed(conn: psycopg.Connection) -> None:
-    error = refusal(conn, "SELECT unitvisor.submit_run_spec(%s::jsonb)",
+def test_a_spec_value_is_never_echoed(pure: psycopg.Connection) -> None:
+    error = refusal(pure, "SELECT unitvisor.submit_run_spec(%s::jsonb)",
                     '{"argv": ["/bin/true"], "max_attempts": "hunter2"}')
     assert "hunter2" not in str(error)
 
