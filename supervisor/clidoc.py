@@ -63,6 +63,11 @@ and a note on stderr says the list may be partial; the JSON on stdout stays a li
 `host_dead_after_seconds`, `dead_at`, `dead_reason`, `conflict` (what a refused second daemon said,
 while it lasts).
 
+`unitvisor schedules --json`: a list of `name`, `cron`, `timezone`, `run` (the schedule's submit_run
+arguments), `overlap`, `catch_up`, `paused`, `next_due` (`null`: never again), `last_due`, `last_result`,
+`last_at`, `last_run_id`, `last_run_state` (`null` once the run is pruned), `submitted`, `skipped`, `missed`,
+`created_at`, `created_by`.
+
 ## Exit codes
 
 0 success; 1 failure (including "nothing to do" refusals such as cancelling a finished run, and a

@@ -539,15 +539,19 @@ class Daemon:
                 self.fenced.discard(name)
 
     def _fleet_upkeep(self) -> None:
-        """Declare silent hosts dead and take over their runs; expire runs past their start deadline; say
-        why runs wait that no host takes. The probe's upkeep flag comes for a silent host, a job due for
-        long, or a run past its start deadline (which no claim expires); every daemon so flagged asks for
-        the turn at most once a poll interval, and one daemon of the fleet gets it per poll interval
-        (unitvisor.fleet_upkeep_turn). Each step's failure (a statement timeout on a busy database, a
-        lock) is said and counted, and the others and the rest of the loop go on: a lost connection or a
-        fence is the loop's to handle, and goes up."""
+        """Submit the runs of due schedules; declare silent hosts dead and take over their runs; expire runs
+        past their start deadline; say why runs wait that no host takes. The probe's upkeep flag comes for
+        a due schedule, a silent host, a job due for long, or a run past its start deadline (which no claim
+        expires); every daemon so flagged submits the due schedules' runs (the database makes each due time
+        one run) and asks for the turn at most once a poll interval, and one daemon of the fleet gets it per
+        poll interval (unitvisor.fleet_upkeep_turn) for the rest. Each step's failure (a statement timeout
+        on a busy database, a lock) is said and counted, and the others and the rest of the loop go on: a
+        lost connection or a fence is the loop's to handle, and goes up."""
         self.timers.upkeep = time.monotonic() + self.settings.daemon.poll_interval  # also when it fails
         every = timedelta(seconds=self.settings.daemon.poll_interval)
+        # Before the turn, by every daemon the probe flags: the row lock and the idempotency key make each
+        # due time one run, not the turn; and the turn may go to a 0.8.0 daemon, which submits no schedule.
+        self._upkeep_step("schedules", self.reconciler.submit_due_schedules)
         turn = self._upkeep_step("turn", lambda: store.fleet_upkeep_turn(self.conn, self.fence, every))
         if not turn:
             return

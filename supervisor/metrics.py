@@ -36,6 +36,8 @@ from supervisor.outcomes import OUTCOMES
 # said; a live daemon never reads its own host as stopped or dead), and `unregistered` while it has
 # no registration it can vouch for (no database, fenced and registering again, host id held by another).
 PRUNED_TABLES = ("runs", "attempts", "events", "jobs")  # the counts of a retention batch (model.Pruned)
+# Why a schedule's due time made no run: its last run was still live (overlap skip), or submit_run refused it.
+SCHEDULE_SKIPPED_REASONS = ("overlap", "refused")
 # Why the fleet upkeep held a silent host's declaration back (unitvisor.declare_dead, sql/019_fleet_upkeep.sql).
 HELD_REASONS = ("declarer-late", "fleet-late", "cap")
 HOST_STATES = ("active", "draining", "unregistered")
@@ -139,6 +141,18 @@ class Metrics:
         self.runs_expired = Counter("unitvisor_runs_expired", "Queued runs past their start deadline that this "
                                     "daemon's fleet upkeep ended as expired (the one caller that expires runs "
                                     "from schema 12 on: summed over the fleet, every expiry)", registry=r)
+        # Schedules (sql/migrations/028_schedules.sql): what this daemon's upkeep did with due times.
+        self.schedule_runs = Counter("unitvisor_schedule_runs_submitted", "Runs of schedules this daemon's fleet "
+                                     "upkeep submitted, one per due time (summed over the fleet: every one)",
+                                     registry=r)
+        self.schedule_missed = Counter("unitvisor_schedule_times_missed", "Due times of schedules that this "
+                                       "daemon's upkeep reached more than a minute late (no daemon was up): "
+                                       "dropped, or caught up by one run (catch_up one)", registry=r)
+        self.schedule_skipped = Counter("unitvisor_schedule_times_skipped", "Due times of schedules passed over "
+                                        "because the schedule's last run was still live (overlap skip), or whose "
+                                        "run submit_run refused", ["reason"], registry=r)
+        for reason in SCHEDULE_SKIPPED_REASONS:
+            self.schedule_skipped.labels(reason)
         self.pruned_rows = Counter("unitvisor_pruned_rows", "History rows this daemon deleted for [retention], by "
                                    "table (runs, attempts, events, jobs)", ["table"], registry=r)
         for table in PRUNED_TABLES:
@@ -196,6 +210,13 @@ class Metrics:
     def expired(self, runs: int) -> None:
         """This daemon's call of unitvisor.expire_runs committed, ending `runs` runs as expired."""
         self.runs_expired.inc(runs)
+
+    def schedules(self, submitted: int, missed: int, overlapping: int, refused: int) -> None:
+        """This daemon's call of unitvisor.submit_due_schedules committed."""
+        self.schedule_runs.inc(submitted)
+        self.schedule_missed.inc(missed)
+        self.schedule_skipped.labels("overlap").inc(overlapping)
+        self.schedule_skipped.labels("refused").inc(refused)
 
     def pruned(self, pruned: Pruned) -> None:
         """One retention batch of this daemon's committed (nothing, when another daemon was pruning)."""

@@ -858,6 +858,22 @@ class Reconciler:
             self.metrics.expired(expired)
         return expired
 
+    def submit_due_schedules(self) -> list[store.ScheduleTurn]:
+        """Submit the run of each schedule due now, once per due time across the fleet (the database
+        locks each schedule's row and moves it on in the same statement), said in the journal and counted."""
+        turns = store.submit_due_schedules(self.conn, self.fence)  # autocommit: committed on return
+        for turn in turns:
+            level = logging.WARNING if turn.result.startswith(("missed", "refused")) else logging.INFO
+            event("schedule-due", level=level, host=self.host_id, schedule=turn.schedule, due=turn.due.isoformat(),
+                  run=str(turn.run_id) if turn.run_id else "-", missed=turn.missed, result=turn.result)
+        if self.metrics is not None:
+            self.metrics.schedules(
+                submitted=sum(1 for t in turns if t.run_id is not None),
+                missed=sum(t.missed for t in turns),
+                overlapping=sum(1 for t in turns if t.result.startswith("skipped")),
+                refused=sum(1 for t in turns if t.result.startswith("refused")))
+        return turns
+
     def explain_waiting(self) -> int:
         """Say why runs wait that no live host accepts (in unitvisor.run_waits, and one event each), a
         batch of them per pass (the next pass goes on where this one stopped)."""

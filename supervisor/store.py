@@ -930,6 +930,38 @@ def fleet_upkeep_turn(conn: Connection, fence: Fence, every: timedelta) -> bool:
                                  (fence.host_id, fence.epoch, every)).fetchone()[0])
 
 
+@dataclass(frozen=True)
+class ScheduleTurn:
+    """What one submit_due_schedules pass did with one due schedule (sql/migrations/028_schedules.sql)."""
+
+    schedule: str
+    due: datetime
+    run_id: uuid.UUID | None  # None: nothing submitted (skipped, missed, refused)
+    result: str  # 'submitted', 'submitted late ...', 'skipped: ...', 'missed ...', 'refused: ...'
+    missed: int  # due times reached more than a minute late
+
+
+def submit_due_schedules(conn: Connection, fence: Fence, max_schedules: int = 100) -> list[ScheduleTurn]:
+    """Submit the run of every schedule due now (at most `max_schedules` a pass) and move each on to its
+    next due time, in one statement (autocommit): one run per due time across the fleet, whoever calls."""
+    with _fencing():
+        rows = conn.execute("SELECT schedule, due, run_id, result, missed "
+                            "FROM unitvisor.submit_due_schedules(%s, %s, %s)",
+                            (fence.host_id, fence.epoch, max_schedules)).fetchall()
+    return [ScheduleTurn(*row) for row in rows]
+
+
+def list_schedules(conn: Connection) -> list[dict[str, Any]]:
+    """Every schedule with its next and last due time, and the state of its last run (None once pruned)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT s.name, s.cron, s.timezone, s.overlap, s.catch_up, s.paused, s.next_due, s.last_due,
+                      s.last_run_id, r.state AS last_run_state, s.last_result, s.last_at, s.submitted, s.skipped,
+                      s.missed, s.run, s.created_at, s.created_by
+               FROM unitvisor.schedules s LEFT JOIN unitvisor.runs r ON r.id = s.last_run_id
+               ORDER BY s.name""").fetchall()
+
+
 def renew_heartbeat(conn: Connection, fence: Fence) -> str | None:
     """The heartbeat alone (no question about work): the host's state, or None when its epoch is over
     (the loop's next probe then finds it fenced and registers again)."""

@@ -4,8 +4,8 @@ Conventions (as systemctl and git): tables for people, --json for scripts; exit 
 failure, 2 on bad usage; errors on stderr in one line, no traceback unless --debug.
 
 The commands live by concern: runs.py (submit, show, runs, cancel, resume, logs, wait), hosts.py
-(hosts, hosts add, hosts forget, drain, undrain), operations.py (reconcile, doctor, prune, migrate,
-daemon, fence, version); app.py holds the group and the Context they share, params.py the option
+(hosts, hosts add, hosts forget, drain, undrain), schedules.py (schedules), operations.py (reconcile,
+doctor, prune, migrate, daemon, fence, version); app.py holds the group and the Context they share, params.py the option
 types, output.py tables, colours and JSON. This module puts them together and turns every failure
 into one line and an exit status (main).
 """
@@ -21,10 +21,11 @@ import psycopg
 from supervisor import store
 
 # Importing the command modules registers their commands on the group.
-from supervisor.cli import hosts, operations, runs
+from supervisor.cli import hosts, operations, runs, schedules
 from supervisor.cli.app import WAIT_UNKNOWN, CouldNotTell, Failure, Unreachable, add_global_options, cli, invocation
 
-__all__ = ["WAIT_UNKNOWN", "CouldNotTell", "Failure", "Unreachable", "cli", "hosts", "main", "operations", "runs"]
+__all__ = ["WAIT_UNKNOWN", "CouldNotTell", "Failure", "Unreachable", "cli", "hosts", "main", "operations", "runs",
+           "schedules"]
 
 # Last, once every command exists: each gets its hidden copies of the group's options (app.py).
 add_global_options(cli)

@@ -491,16 +491,18 @@ HOST_FUNCTIONS = {
     "record_output_tails", "register_host", "register_host_allowlist", "register_host_environment", "run_status",
     "runs_with_labels", "wait_reason", "whoami", "host_holds_run", "host_may_see", "unit_owners", "host_in_flight",
     "set_host_pressure", "fleet_upkeep_turn", "declare_dead", "renew_heartbeat", "set_host_state",
-    "next_attempt_at", "refusals_now"}
+    "next_attempt_at", "refusals_now",
+    "cron_next", "submit_due_schedules"}  # 028: schedules (a host reads no schedule, it submits the due ones)
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
-                       "refusals_now"}
+                       "refusals_now",
+                       "cron_next", "create_schedule", "drop_schedule", "pause_schedule", "submit_run_spec"}  # 028
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 
 @pytest.mark.parametrize(("role", "functions", "tables"), [
     (store.HOST_ROLE, HOST_FUNCTIONS, {(t, "SELECT") for t in READ}),
-    (store.SUBMITTER_ROLE, SUBMITTER_FUNCTIONS, {(t, "SELECT") for t in READ | {"spawn_jobs"}}),
+    (store.SUBMITTER_ROLE, SUBMITTER_FUNCTIONS, {(t, "SELECT") for t in READ | {"spawn_jobs", "schedules"}}),
 ])
 def test_each_role_holds_exactly_its_privileges(conn: psycopg.Connection, role: str, functions: set[str],
                                                 tables: set[tuple[str, str]]) -> None:

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from supervisor import __version__, config, store
 from supervisor import daemon as daemon_mod
 from supervisor import metrics as metrics_mod
+from supervisor import reconciler as reconciler_mod
 from supervisor.config import ConfigError, HostSettings, MetricsSettings, RunSettings, Settings, parse_listen
 from supervisor.daemon import Daemon
 from supervisor.metrics import Metrics, State, claim_latency
@@ -188,7 +189,8 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_reconcile_duration_seconds", "unitvisor_build_info", "unitvisor_runs_in_flight",
         "unitvisor_database_up", "unitvisor_systemd_up", "unitvisor_host_state", "unitvisor_pruned_rows",
         "unitvisor_runs_expired", "unitvisor_dead_declarations_held", "unitvisor_fleet_upkeep_failures",
-        "unitvisor_heartbeats_aside",
+        "unitvisor_heartbeats_aside", "unitvisor_schedule_runs_submitted", "unitvisor_schedule_times_missed",
+        "unitvisor_schedule_times_skipped",
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}
@@ -493,6 +495,27 @@ def test_reconciler_counts_the_runs_its_expire_call_ended(rec, mocker):
     with pytest.raises(store.Fenced):
         rec.expire_overdue()
     assert value(rec.metrics, "unitvisor_runs_expired_total") == 2
+
+
+def test_reconciler_counts_what_its_schedules_call_did(rec, mocker):
+    events = reconciler_mod.event  # the rec fixture's mock
+    due = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
+    mocker.patch.object(store, "submit_due_schedules", return_value=[
+        store.ScheduleTurn("a", due, uuid.uuid4(), "submitted", 0),
+        store.ScheduleTurn("b", due, uuid.uuid4(), "submitted late, for 3 missed due time(s) (catch_up one)", 3),
+        store.ScheduleTurn("c", due, None, "missed (2 due time(s), the latest 00:05:00 old; catch_up none)", 2),
+        store.ScheduleTurn("d", due, None, "skipped: run x is still live (overlap skip)", 0),
+        store.ScheduleTurn("e", due, None, "refused: memory_max: 5 is out of range", 0)])
+    assert value(rec.metrics, "unitvisor_schedule_times_skipped_total", reason="overlap") == 0  # from the start
+    assert len(rec.submit_due_schedules()) == 5
+    assert value(rec.metrics, "unitvisor_schedule_runs_submitted_total") == 2
+    assert value(rec.metrics, "unitvisor_schedule_times_missed_total") == 5
+    assert value(rec.metrics, "unitvisor_schedule_times_skipped_total", reason="overlap") == 1
+    assert value(rec.metrics, "unitvisor_schedule_times_skipped_total", reason="refused") == 1
+    said = [c for c in events.call_args_list if c.args[0] == "schedule-due"]
+    assert [c.kwargs["schedule"] for c in said] == ["a", "b", "c", "d", "e"]
+    assert [c.kwargs["level"] for c in said] == [logging.INFO, logging.INFO, logging.WARNING, logging.INFO,
+                                                 logging.WARNING]
 
 
 def test_reconciler_counts_nothing_of_a_takeover_that_failed(rec):
