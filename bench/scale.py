@@ -358,10 +358,13 @@ class Fleet:
                 code, hosts[start:start + HOSTS_PER_WORKER], pg.dsn_for(self.dbname), sizes.run_seconds, theirs))
             proc.start()
             self.workers.append((proc, ours))
-        deadline = time.monotonic() + sizes.ready_timeout
+        # Every daemon connects at once, as after a database restart: the server forks and authenticates
+        # them all; allow 0.6 s a daemon beyond 500 (a 2-core machine at 1,000 took longer than 300 s).
+        ready_timeout = max(sizes.ready_timeout, 0.6 * n)
+        deadline = time.monotonic() + ready_timeout
         for _, pipe in self.workers:
             if not pipe.poll(max(0.0, deadline - time.monotonic())):
-                raise SystemExit(f"{n} daemons: not all registered within {sizes.ready_timeout:.0f} s")
+                raise SystemExit(f"{n} daemons: not all registered within {ready_timeout:.0f} s")
             pipe.recv()
         self.claims: list[tuple[float, str, int]] = []
         self.epochs = dict(self.conn.execute("SELECT id, epoch FROM unitvisor.hosts").fetchall())

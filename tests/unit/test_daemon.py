@@ -26,6 +26,8 @@ from supervisor.reconciler import Reconciler
 from supervisor.systemd import SystemdError, SystemdUnavailable
 from supervisor.unitspec import unit_name
 
+REAL_SPREAD = daemon_mod.spread  # before the boundaries fixture stands in for it
+
 DSN = "host=db.example port=5433 dbname=unitvisor user=uv password=secret"
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -54,6 +56,8 @@ def events(mocker):
 def boundaries(mocker, monkeypatch):
     monkeypatch.delenv("WATCHDOG_USEC", raising=False)
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    # A retry's pause is drawn at random (daemon.spread, tested below on its own): the exact schedule here.
+    mocker.patch.object(daemon_mod, "spread", side_effect=lambda seconds: seconds)
     return mock.Mock(Systemd=mocker.patch.object(daemon_mod, "Systemd"),
                      Watcher=mocker.patch.object(daemon_mod, "Watcher"),
                      sdnotify=mocker.patch.object(daemon_mod, "sdnotify"))
@@ -187,6 +191,21 @@ def test_guard_error_backoff_doubles_up_to_30s(make):
         d._guard(boom(RuntimeError("again")))
     assert [c.args[0] for c in d._sleep.call_args_list] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
     assert d.error_backoff == 30.0
+
+
+def test_spread_draws_between_half_the_backoff_and_all_of_it():
+    draws = [REAL_SPREAD(8.0) for _ in range(2000)]
+    assert min(draws) >= 4.0 and max(draws) <= 8.0
+    # Spread, not a constant: a fleet's retries land over the whole window (both halves of it).
+    assert min(draws) < 5.0 and max(draws) > 7.0
+
+
+def test_a_retry_pause_is_the_spread_of_the_backoff(make, mocker):
+    d = make(connected=False)
+    spread = mocker.patch.object(daemon_mod, "spread", return_value=0.7)
+    d._guard(boom(RuntimeError("again")))
+    spread.assert_called_once_with(1.0)
+    d._sleep.assert_called_once_with(0.7)
 
 
 def test_a_problem_repeated_is_one_event(make, events):

@@ -54,6 +54,8 @@ def env(monkeypatch):
 
 @pytest.fixture
 def boundaries(mocker, env):
+    # A retry's pause is drawn at random (daemon.spread, tested in test_daemon.py): the exact schedule here.
+    mocker.patch.object(daemon_mod, "spread", side_effect=lambda seconds: seconds)
     mocker.patch.object(daemon_mod, "Systemd")
     mocker.patch.object(daemon_mod, "Watcher")
     mocker.patch.object(daemon_mod, "sdnotify")
