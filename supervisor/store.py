@@ -1030,6 +1030,17 @@ def claim(conn: Connection, fence: Fence, batch: int, unit_format: str) -> list[
     # function when runs looks empty, and a host role sees no run pinned elsewhere (the policy on runs), so
     # the stale jobs of such runs would never be discarded. A claimed run is one this host may read.
     # The run rows are as the statement's snapshot saw them: before claim_jobs set them to starting.
+    # That snapshot is older than the one claim_jobs picks its jobs with (each statement inside it sees
+    # later commits), so a run submitted in between is claimed without its row: it is read again, now.
+    missing = [row["claimed_run"] for row in rows if row["id"] is None]
+    if missing:
+        with conn.cursor(row_factory=dict_row) as cur:
+            late = {row["id"]: row for row in cur.execute(
+                f"SELECT {_RUN_COLUMNS} FROM unitvisor.runs r WHERE r.id = ANY(%s)", (missing,)).fetchall()}
+        unreadable = set(missing) - late.keys()
+        if unreadable:  # the policy on runs lets a host read what it claimed: a bug, said as one
+            raise RuntimeError(f"claimed runs this host cannot read: {', '.join(map(str, sorted(unreadable)))}")
+        rows = [{**row, **late[row["claimed_run"]]} if row["id"] is None else row for row in rows]
     return [(Run(**{**{k: row[k] for k in _RUN_FIELDS}, "state": "starting", "wait_reason": None}),
              Attempt(run_id=row["claimed_run"], attempt=row["claimed_attempt"], host_id=fence.host_id,
                      unit_name=row["claimed_unit"], claimed_at=row["claimed_claimed_at"])) for row in rows]

@@ -336,3 +336,30 @@ def test_a_retry_claims_attempt_two(conn: psycopg.Connection) -> None:
     assert settle(conn, second, FAILED, "queued", retry_delay=timedelta(0))
     [(_, third)] = claim(conn, host="h1")
     assert (third.attempt, third.unit_name) == (3, unitspec.unit_name(run_id, 3))
+
+
+def test_a_run_submitted_while_the_claim_waits_comes_with_its_row(conn: psycopg.Connection, dsn: str) -> None:
+    """The claim statement's snapshot is taken before claim_jobs picks its jobs (each statement inside it
+    sees later commits): a run committed in between is claimed, and must come back with its row, not a
+    run of NULLs (bench.scale's 1,000 hosts hit it: "no unit name for run None attempt 1")."""
+    fence = register(conn, "h1")
+    done: dict[str, object] = {}
+    with store.connect(dsn) as blocker, store.connect(dsn) as submitter:
+        blocker.execute("BEGIN")
+        # check_fence's FOR SHARE on the host's row waits behind this, after the statement's snapshot.
+        blocker.execute("SELECT 1 FROM unitvisor.hosts WHERE id = 'h1' FOR UPDATE")
+        claimer = threading.Thread(target=lambda: done.setdefault(
+            "pairs", store.claim(conn, fence, 10, unitspec.UNIT_NAME_FORMAT)))
+        claimer.start()
+        deadline = time.monotonic() + 30
+        while not blocker.execute("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s "
+                                  "AND wait_event_type = 'Lock')", (conn.info.backend_pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline, "the claim never waited for the host's row"
+            time.sleep(0.05)
+        run_id = submit(submitter)  # committed after the claim's snapshot, before its jobs are picked
+        age_jobs(submitter)  # older than spread_grace: this is about snapshots, not about a host's share
+        blocker.rollback()  # within the claim's 5 s lock_timeout
+        claimer.join(30)
+    [(run, attempt)] = done["pairs"]
+    assert attempt.run_id == run_id
+    assert run.id == run_id and run.argv == ["/bin/true"] and run.state == "starting"
