@@ -401,7 +401,7 @@ CREATE TABLE unitvisor.runs (
     -- systemd's MemoryHigh=: over it the kernel reclaims and throttles, never kills (memory_max does).
     memory_high         bigint,
     -- Graceful stop (schema 026): the unit's KillSignal= (NULL: TERM) and TimeoutStopSec= in seconds
-    -- (NULL: systemd's default), then SIGKILL; warn_signal sent warn_before seconds before
+    -- (NULL: the host's [systemd] stop_grace), then SIGKILL; warn_signal sent warn_before seconds before
     -- runtime_max_sec ends the run (by the daemon: docs/sql-api.md, "Graceful stop").
     stop_signal         text,
     stop_timeout        integer,

@@ -32,7 +32,7 @@ private_network` takes it from every run) |
 | `limits` | `memory_max` (bytes), `memory_high` (bytes), `cpu_quota_percent`, `tasks_max`, `io_weight`, \
 `runtime_max_sec` |
 | `stop` | graceful stop: `stop_signal` (the one in effect: `TERM` unless the run names another), \
-`stop_timeout` (seconds before SIGKILL; `null`: systemd's default, 90 s), `warn_before` (seconds before \
+`stop_timeout` (seconds before SIGKILL; `null`: the host's `[systemd] stop_grace`), `warn_before` (seconds before \
 `runtime_max_sec`; `null`: no warning), `warn_signal` |
 | `max_attempts` | attempts in all |
 | `concurrency_key` | runs with the same key never run at the same time (`null`: none) |

@@ -111,7 +111,7 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
         "limits": {key: data[key] for key in
                    ("memory_max", "memory_high", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
         # Graceful stop (schema 026): the signal in effect (TERM unless the run names one); stop_timeout
-        # null: systemd's default; warn_before null: no warning.
+        # null: its host's [systemd] stop_grace; warn_before null: no warning.
         "stop": {"stop_signal": stopsignals.stop_signal(run), "stop_timeout": run.stop_timeout,
                  "warn_before": run.warn_before,
                  "warn_signal": run.warn_signal if run.warn_before is None

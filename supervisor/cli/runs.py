@@ -87,7 +87,7 @@ from supervisor.quantities import format_duration, format_size, parse_duration, 
                    + ", ".join(stopsignals.SIGNALS) + ", with or without SIG.")
 @click.option("--stop-timeout", callback=quantity(whole_seconds, 1, 86400, "1s to 1d", "seconds"),
               help="How long the run may take to end after its stop signal before SIGKILL (TimeoutStopSec), "
-                   "like 30s; default systemd's (90s).")
+                   "like 30s; default the host's [systemd] stop_grace.")
 @click.option("--warn-before", callback=quantity(whole_seconds, 1, 315360000, "1s to 3650d", "seconds"),
               help="Send --warn-signal this long before --runtime ends the run, like 5m, so that it can "
                    "checkpoint; needs --runtime.")
