@@ -294,12 +294,14 @@ BEGIN
         constraint_name := 'runs_stop_signal_valid';
         message := 'stop_signal: must be one of ' || array_to_string(unitvisor.stop_signal_names(), ', ')
                    || ' (with or without SIG, any case)';
-    ELSIF stop_timeout NOT BETWEEN 1 AND 86400 THEN
+    -- An hour at most: a stop that takes longer is a run that will not stop.
+    ELSIF stop_timeout NOT BETWEEN 1 AND 3600 THEN
         constraint_name := 'runs_stop_timeout_valid';
-        message := format('stop_timeout: %s is out of range (1 to 86400 seconds)', stop_timeout);
-    ELSIF warn_before NOT BETWEEN 1 AND 315360000 THEN
+        message := format('stop_timeout: %s is out of range (1 to 3600 seconds)', stop_timeout);
+    -- Its upper bound is runtime_max_sec's (below).
+    ELSIF warn_before < 1 THEN
         constraint_name := 'runs_warn_before_valid';
-        message := format('warn_before: %s is out of range (1 to 315360000 seconds)', warn_before);
+        message := format('warn_before: %s is out of range (at least 1 second, and less than runtime_max_sec)', warn_before);
     ELSIF warn_before IS NOT NULL AND runtime_max_sec IS NULL THEN
         constraint_name := 'runs_warn_before_valid';
         message := 'warn_before: needs runtime_max_sec (the warning is sent that long before runtime_max_sec ends the run)';

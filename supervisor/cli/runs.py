@@ -85,7 +85,7 @@ from supervisor.quantities import format_duration, format_size, parse_duration, 
 @click.option("--stop-signal", metavar="SIGNAL", callback=signal_name,
               help="Signal that stops the run, on cancel and at --runtime (KillSignal); default TERM. One of "
                    + ", ".join(stopsignals.SIGNALS) + ", with or without SIG.")
-@click.option("--stop-timeout", callback=quantity(whole_seconds, 1, 86400, "1s to 1d", "seconds"),
+@click.option("--stop-timeout", callback=quantity(whole_seconds, 1, 3600, "1s to 1h", "seconds"),
               help="How long the run may take to end after its stop signal before SIGKILL (TimeoutStopSec), "
                    "like 30s; default the host's [systemd] stop_grace.")
 @click.option("--warn-before", callback=quantity(whole_seconds, 1, 315360000, "1s to 3650d", "seconds"),
