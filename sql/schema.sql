@@ -154,6 +154,21 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
     END
 $$;
 
+-- The signals a run may name for its stop_signal and warn_signal (schema 026), short (no SIG): those a
+-- program may catch to stop or checkpoint, and KILL. Not STOP, CONT, or the ones the kernel sends on a
+-- fault (SEGV, BUS, ...): a stop by them would not be a stop. supervisor/stopsignals.py holds the same
+-- list (a test compares them).
+CREATE FUNCTION unitvisor.stop_signal_names() RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['TERM', 'INT', 'HUP', 'QUIT', 'USR1', 'USR2', 'ALRM', 'WINCH', 'KILL']
+$$;
+
+-- A signal's name as runs keep it: upper case, without SIG ('sigterm' -> 'TERM'). NULL stays NULL.
+CREATE FUNCTION unitvisor.signal_short_name(name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN upper(name) LIKE 'SIG%' THEN substr(upper(name), 4) ELSE upper(name) END
+$$;
+
 -- Every check of a run's arguments, in submit_run's order: the first that fails, as the constraint it
 -- is named by in errors (docs/sql-api.md), its message and a hint; three NULLs when every argument
 -- passes. A NULL argument passes (the column's NOT NULL, where there is one, refuses it), as a CHECK
@@ -165,7 +180,8 @@ CREATE FUNCTION unitvisor.run_argument_problem(
     memory_high bigint, cpu_quota_percent integer, tasks_max integer, io_weight integer,
     runtime_max_sec bigint, max_attempts integer, retry_backoff_sec integer, retry_backoff_max_sec integer,
     retry_on text[], labels jsonb, idempotency_key text, concurrency_key text, not_before timestamptz,
-    start_deadline timestamptz, OUT constraint_name text, OUT message text, OUT hint text)
+    start_deadline timestamptz, stop_signal text, stop_timeout integer, warn_before integer,
+    warn_signal text, OUT constraint_name text, OUT message text, OUT hint text)
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     -- What a run may be retried after: it names the outcomes of unitvisor.attempts.
@@ -267,6 +283,42 @@ BEGIN
         constraint_name := 'runs_start_deadline_valid';
         message := 'start_deadline: must be later than not_before (a run cannot have to start before it may)';
     END IF;
+    IF message IS NOT NULL THEN
+        RETURN;
+    END IF;
+
+    -- Graceful stop (schema 026): how the run is stopped (a cancel, runtime_max_sec) and warned before
+    -- runtime_max_sec ends it. A signal is a name from a fixed list (stop_signal_names), never a
+    -- number or anything else: it becomes the unit's KillSignal= and a KillUnit call.
+    IF unitvisor.signal_short_name(stop_signal) <> ALL (unitvisor.stop_signal_names()) THEN
+        constraint_name := 'runs_stop_signal_valid';
+        message := 'stop_signal: must be one of ' || array_to_string(unitvisor.stop_signal_names(), ', ')
+                   || ' (with or without SIG, any case)';
+    -- An hour at most: a stop that takes longer is a run that will not stop.
+    ELSIF stop_timeout NOT BETWEEN 1 AND 3600 THEN
+        constraint_name := 'runs_stop_timeout_valid';
+        message := format('stop_timeout: %s is out of range (1 to 3600 seconds)', stop_timeout);
+    -- Its upper bound is runtime_max_sec's (below).
+    ELSIF warn_before < 1 THEN
+        constraint_name := 'runs_warn_before_valid';
+        message := format('warn_before: %s is out of range (at least 1 second, and less than runtime_max_sec)', warn_before);
+    ELSIF warn_before IS NOT NULL AND runtime_max_sec IS NULL THEN
+        constraint_name := 'runs_warn_before_valid';
+        message := 'warn_before: needs runtime_max_sec (the warning is sent that long before runtime_max_sec ends the run)';
+    ELSIF warn_before >= runtime_max_sec THEN
+        constraint_name := 'runs_warn_before_valid';
+        message := format('warn_before: %s is not less than runtime_max_sec (%s): the warning would come before the run starts',
+                          warn_before, runtime_max_sec);
+    -- KILL is no warning: it would end the run warn_before early.
+    ELSIF unitvisor.signal_short_name(warn_signal) <> ALL (unitvisor.stop_signal_names())
+          OR unitvisor.signal_short_name(warn_signal) = 'KILL' THEN
+        constraint_name := 'runs_warn_signal_valid';
+        message := 'warn_signal: must be one of ' || array_to_string(array_remove(unitvisor.stop_signal_names(), 'KILL'), ', ')
+                   || ' (with or without SIG, any case)';
+    ELSIF warn_signal IS NOT NULL AND warn_before IS NULL THEN
+        constraint_name := 'runs_warn_signal_valid';
+        message := 'warn_signal: needs warn_before (when to send it)';
+    END IF;
 END $$;
 
 -- The eighteen constraints become one trigger that asks run_argument_problem, and raises what submit_run
@@ -284,7 +336,8 @@ BEGIN
     problem := unitvisor.run_argument_problem(NEW.argv, NEW.environment, NEW.working_directory, NEW.run_user,
         NEW.memory_max, NEW.memory_high, NEW.cpu_quota_percent, NEW.tasks_max, NEW.io_weight, NEW.runtime_max_sec,
         NEW.max_attempts, NEW.retry_backoff_sec, NEW.retry_backoff_max_sec, NEW.retry_on, NEW.labels,
-        NEW.idempotency_key, NEW.concurrency_key, NEW.not_before, NEW.start_deadline);
+        NEW.idempotency_key, NEW.concurrency_key, NEW.not_before, NEW.start_deadline, NEW.stop_signal,
+        NEW.stop_timeout, NEW.warn_before, NEW.warn_signal);
     IF problem.hint IS NOT NULL THEN
         RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
@@ -349,6 +402,13 @@ CREATE TABLE unitvisor.runs (
     seq                 bigint,
     -- systemd's MemoryHigh=: over it the kernel reclaims and throttles, never kills (memory_max does).
     memory_high         bigint,
+    -- Graceful stop (schema 026): the unit's KillSignal= (NULL: TERM) and TimeoutStopSec= in seconds
+    -- (NULL: the host's [systemd] stop_grace), then SIGKILL; warn_signal sent warn_before seconds before
+    -- runtime_max_sec ends the run (by the daemon: docs/sql-api.md, "Graceful stop").
+    stop_signal         text,
+    stop_timeout        integer,
+    warn_before         integer,
+    warn_signal         text,
 
     -- Every argument of submit_run is checked by the trigger runs_arguments_valid (below): the bounds,
     -- the forms and why each is refused are in run_argument_problem (above), and only there.
@@ -423,6 +483,9 @@ CREATE TABLE unitvisor.attempts (
     -- The most tasks the unit had at once: the kernel's pids.peak of its cgroup, copied by the unit's
     -- own ExecStopPost= before systemd removes the cgroup (supervisor/taskspeak.py). NULL: not measured.
     tasks_peak    bigint,
+    -- When its host sent the run's warn_signal (schema 026): once per attempt, also across a daemon's
+    -- restart. NULL: not sent (none asked for, or not yet).
+    warned_at     timestamptz,
     PRIMARY KEY (run_id, attempt),
     CONSTRAINT attempts_outcome_valid CHECK (outcome IS NULL OR outcome IN (
         'success', 'exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog',
@@ -717,7 +780,11 @@ CREATE FUNCTION unitvisor.submit_run(
     concurrency_key       text    DEFAULT NULL,
     not_before            timestamptz DEFAULT NULL,
     start_deadline        timestamptz DEFAULT NULL,
-    memory_high           bigint  DEFAULT NULL
+    memory_high           bigint  DEFAULT NULL,
+    stop_signal           text    DEFAULT NULL,
+    stop_timeout          integer DEFAULT NULL,
+    warn_before           integer DEFAULT NULL,
+    warn_signal           text    DEFAULT NULL
 ) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- Bare names in the statements are runs' columns (ON CONFLICT's idempotency_key); the arguments are
@@ -727,6 +794,11 @@ DECLARE
     new_id uuid;
     env jsonb := coalesce(submit_run.environment, '{}'::jsonb);
     run_labels jsonb := coalesce(submit_run.labels, '{}'::jsonb);
+    -- Kept short (TERM, not sigterm); a warning's signal is USR1 unless named (Slurm's --signal's).
+    run_stop_signal text := unitvisor.signal_short_name(submit_run.stop_signal);
+    run_warn_signal text := unitvisor.signal_short_name(
+        CASE WHEN submit_run.warn_before IS NULL THEN submit_run.warn_signal
+             ELSE coalesce(submit_run.warn_signal, 'USR1') END);
     problem record;
     refused_constraint text;
     refused_state text;
@@ -738,7 +810,8 @@ BEGIN
         submit_run.run_user, submit_run.memory_max, submit_run.memory_high, submit_run.cpu_quota_percent,
         submit_run.tasks_max, submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts,
         submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec, submit_run.retry_on, run_labels,
-        submit_run.idempotency_key, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline);
+        submit_run.idempotency_key, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline,
+        run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal);
     IF problem.hint IS NOT NULL THEN
         RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
@@ -776,14 +849,16 @@ BEGIN
         INSERT INTO unitvisor.runs (argv, environment, working_directory, run_user, memory_max,
             cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, host_pin, priority,
             retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
-            concurrency_key, not_before, start_deadline, memory_high)
+            concurrency_key, not_before, start_deadline, memory_high,
+            stop_signal, stop_timeout, warn_before, warn_signal)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
             submit_run.priority, submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec,
             submit_run.retry_on, coalesce(submit_run.private_network, false), submit_run.idempotency_key,
             run_labels, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline,
-            submit_run.memory_high)
+            submit_run.memory_high,
+            run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal)
         -- Another submit with the same key committed since the look-up above (this waited for it):
         -- insert nothing, and return its run below.
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -2047,6 +2122,26 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- mark_warned: the host sent the run's warn_signal to the attempt's unit (schema 026). Once per attempt:
+-- true the first time, false after (or for an attempt not open on this host), so that a daemon that
+-- restarts does not warn twice. Its event says what was sent.
+CREATE FUNCTION unitvisor.mark_warned(run_id uuid, attempt integer, host_id text, host_epoch bigint,
+                                      reason text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(mark_warned.host_id, mark_warned.host_epoch);
+    UPDATE unitvisor.attempts a SET warned_at = now()
+    WHERE a.run_id = mark_warned.run_id AND a.attempt = mark_warned.attempt AND a.host_id = mark_warned.host_id
+      AND a.outcome IS NULL AND a.warned_at IS NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    SELECT r.id, mark_warned.attempt, mark_warned.host_id, r.state, mark_warned.reason
+    FROM unitvisor.runs r WHERE r.id = mark_warned.run_id;
+    RETURN true;
+END $$;
+
 -- record_outcome: one attempt's outcome, from the host that ran it (or took it over). Four forms,
 -- one per daemon generation that calls it by position; the shorter ones, below, hand over to this
 -- one, so that the outcome logic exists once.
@@ -2609,7 +2704,8 @@ END $$;
 CREATE TRIGGER runs_arguments_valid
     BEFORE INSERT OR UPDATE OF argv, environment, working_directory, run_user, memory_max, memory_high,
         cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, retry_backoff_sec,
-        retry_backoff_max_sec, retry_on, labels, idempotency_key, concurrency_key, not_before, start_deadline
+        retry_backoff_max_sec, retry_on, labels, idempotency_key, concurrency_key, not_before, start_deadline,
+        stop_signal, stop_timeout, warn_before, warn_signal
     ON unitvisor.runs
     FOR EACH ROW EXECUTE FUNCTION unitvisor.refuse_invalid_arguments();
 
@@ -3199,6 +3295,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.host_may_see(text,uuid,text),
     unitvisor.mark_host_stopped(text,bigint),
     unitvisor.mark_started(uuid,integer,text,bigint,text,timestamp with time zone,text),
+    unitvisor.mark_warned(uuid,integer,text,bigint,text),
     unitvisor.prune_history(text,bigint,interval,integer),
     unitvisor.record_event(uuid,integer,text,bigint,text,text),
     unitvisor.record_outcome(uuid,integer,text,bigint,text,text,text,text,interval,text,timestamp with time zone,timestamp with time zone),
@@ -3224,7 +3321,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.drop_schedule(text),
     unitvisor.pause_schedule(text,boolean),
     unitvisor.submit_run_spec(jsonb),
-    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint)
+    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text)
     TO unitvisor_submitter;
 
 -- == the migrations this file holds =================================================================
@@ -3254,4 +3351,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('021_operator'),
     ('022_argument_checks'),
     ('023_refusals_now'),
+    ('026_graceful_stop'),
     ('028_schedules');

@@ -31,6 +31,9 @@ its start deadline) |
 private_network` takes it from every run) |
 | `limits` | `memory_max` (bytes), `memory_high` (bytes), `cpu_quota_percent`, `tasks_max`, `io_weight`, \
 `runtime_max_sec` |
+| `stop` | graceful stop: `stop_signal` (the one in effect: `TERM` unless the run names another), \
+`stop_timeout` (seconds before SIGKILL; `null`: the host's `[systemd] stop_grace`), `warn_before` (seconds before \
+`runtime_max_sec`; `null`: no warning), `warn_signal` |
 | `max_attempts` | attempts in all |
 | `concurrency_key` | runs with the same key never run at the same time (`null`: none) |
 | `not_before`, `start_deadline` | when the run may first start, and by when it must have (`null`: none) |
@@ -42,7 +45,8 @@ concurrency key it waits for, or why no live host accepts it (`null`: none of th
 | `attempts` | list, oldest first: `attempt`, `host`, `unit`, `invocation_id`, `claimed_at`, `started_at`, \
 `ended_at`, `outcome`, `exit_status`, `reason`, `accounting` (`cpu_usage_nsec`, `memory_peak_bytes`, `io_read_bytes`, \
 `io_write_bytes`, `tasks_peak`: null where not measured), `not_measured` (an ended attempt's null figures, each with \
-what its host would need to measure it), `output_tail` |
+what its host would need to measure it), `output_tail`, `warned_at` (when its host sent the run's `warn_signal`; \
+`null`: not sent) |
 | `events` | the recent history, oldest first: `at`, `attempt`, `host`, `state`, `reason` |
 | `logs_command` | the journalctl command that shows the run's output |
 

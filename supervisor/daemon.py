@@ -19,13 +19,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 
 import psycopg
 import sdnotify
 
-from supervisor import __version__, faults, fence, fleet, heartbeat, pressure, store, unitspec
+from supervisor import __version__, faults, fence, fleet, heartbeat, pressure, stopsignals, store, unitspec
 from supervisor.config import UNIT_PREFIX, ConfigError, Settings, machine_id
 from supervisor.guard import Guard, GuardedConnection
 from supervisor.journal import Journal, TailReader
@@ -89,10 +89,11 @@ class Timers:
     retention: float = math.inf  # the next retention batch; never while [retention] keep_finished is off
     watchdog: float = 0.0
     pressure: float = math.inf  # the next read of the slice's PSI files: from registration on, while any is watched
+    warn: float = math.inf  # the next run's warning before its runtime_max_sec (stopsignals.py)
 
     def nearest(self, now: float, cap: float) -> float:
         return max(0.0, min(self.claim, self.reclaim, self.reconcile, self.retention, self.watchdog, self.pressure,
-                            now + cap) - now)
+                            self.warn, now + cap) - now)
 
 
 class Conflict(Exception):
@@ -116,6 +117,10 @@ class Daemon:
         # Units unitvisor-fence stopped when this host's lease expired (supervisor/fence.py), read from
         # /run/unitvisor/fenced before each reconcile pass; the reconciler settles them as `lost`.
         self.fenced = fence.FencedUnits()
+        # The runs' warnings before their runtime_max_sec (stopsignals.py): the reconciler fills it, the
+        # loop's timer follows its next due time. Kept across a reconnect; a pass then drops any whose
+        # attempt is no longer open here.
+        self.warnings = stopsignals.Schedule()
         self.lease_error = ""
         self.systemd = Systemd()
         self.watcher = Watcher(UNIT_PREFIX)
@@ -202,7 +207,7 @@ class Daemon:
                 # connection's, as `claimed` does: STATUS= says both are since the daemon's start.
                 settled = self.reconciler.settled if self.reconciler else 0
                 self.reconciler = Reconciler(self.settings, self.fence, self.conn, self.systemd,
-                                             cut_off_units=self.fenced)
+                                             cut_off_units=self.fenced, warnings=self.warnings)
                 self.reconciler.settled = settled
                 self.reconciler.tick = self._feed_watchdog
                 self.reconciler.metrics = self.metrics
@@ -485,6 +490,7 @@ class Daemon:
         if now >= self.timers.reconcile or reloaded:
             self._reconcile()
         self.reconciler.write_output_tails()
+        self._warn(now)
         if now >= self.timers.retention:
             self._prune()
         self._feed_watchdog()
@@ -529,6 +535,16 @@ class Daemon:
                 return
         store.set_pressure(self.conn, self.fence, admission.state, admission.resource, figures, admission.detail)
         self.reported, self.reported_at = (admission.state, admission.resource, dict(figures)), now
+
+    def _warn(self, now: float) -> None:
+        """Send the runs' warnings that are due (Reconciler.send_due_warnings), and set the timer to the
+        next one. Due times are on this host's wall clock (a unit's start time is), the loop's timers on
+        the monotonic one: converted here, at every iteration, so that a clock step moves it too."""
+        if now >= self.timers.warn:
+            self.reconciler.send_due_warnings()
+        due = self.warnings.next_due()
+        self.timers.warn = (math.inf if due is None
+                            else time.monotonic() + max(0.0, (due - datetime.now(UTC)).total_seconds()))
 
     def _reconcile(self) -> None:
         began = time.monotonic()

@@ -157,6 +157,13 @@ class Metrics:
                                    "table (runs, attempts, events, jobs)", ["table"], registry=r)
         for table in PRUNED_TABLES:
             self.pruned_rows.labels(table)
+        # Graceful stop (schema 026): warnings sent before runtime_max_sec, and stops (a cancel, the
+        # runtime limit) that a run did not obey within its stop_timeout, ended by SIGKILL.
+        self.stop_warnings = Counter("unitvisor_stop_warnings", "Warnings (a run's warn_signal, warn_before "
+                                     "seconds before its runtime_max_sec) this daemon sent", registry=r)
+        self.stop_kills = Counter("unitvisor_stop_kills", "Attempts whose stop (a cancel, or runtime_max_sec) "
+                                  "timed out into SIGKILL: the run did not end within its stop_timeout after "
+                                  "its stop_signal", registry=r)
         self.claim_latency = Histogram("unitvisor_claim_latency_seconds", "From a first attempt's spawn job being "
                                        "due (its run queued) to its claim by this host, by the database's clock",
                                        buckets=CLAIM_LATENCY_BUCKETS, registry=r)

@@ -45,6 +45,13 @@ class Run:
     # MemoryHigh= (schema 017): over it the kernel throttles the run and reclaims its memory, never
     # kills it; at most memory_max.
     memory_high: int | None = None
+    # Graceful stop (schema 026, supervisor/stopsignals.py): the unit's KillSignal= (None: TERM) and
+    # TimeoutStopSec= in seconds (None: systemd's default), then SIGKILL; warn_signal sent warn_before
+    # seconds before runtime_max_sec ends the run.
+    stop_signal: str | None = None
+    stop_timeout: int | None = None
+    warn_before: int | None = None
+    warn_signal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class Attempt:
     outcome: str | None = None
     exit_status: str | None = None
     reason: str | None = None
+    warned_at: datetime | None = None  # when its host sent the run's warn_signal (schema 026)
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,30 @@ def is_setup_exit(result: str, code: int, status: int) -> bool:
     return code == CLD_EXITED and status in _SYSTEMD_SETUP_EXITS and result != "success"
 
 
+def stop_detail(code: int, status: int, stop_signal: str | None) -> str:
+    """What ended a unit that systemd stopped (a cancel, runtime_max_sec) with `stop_signal` (its short
+    name; None: not known, as from the journal alone), for the outcome's reason: the signal that ended
+    it, and whether its stop timed out into SIGKILL (a SIGKILL where the stop signal was another: systemd
+    sends it only once stop_timeout has passed). Empty when nothing is known."""
+    if stop_signal is None:
+        return ""
+    if code in (CLD_KILLED, CLD_DUMPED):
+        ended_by = signal_name(status)
+        if ended_by == "KILL" and stop_signal != "KILL":
+            return f"SIG{stop_signal} did not end it within its stop timeout: killed by SIGKILL"
+        return f"ended by SIG{ended_by}"
+    if code == CLD_EXITED:
+        return f"exited {status} after SIG{stop_signal}"
+    return ""
+
+
+def stop_timed_out(outcome: Outcome) -> bool:
+    """Whether an outcome says its stop (a cancel, runtime_max_sec) timed out into SIGKILL (stop_detail)."""
+    return outcome.outcome in ("cancelled", "timeout") and outcome.reason.endswith(": killed by SIGKILL")
+
+
 def classify(result: str, code: int, status: int, *, cancel_requested: bool,
-             program_ran: bool | None = None) -> Outcome:
+             program_ran: bool | None = None, stop_signal: str | None = None) -> Outcome:
     """The outcome of an ended unit.
 
     `program_ran` is what is known about whether the command itself ran (execve() succeeded): True,
@@ -116,14 +138,19 @@ def classify(result: str, code: int, status: int, *, cancel_requested: bool,
     `cancelled`, even if the stop made it exit 0 (a stopped unit looks successful to systemd).
     A kill by a signal that systemd counts as clean (SIGTERM, SIGINT, SIGHUP, SIGPIPE) is reported
     as `signal`, not `success`: the run did not finish on its own, and nobody here asked it to stop.
+
+    `stop_signal`: the run's stop signal (schema 026), when known: the reason of a cancel or of a
+    runtime limit then says which signal ended the run and whether the stop timed out into SIGKILL.
     """
     status_text = exit_status(code, status)
     if cancel_requested:
-        return Outcome("cancelled", status_text, "cancelled by request")
+        detail = stop_detail(code, status, stop_signal)
+        return Outcome("cancelled", status_text, "cancelled by request" + (f": {detail}" if detail else ""))
     if result in _RESULT_OUTCOMES:
         reason = {"timeout": "runtime limit reached", "oom-kill": "killed by the OOM killer",
                   "watchdog": "watchdog timeout"}[result]
-        return Outcome(_RESULT_OUTCOMES[result], status_text, reason)
+        detail = stop_detail(code, status, stop_signal) if result == "timeout" else ""
+        return Outcome(_RESULT_OUTCOMES[result], status_text, reason + (f": {detail}" if detail else ""))
     if result in _START_FAILED_RESULTS:
         return Outcome("start-failed", status_text, f"systemd result {result}")
     if is_setup_exit(result, code, status) and program_ran is not True:

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from supervisor import faults, fence, fleet, runenv, store, taskspeak, unitspec
+from supervisor import faults, fence, fleet, outcomes, runenv, stopsignals, store, taskspeak, unitspec
 from supervisor.config import Settings, cut_off_after
 from supervisor.journal import History, Journal, TailReader, Unreadable
 from supervisor.log import event
@@ -136,7 +136,7 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
         # A Type=exec unit that ever became active had its command exec'd (see the note in outcomes.py).
         ran = True if unit.active_enter_usec else None
         outcome = classify(unit.result, unit.exec_main_code, unit.exec_main_status, cancel_requested=cancelled,
-                           program_ran=ran)
+                           program_ran=ran, stop_signal=stopsignals.stop_signal(run))
         return Decision(Action.SETTLE, name, f"unit ended: {outcome.reason}", outcome, unit.invocation_id or None,
                         unit)
     if cancelled:
@@ -284,7 +284,8 @@ class Reconciler:
     def __init__(self, settings: Settings, fence: store.Fence, conn: store.Connection, systemd: Systemd,
                  journal: Journal | None = None, cut_off_units: set[str] | None = None,
                  env_files: runenv.EnvironmentFiles | None = None,
-                 tasks_peaks: taskspeak.TasksPeakFiles | None = None) -> None:
+                 tasks_peaks: taskspeak.TasksPeakFiles | None = None,
+                 warnings: stopsignals.Schedule | None = None) -> None:
         """`cut_off_units`: units this host stopped itself while cut off from the database (the guard
         fills it); their outcome is `lost`, whatever the stop made them exit with. `env_files`: where
         runs' environments are written (runenv.DIRECTORY unless a test says otherwise); `tasks_peaks`:
@@ -313,6 +314,10 @@ class Reconciler:
         self.in_flight = 0
         self._batch: list[_Ending] | None = None  # inside batched_outcomes
         self.taken_over: list[str] = []  # take_over_id's outcomes, counted after the commit
+        # Warnings due to this host's running units (stopsignals.py): added when a unit is started, or
+        # found by a pass (after a restart, from the unit's own start time); dropped once sent, or when
+        # the attempt settles. The daemon's, which its loop's timer reads; a pass run by hand has its own.
+        self.warnings = warnings if warnings is not None else stopsignals.Schedule()
 
     # -- planning ---------------------------------------------------------------------------------
 
@@ -399,6 +404,7 @@ class Reconciler:
             self.apply_orphan(decision)
             done.append(Planned(decision))
         self.in_flight = len(pairs)
+        self.schedule_warnings(pairs)
         self.sweep_environment_files()
         self.sweep_tasks_peaks()
         self.write_output_tails()
@@ -518,6 +524,9 @@ class Reconciler:
             return
         if is_new and self.metrics is not None:
             self.metrics.started(attempt.unit_name)
+        if is_new:
+            # Its unit starts now (RuntimeMaxSec= counts from then): the warning is due from now.
+            self.warnings.add(stopsignals.warning(run, attempt, datetime.now(UTC)))
         faults.point("after-start")
         event("started" if is_new else "adopted", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name)
         if is_new:
@@ -558,8 +567,11 @@ class Reconciler:
             store.mark_started(self.conn, self.fence, attempt, decision.invocation_id, f"adopted: {decision.reason}",
                                started_at=_started_at(decision))
             if self.systemd.stop(attempt.unit_name):
+                # The unit's own KillSignal= and TimeoutStopSec= (unitspec.stop_properties) do the stop.
+                grace = run.stop_timeout if run.stop_timeout is not None else self.settings.systemd.stop_grace
                 store.record_event(self.conn, self.fence, attempt, run.state, f"stopping unit {attempt.unit_name}: "
-                                   f"{decision.reason} (SIGTERM, then SIGKILL after the grace)")
+                                   f"{decision.reason} (SIG{stopsignals.stop_signal(run)}, then SIGKILL after "
+                                   f"{grace:g} s)")
                 event("stopping-run", run=run.id, attempt=attempt.attempt, unit=attempt.unit_name,
                       detail=decision.reason)
         elif action is Action.GONE:
@@ -647,6 +659,7 @@ class Reconciler:
         host's journal once the outcome is recorded, and kept with it (output_tails); `unit_state`: the
         ActiveState the unit ended in, which says how to release it (Systemd.release). Inside
         `batched_outcomes`, all of that waits for the batch's one statement."""
+        self.warnings.drop(attempt.unit_name)
         ending = _Ending(run, self._settling(run, attempt, outcome, invocation_id, started_at, ended_at,
                                              self._with_tasks_peak(attempt, accounting)),
                          unit_exists, keep_output, unit_state)
@@ -774,6 +787,8 @@ class Reconciler:
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
             if self.metrics is not None:
                 self.metrics.settled(ending.settling.outcome.outcome)
+                if outcomes.stop_timed_out(ending.settling.outcome):
+                    self.metrics.stop_kills.inc()
         self.cut_off_units.discard(attempt.unit_name)
         # Its process has been spawned (PID 1 read the file then) or never will be.
         self.env_files.remove(attempt.unit_name)
@@ -785,6 +800,59 @@ class Reconciler:
         attempt = ending.settling.attempt
         if ending.unit_exists:
             self.systemd.release(attempt.unit_name, ending.unit_state)
+
+    # -- warnings before runtime_max_sec (stopsignals.py) -----------------------------------------
+
+    def schedule_warnings(self, pairs: list[tuple[Run, Attempt]]) -> None:
+        """After a pass: forget the warnings of attempts no longer open here, or whose run is being
+        cancelled; find those of running units not known yet (a daemon that restarted, a unit adopted),
+        due from the unit's own start time (the clock RuntimeMaxSec= counts on), one read of the unit
+        each, once per unit and daemon. One already sent (warned_at) is never sent again."""
+        open_now = {attempt.unit_name: run for run, attempt in pairs}
+        for name in self.warnings.unit_names():
+            run = open_now.get(name)
+            if run is None or run.cancel_requested_at is not None:
+                self.warnings.drop(name)
+        for run, attempt in pairs:
+            if attempt.unit_name in self.warnings or attempt.started_at is None:
+                continue
+            if stopsignals.warning(run, attempt, datetime.now(UTC)) is None:
+                continue  # asks for none, or had it: no need to read its unit
+            unit = self.systemd.state(attempt.unit_name)
+            if unit is None or is_stub(unit) or unit.has_ended or unit.started_at is None:
+                continue
+            self.warnings.add(stopsignals.warning(run, attempt, unit.started_at))
+
+    def send_due_warnings(self, now: datetime | None = None) -> list[stopsignals.Warning]:
+        """Send every warning due by `now` to its unit's main process (KillUnit), then record it on the
+        attempt (mark_warned), in that order: a daemon killed between the two sends it again after its
+        restart (twice rather than never). A unit no longer loaded gets nothing: its outcome is coming.
+        Each is dropped once tried: a failure is logged, not retried every iteration."""
+        now = now or datetime.now(UTC)
+        sent = []
+        for warning in self.warnings.take_due(now):
+            attempt = warning.attempt
+            try:
+                signum = stopsignals.number(warning.signal, "warn_signal")
+                if not self.systemd.kill(attempt.unit_name, stopsignals.WARN_WHOM, signum):
+                    continue
+                late = (now - warning.due).total_seconds()
+                reason = (f"sent SIG{warning.signal} to unit {attempt.unit_name}: runtime_max_sec ends it in about "
+                          f"{max(0, warning.before - late):.0f} s (warn_before {warning.before} s)"
+                          + (f", {late:.0f} s late: no daemon was running when it was due" if late >= 5 else ""))
+                store.mark_warned(self.conn, self.fence, attempt, reason)
+            except (SystemdUnavailable, store.Fenced, *store.CONNECTION_LOST):
+                raise
+            except (SystemdError, stopsignals.Refused, psycopg.Error) as exc:
+                event("warning-failed", level=logging.ERROR, run=attempt.run_id, attempt=attempt.attempt,
+                      unit=attempt.unit_name, detail=str(exc))
+                continue
+            sent.append(warning)
+            event("warned", run=attempt.run_id, attempt=attempt.attempt, unit=attempt.unit_name,
+                  detail=f"SIG{warning.signal}")
+            if self.metrics is not None:
+                self.metrics.stop_warnings.inc()
+        return sent
 
     # -- the fleet --------------------------------------------------------------------------------
 

@@ -499,6 +499,8 @@ _SUBMIT_ARGS = {
     "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
     "concurrency_key": "text", "not_before": "timestamptz", "start_deadline": "timestamptz",
     "memory_high": "bigint",  # schema 017
+    # Graceful stop (schema 026): signal names, seconds.
+    "stop_signal": "text", "stop_timeout": "integer", "warn_before": "integer", "warn_signal": "text",
 }
 _JSON_ARGS = ("environment", "labels")
 
@@ -628,6 +630,14 @@ def record_event(conn: Connection, fence: Fence, attempt: Attempt, state: str, r
     with _fencing():
         conn.execute("SELECT unitvisor.record_event(%s, %s, %s, %s, %s, %s)",
                      (attempt.run_id, attempt.attempt, fence.host_id, fence.epoch, state, reason))
+
+
+def mark_warned(conn: Connection, fence: Fence, attempt: Attempt, reason: str) -> bool:
+    """The run's warn_signal was sent to the attempt's unit (schema 026): recorded on the attempt, with an
+    event, once. False: it was recorded before, or the attempt is not open on this host."""
+    with _fencing():
+        return conn.execute("SELECT unitvisor.mark_warned(%s, %s, %s, %s, %s)",
+                            (attempt.run_id, attempt.attempt, fence.host_id, fence.epoch, reason)).fetchone()[0]
 
 
 @dataclass(frozen=True)

@@ -430,6 +430,11 @@ class Systemd(_Connection):
     def stop(self, name: str) -> bool:
         return self._unit_call(b"StopUnit", b"ss", [name.encode(), b"replace"], name)
 
+    def kill(self, name: str, whom: str, signum: int) -> bool:
+        """Send a signal to a unit's processes (KillUnit: `whom` is "main" or "all"); False when the unit
+        is not loaded. The run's warning (stopsignals.py): it neither stops the unit nor changes its state."""
+        return self._unit_call(b"KillUnit", b"ssi", [name.encode(), whom.encode(), signum], name)
+
     def reset_failed(self, name: str) -> bool:
         return self._unit_call(b"ResetFailedUnit", b"s", [name.encode()], name)
 

@@ -14,7 +14,7 @@ import re
 import uuid
 from typing import Any
 
-from supervisor import envpolicy, fence, globs, runenv, taskspeak
+from supervisor import envpolicy, fence, globs, runenv, stopsignals, taskspeak
 from supervisor.config import CAPABILITIES, ROOT, UNIT_PREFIX, RunSettings, Settings
 from supervisor.model import Attempt, Run
 
@@ -208,6 +208,43 @@ def _limits(run: Run) -> dict[bytes, Any]:
     return props
 
 
+def stop_properties(run: Run, settings: Settings) -> dict[bytes, Any]:
+    """How systemd stops the unit, for a cancel (StopUnit) and at runtime_max_sec alike (schema 026): its
+    stop_signal as KillSignal= (sent to every process of the unit, KillMode=control-group), and after
+    stop_timeout seconds (TimeoutStopSec=, in place of the host's [systemd] stop_grace) SIGKILL
+    (SendSIGKILL=yes, in every unit). FinalKillSignal= is left alone: it is what systemd sends if even the
+    SIGKILL leaves a process (SIGKILL already). Nothing for a run that names neither: the unit is as
+    before. The signal is a number looked up from a fixed list (stopsignals.SIGNALS): a name outside it
+    is refused, never passed on.
+
+    With [fleet] stop_runs_when_cut_off, stop_grace also bounds the fence's stop of a cut-off host's runs
+    (config.cut_off_after: every run is dead before another host may declare this one dead and start it
+    again). A longer stop_timeout would let a run outlive that bound, and run twice: refused here."""
+    props: dict[bytes, Any] = {}
+    if run.stop_signal is not None:
+        try:
+            props[b"KillSignal"] = stopsignals.number(run.stop_signal)
+        except stopsignals.Refused as exc:
+            raise Refused(str(exc)) from None
+    if run.stop_timeout is not None:
+        if type(run.stop_timeout) is not int or run.stop_timeout < 1:
+            raise Refused(f"stop_timeout {run.stop_timeout!r} is not a whole number of seconds from 1")
+        grace = settings.systemd.stop_grace
+        if settings.fleet.stop_runs_when_cut_off and run.stop_timeout > grace:
+            raise Refused(f"stop_timeout {run.stop_timeout} s is longer than this host's [systemd] stop_grace "
+                          f"({grace:g} s), which bounds the stop of its runs when it is cut off "
+                          "([fleet] stop_runs_when_cut_off)")
+        props[b"TimeoutStopUSec"] = run.stop_timeout * USEC
+    if run.warn_before is not None:
+        # Checked here too, so that a row with a bad one is refused before its unit exists, not when
+        # its warning is due.
+        try:
+            stopsignals.number(run.warn_signal or stopsignals.DEFAULT_WARN_SIGNAL, "warn_signal")
+        except stopsignals.Refused as exc:
+            raise Refused(str(exc)) from None
+    return props
+
+
 def _capability_mask(names: tuple[str, ...]) -> int:
     mask = 0
     for name in names:
@@ -319,6 +356,7 @@ def build(run: Run, attempt: Attempt, settings: Settings, copy_tasks_peak: bool 
     if _may_become_root(run, runs):
         props.update(root_confinement(settings))
     props.update(_limits(run))
+    props.update(stop_properties(run, settings))
     props.update(_sandbox(runs, run))
     props.update(start_condition(settings))
     return props

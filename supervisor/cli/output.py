@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from supervisor import stopsignals
 from supervisor.journal import log_command
 from supervisor.model import TERMINAL_STATES, Accounting, Attempt, OutcomeRecord, Run
 from supervisor.quantities import format_bytes, format_cpu_time
@@ -32,6 +33,7 @@ def _attempt_json(attempt: Attempt, record: OutcomeRecord | None) -> dict[str, A
         "accounting": asdict(record.accounting if record else Accounting()),
         "not_measured": not_measured(record.accounting) if record else {},
         "output_tail": record.output_tail if record else None,
+        "warned_at": iso(attempt.warned_at),  # when its host sent the run's warn_signal (schema 026)
     }
 
 
@@ -108,6 +110,12 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
         "start_deadline": iso(run.start_deadline),
         "limits": {key: data[key] for key in
                    ("memory_max", "memory_high", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
+        # Graceful stop (schema 026): the signal in effect (TERM unless the run names one); stop_timeout
+        # null: its host's [systemd] stop_grace; warn_before null: no warning.
+        "stop": {"stop_signal": stopsignals.stop_signal(run), "stop_timeout": run.stop_timeout,
+                 "warn_before": run.warn_before,
+                 "warn_signal": run.warn_signal if run.warn_before is None
+                 else stopsignals.short_name(run.warn_signal or stopsignals.DEFAULT_WARN_SIGNAL)},
         "max_attempts": run.max_attempts, "cancel_requested_at": iso(run.cancel_requested_at),
         "wait_reason": wait_text(run.wait_reason, refused) if run.state == "queued" else None,
         "no_host_accepts": refused if run.state == "queued" else None,

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from supervisor import stopsignals
 from supervisor.quantities import QuantityError, parse_duration, parse_time
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
@@ -68,6 +69,16 @@ def whole_seconds(value: str) -> float:
     if seconds >= 1 and seconds != int(seconds):
         raise QuantityError(f"{value.strip()} is not a whole number of seconds")
     return int(seconds) if seconds >= 1 else seconds
+
+
+def signal_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A signal by name from the allowed list (stopsignals.SIGNALS), kept short: sigint -> INT."""
+    if value is None:
+        return None
+    short = stopsignals.short_name(value.strip())
+    if short not in stopsignals.SIGNALS:
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(stopsignals.SIGNALS)}")
+    return short
 
 
 def env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from supervisor import fleet, store
+from supervisor import fleet, stopsignals, store
 from supervisor.cli.app import Context, CouldNotTell, Failure, Unreachable, cli, pass_ctx
 from supervisor.cli.lookup import load_run, no_run, partial_list_note, resolve_run_id
 from supervisor.cli.output import (
@@ -36,6 +36,7 @@ from supervisor.cli.params import (
     env_pairs,
     label_pairs,
     quantity,
+    signal_name,
     time_or_duration,
     whole_seconds,
 )
@@ -80,6 +81,18 @@ from supervisor.quantities import format_duration, format_size, parse_duration, 
                    "+DURATION from now by the database's clock (+10m).")
 @click.option("--start-deadline", metavar="TIME", callback=time_or_duration,
               help="A run that has not started by TIME (as --not-before) ends as expired.")
+# Graceful stop (schema 026; docs/sql-api.md, "Graceful stop").
+@click.option("--stop-signal", metavar="SIGNAL", callback=signal_name,
+              help="Signal that stops the run, on cancel and at --runtime (KillSignal); default TERM. One of "
+                   + ", ".join(stopsignals.SIGNALS) + ", with or without SIG.")
+@click.option("--stop-timeout", callback=quantity(whole_seconds, 1, 3600, "1s to 1h", "seconds"),
+              help="How long the run may take to end after its stop signal before SIGKILL (TimeoutStopSec), "
+                   "like 30s; default the host's [systemd] stop_grace.")
+@click.option("--warn-before", callback=quantity(whole_seconds, 1, 315360000, "1s to 3650d", "seconds"),
+              help="Send --warn-signal this long before --runtime ends the run, like 5m, so that it can "
+                   "checkpoint; needs --runtime.")
+@click.option("--warn-signal", metavar="SIGNAL", callback=signal_name,
+              help="The signal --warn-before sends to the run's main process; default USR1.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 @pass_ctx
 def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
@@ -111,6 +124,18 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         "labels": options["labels"] or None, "idempotency_key": options["idempotency_key"],
         "concurrency_key": options["concurrency_key"],
     }
+    # Graceful stop (schema 026): only when asked, so that a database before it still takes the run.
+    stop = {"stop_signal": options["stop_signal"], "stop_timeout": options["stop_timeout"],
+            "warn_before": options["warn_before"], "warn_signal": options["warn_signal"]}
+    if stop["warn_before"] is not None and options["runtime"] is None:
+        raise click.UsageError("--warn-before: needs --runtime (the warning is sent that long before it ends the run)")
+    if stop["warn_before"] is not None and stop["warn_before"] >= options["runtime"]:
+        raise click.UsageError("--warn-before: must be less than --runtime")
+    if stop["warn_signal"] is not None and stop["warn_before"] is None:
+        raise click.UsageError("--warn-signal: needs --warn-before")
+    if stop["warn_signal"] == "KILL":
+        raise click.UsageError("--warn-signal: KILL is no warning (it would end the run)")
+    fields.update({key: value for key, value in stop.items() if value is not None})
     with ctx.connect() as conn:
         # Only when a time is relative: then the database's clock, which decides when it is due, says
         # what "now" is.
@@ -198,6 +223,12 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         f"  network:   {NETWORK_TEXT[run.private_network]}",
         f"  labels:    {' '.join(f'{k}={v}' for k, v in sorted(run.labels.items())) or '-'}",
     ]
+    stop = data["stop"]
+    if any(stop[key] is not None for key in ("stop_timeout", "warn_before")) or stop["stop_signal"] != "TERM":
+        warn = f" warn=SIG{stop['warn_signal']} {format_duration(stop['warn_before'])} before runtime" \
+            if stop["warn_before"] else ""
+        lines.append(f"  stop:      signal=SIG{stop['stop_signal']} timeout="
+                     f"{format_duration(stop['stop_timeout']) if stop['stop_timeout'] else 'default'}{warn}")
     start = [f"{name} {data[key]}" for name, key in (("concurrency key", "concurrency_key"),
                                                      ("not before", "not_before"),
                                                      ("start deadline", "start_deadline")) if data[key]]

@@ -230,6 +230,7 @@ _HOST_CALLS = {  # store function -> how to find the host id it acts as
     "mark_started": lambda args: args[1].host_id, "mark_started_many": lambda args: args[1].host_id,
     "record_outcome": lambda args: args[1].host_id, "record_outcomes": lambda args: args[1].host_id,
     "record_event": lambda args: args[1].host_id, "expire_runs": lambda args: args[1].host_id,
+    "mark_warned": lambda args: args[1].host_id,
     "open_attempts": lambda args: args[1], "host_fence": lambda args: args[1],
     "explain_waiting": lambda args: ANY_HOST, "unit_owners": lambda args: ANY_HOST,
     "unclaimed_attempts": lambda args: ANY_HOST,

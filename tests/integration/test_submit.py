@@ -28,6 +28,7 @@ ARG_TYPES = {
     "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
     "concurrency_key": "text", "not_before": "timestamptz", "start_deadline": "timestamptz",
     "memory_high": "bigint",
+    "stop_signal": "text", "stop_timeout": "integer", "warn_before": "integer", "warn_signal": "text",  # schema 026
 }
 
 
@@ -343,6 +344,27 @@ REFUSALS = [
                  "runs_start_deadline_valid", "start_deadline: must be later than not_before", id="deadline-same"),
     pytest.param({"start_deadline": "2000-01-01 00:00Z"}, "runs_start_deadline_valid",
                  "start_deadline: must be in the future", id="deadline-past"),
+    # Graceful stop (schema 026): signals by name from a fixed list, seconds in range, a warning only
+    # before a runtime limit.
+    pytest.param({"stop_signal": "SEGV"}, "runs_stop_signal_valid",
+                 "stop_signal: must be one of TERM, INT, HUP, QUIT, USR1, USR2, ALRM, WINCH, KILL", id="stop-signal"),
+    pytest.param({"stop_signal": "15"}, "runs_stop_signal_valid", "stop_signal: must be one of",
+                 id="stop-signal-number"),
+    pytest.param({"stop_signal": "TERM; rm -rf /"}, "runs_stop_signal_valid", "stop_signal: must be one of",
+                 id="stop-signal-hostile"),
+    pytest.param({"stop_timeout": 0}, "runs_stop_timeout_valid", "stop_timeout: 0 is out of range (1 to 3600 seconds)",
+                 id="stop-timeout"),
+    pytest.param({"warn_before": 10}, "runs_warn_before_valid", "warn_before: needs runtime_max_sec",
+                 id="warn-before-alone"),
+    pytest.param({"warn_before": 0, "runtime_max_sec": 60}, "runs_warn_before_valid",
+                 "warn_before: 0 is out of range (at least 1 second, and less than runtime_max_sec)",
+                 id="warn-before-zero"),
+    pytest.param({"warn_before": 60, "runtime_max_sec": 60}, "runs_warn_before_valid",
+                 "warn_before: 60 is not less than runtime_max_sec (60)", id="warn-before-not-before"),
+    pytest.param({"warn_before": 10, "runtime_max_sec": 60, "warn_signal": "KILL"}, "runs_warn_signal_valid",
+                 "warn_signal: must be one of TERM, INT, HUP, QUIT, USR1, USR2, ALRM, WINCH (", id="warn-signal-kill"),
+    pytest.param({"warn_signal": "USR1"}, "runs_warn_signal_valid", "warn_signal: needs warn_before",
+                 id="warn-signal-alone"),
 ]
 
 

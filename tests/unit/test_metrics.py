@@ -191,6 +191,8 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_runs_expired", "unitvisor_dead_declarations_held", "unitvisor_fleet_upkeep_failures",
         "unitvisor_heartbeats_aside", "unitvisor_schedule_runs_submitted", "unitvisor_schedule_times_missed",
         "unitvisor_schedule_times_skipped",
+        "unitvisor_heartbeats_aside",
+        "unitvisor_stop_warnings", "unitvisor_stop_kills",  # graceful stop (schema 026)
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}

@@ -215,8 +215,10 @@ def test_ended_unit_with_cancel_requested_settles_cancelled(state):
     u = unit(**state)
     d = decide(make_run(cancelled=True), make_attempt(started=True), u)
     exit_text = {CLD_EXITED: f"exit:{state['status']}", CLD_KILLED: "signal:TERM"}[state["code"]]
-    assert d == Decision(Action.SETTLE, NAME, "unit ended: cancelled by request",
-                         Outcome("cancelled", exit_text, "cancelled by request"), INV, u)
+    # What ended it, by the run's stop signal (TERM unless it names one; schema 026).
+    how = {CLD_EXITED: f"exited {state['status']} after SIGTERM", CLD_KILLED: "ended by SIGTERM"}[state["code"]]
+    assert d == Decision(Action.SETTLE, NAME, f"unit ended: cancelled by request: {how}",
+                         Outcome("cancelled", exit_text, f"cancelled by request: {how}"), INV, u)
 
 
 def test_ended_unit_without_invocation_id():
