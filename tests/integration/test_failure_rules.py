@@ -9,6 +9,7 @@ retry_on refused `exit:75`.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -243,3 +244,38 @@ def test_the_documented_example_runs_and_prints_what_the_docs_show(postgres: Pos
         expected.write_text(actual)
     assert actual == expected.read_text()
     assert conn.execute("SELECT state FROM unitvisor.runs").fetchall() == [("cancelled",)]
+
+
+# -- the CLI -------------------------------------------------------------------------------------------
+
+
+def test_the_cli_submits_the_rules_and_show_says_which_attempts_did_not_count(cli, dsn: str,
+                                                                              conn: psycopg.Connection) -> None:
+    result = cli("submit", "--max-attempts", "2", "--retry-on", "exit:75", "--retry-on", "lost",
+                 "--fail-on", "signal:SIGKILL", "--max-lost-attempts", "4", "--", "/bin/true", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    run_id = uuid.UUID(result.stdout.strip().splitlines()[0])
+    run = store.get_run(conn, run_id)
+    assert (run.retry_on, run.fail_on, run.count_lost, run.max_lost_attempts) == (
+        ["exit:75", "lost"], ["signal:KILL"], False, 4)
+    # Refused by the database, named.
+    bad = cli("submit", "--retry-on", "exit:3", "--fail-on", "exit:3", "--", "/bin/true", dsn=dsn)
+    assert bad.returncode != 0 and "fail_on: exit:3 is in retry_on too" in bad.stderr
+
+    # Its first attempt lost with web-2, declared dead; the second runs.
+    h1 = register(conn, "web-2")
+    attempt = claimed(conn, h1, run_id)
+    conn.execute("UPDATE unitvisor.hosts SET state = 'dead' WHERE id = 'web-2'")
+    h2 = register(conn, "web-3")
+    assert store.record_outcome(conn, h2, attempt, LOST, "failed")
+    claimed(conn, h2, run_id)
+
+    shown = cli("show", str(run_id), dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert "  attempt 1 (lost with host web-2, not counted): host=web-2" in shown.stdout
+    assert "  attempt 2: host=web-3" in shown.stdout
+    assert "  attempts:  2: 1 of 2 counted, 1 lost with their host not counted (at most 4)" in shown.stdout
+    assert "  failure:   retry on exit:75, lost; fail on signal:KILL; at most 4 lost attempts" in shown.stdout
+    data = json.loads(cli("show", str(run_id), "--json", dsn=dsn).stdout)
+    assert data["failure_rules"] == {"retry_on": ["exit:75", "lost"], "fail_on": ["signal:KILL"],
+                                     "count_lost": False, "max_lost_attempts": 4, "uncounted_attempts": [1]}
