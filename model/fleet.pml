@@ -57,7 +57,9 @@
 
 /* -- bounds (the state space) ------------------------------------------------------------------ */
 #ifndef MAXA
-#define MAXA 2               /* attempts of the run */
+#define MAXA 2               /* attempts of the run: the only retried outcome here is LOST, so this
+                                is its max_lost_attempts (schema 27: a lost attempt does not count
+                                against max_attempts), or its max_attempts with count_lost */
 #endif
 #ifndef STAMPS
 #define STAMPS 3             /* commits that stamp a host's heartbeat_at, per host id */
@@ -168,6 +170,8 @@ inline settle(sa, so) {
     assert(attempt_settles[sa] <= 1);
     a_outcome[sa] = so;
     if
+    /* failure_verdict: a lost attempt retried while the run has had fewer than MAXA lost ones (every
+       attempt that reaches here again was retried after a LOST), by the database whatever was proposed */
     :: sa == attempts && so == LOST && attempts < MAXA -> run_state = QUEUED  /* retried: sa new spawn job */
     :: sa == attempts && !(so == LOST && attempts < MAXA) -> run_state = FINISHED
     :: sa != attempts -> skip                       /* an older attempt settled late */

@@ -169,6 +169,60 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN upper(name) LIKE 'SIG%' THEN substr(upper(name), 4) ELSE upper(name) END
 $$;
 
+-- Failure rules (027): what retry_on and fail_on may hold, as the message of the first entry refused
+-- (NULL: every entry passes). retry_on names outcomes (those worth a retry) and, as fail_on does, exit
+-- statuses of the main process, `exit:1` to `exit:255` (`exit:0` is success), and signals that killed
+-- it, `signal:NAME` with the name as attempts' exit_status records it: `signal:TERM`, upper case and
+-- without SIG (submit_run writes `signal:SIGTERM` and `signal:term` so, normalised_failure_rules). Only
+-- the signals Linux names: a number or a misspelt name would never match and a retry would silently
+-- not happen. An empty or NULL entry is refused (it matches nothing either).
+CREATE FUNCTION unitvisor.failure_rules_problem(argument text, entries text[]) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- What a run may be retried after: it names the outcomes of unitvisor.attempts.
+    retryable CONSTANT text[] := ARRAY['exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog',
+                                       'start-failed', 'lost'];
+    -- Python's signal.Signals on Linux without SIG, as supervisor/outcomes.py names a killing signal.
+    signals CONSTANT text[] := ARRAY['HUP', 'INT', 'QUIT', 'ILL', 'TRAP', 'ABRT', 'BUS', 'FPE', 'KILL', 'USR1',
+        'SEGV', 'USR2', 'PIPE', 'ALRM', 'TERM', 'STKFLT', 'CHLD', 'CONT', 'STOP', 'TSTP', 'TTIN', 'TTOU', 'URG',
+        'XCPU', 'XFSZ', 'VTALRM', 'PROF', 'WINCH', 'IO', 'PWR', 'SYS', 'RTMIN', 'RTMAX'];
+    allowed text := CASE WHEN argument = 'retry_on'
+                         THEN array_to_string(retryable, ', ') || ', exit:N (1 to 255) and signal:NAME (TERM, not SIGTERM)'
+                         ELSE 'exit:N (1 to 255) and signal:NAME (TERM, not SIGTERM)' END;
+    entry record;
+BEGIN
+    FOR entry IN SELECT u.e, u.i FROM unnest(entries) WITH ORDINALITY AS u(e, i) LOOP
+        IF entry.e IS NULL OR entry.e = '' THEN
+            RETURN format('%s: element %s is empty (may hold only %s)', argument, entry.i, allowed);
+        ELSIF argument = 'retry_on' AND entry.e = ANY (retryable) THEN
+            CONTINUE;
+        ELSIF entry.e ~ '^exit:[0-9]+$' THEN
+            IF entry.e !~ '^exit:[1-9][0-9]{0,2}$' OR substr(entry.e, 6)::integer > 255 THEN
+                RETURN format('%s: %s is no exit status (exit:1 to exit:255; exit:0 is success)', argument,
+                              left(entry.e, 64));
+            END IF;
+        ELSIF entry.e LIKE 'signal:%' THEN
+            IF NOT substr(entry.e, 8) = ANY (signals) THEN
+                RETURN format('%s: %s names no signal (signal:NAME, the name upper case without SIG: %s)', argument,
+                              left(entry.e, 64), array_to_string(signals, ', '));
+            END IF;
+        ELSE
+            RETURN format('%s: %s: may hold only %s', argument, left(entry.e, 64), allowed);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+-- retry_on's and fail_on's entries as the table keeps them: `signal:SIGTERM` and `signal:term` become
+-- `signal:TERM` (how attempts record a signal); anything else is left as it is, for the check to judge.
+CREATE FUNCTION unitvisor.normalised_failure_rules(entries text[]) RETURNS text[]
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN entries IS NULL THEN NULL ELSE
+        coalesce((SELECT array_agg(CASE WHEN u.e ~* '^signal:' THEN 'signal:' || regexp_replace(upper(substr(u.e, 8)), '^SIG', '')
+                                        ELSE u.e END ORDER BY u.i)
+                  FROM unnest(entries) WITH ORDINALITY AS u(e, i)), '{}'::text[]) END
+$$;
+
 -- Every check of a run's arguments, in submit_run's order: the first that fails, as the constraint it
 -- is named by in errors (docs/sql-api.md), its message and a hint; three NULLs when every argument
 -- passes. A NULL argument passes (the column's NOT NULL, where there is one, refuses it), as a CHECK
@@ -181,12 +235,10 @@ CREATE FUNCTION unitvisor.run_argument_problem(
     runtime_max_sec bigint, max_attempts integer, retry_backoff_sec integer, retry_backoff_max_sec integer,
     retry_on text[], labels jsonb, idempotency_key text, concurrency_key text, not_before timestamptz,
     start_deadline timestamptz, stop_signal text, stop_timeout integer, warn_before integer,
-    warn_signal text, OUT constraint_name text, OUT message text, OUT hint text)
+    warn_signal text, fail_on text[], count_lost boolean, max_lost_attempts integer,
+    OUT constraint_name text, OUT message text, OUT hint text)
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    -- What a run may be retried after: it names the outcomes of unitvisor.attempts.
-    retryable CONSTANT text[] := ARRAY['exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog',
-                                       'start-failed', 'lost'];
     -- Memory: below 1 MiB nothing starts at all; the upper end is what the kernel and systemd accept.
     memory_min CONSTANT bigint := 1048576;
     memory_top CONSTANT bigint := 4611686018427387904;
@@ -256,11 +308,10 @@ BEGIN
         constraint_name := 'runs_backoff_valid';
         message := format('retry_backoff_max_sec: %s is out of range (retry_backoff_sec, here %s, to %s seconds)',
                           retry_backoff_max_sec, retry_backoff_sec, backoff_top);
-    -- A NULL element is in no array (<@ compares with =), so it is refused too.
-    ELSIF NOT retry_on <@ retryable THEN
+    -- Outcomes, and since 027 exit statuses and signals (failure_rules_problem, with fail_on's).
+    ELSIF unitvisor.failure_rules_problem('retry_on', retry_on) IS NOT NULL THEN
         constraint_name := 'runs_retry_on_valid';
-        message := 'retry_on: may hold only ' || array_to_string(retryable[1:cardinality(retryable) - 1], ', ')
-                   || ' and ' || retryable[cardinality(retryable)];
+        message := unitvisor.failure_rules_problem('retry_on', retry_on);
 
     ELSIF NOT unitvisor.labels_are_valid(labels) THEN
         constraint_name := 'runs_labels_valid';
@@ -319,6 +370,27 @@ BEGIN
         constraint_name := 'runs_warn_signal_valid';
         message := 'warn_signal: needs warn_before (when to send it)';
     END IF;
+    IF message IS NOT NULL THEN
+        RETURN;
+    END IF;
+    -- Failure rules (027): fail_on names exit statuses and signals only (an outcome kind that must not
+    -- be retried is one retry_on leaves out), and no code may be in both lists: which of the two wins
+    -- would be a rule to remember, and either answer surprises whoever wrote the other list.
+    -- count_lost needs no check (the column's NOT NULL refuses a NULL).
+    IF cardinality(fail_on) > 64 THEN
+        constraint_name := 'runs_fail_on_valid';
+        message := format('fail_on: %s elements, over the limit of 64', cardinality(fail_on));
+    ELSIF unitvisor.failure_rules_problem('fail_on', fail_on) IS NOT NULL THEN
+        constraint_name := 'runs_fail_on_valid';
+        message := unitvisor.failure_rules_problem('fail_on', fail_on);
+    ELSIF fail_on && retry_on THEN
+        constraint_name := 'runs_fail_on_valid';
+        message := format('fail_on: %s is in retry_on too (a code either ends the run at once or retries it)',
+                          (SELECT f FROM unnest(fail_on) f WHERE f = ANY (retry_on) LIMIT 1));
+    ELSIF max_lost_attempts NOT BETWEEN 1 AND 1000 THEN
+        constraint_name := 'runs_max_lost_attempts_valid';
+        message := format('max_lost_attempts: %s is out of range (1 to 1000)', max_lost_attempts);
+    END IF;
 END $$;
 
 -- The eighteen constraints become one trigger that asks run_argument_problem, and raises what submit_run
@@ -337,7 +409,7 @@ BEGIN
         NEW.memory_max, NEW.memory_high, NEW.cpu_quota_percent, NEW.tasks_max, NEW.io_weight, NEW.runtime_max_sec,
         NEW.max_attempts, NEW.retry_backoff_sec, NEW.retry_backoff_max_sec, NEW.retry_on, NEW.labels,
         NEW.idempotency_key, NEW.concurrency_key, NEW.not_before, NEW.start_deadline, NEW.stop_signal,
-        NEW.stop_timeout, NEW.warn_before, NEW.warn_signal);
+        NEW.stop_timeout, NEW.warn_before, NEW.warn_signal, NEW.fail_on, NEW.count_lost, NEW.max_lost_attempts);
     IF problem.hint IS NOT NULL THEN
         RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
@@ -409,6 +481,13 @@ CREATE TABLE unitvisor.runs (
     stop_timeout        integer,
     warn_before         integer,
     warn_signal         text,
+    -- Failure rules (027): exit statuses and signals that end the run at once, whatever retry_on says;
+    -- whether an attempt lost with its host counts against max_attempts (the runs already there when
+    -- 027 was applied count it, as they did when they were submitted); how many lost attempts a run
+    -- may have when they do not count, so that a run that kills its hosts ends.
+    fail_on             text[],
+    count_lost          boolean NOT NULL DEFAULT false,
+    max_lost_attempts   integer NOT NULL DEFAULT 3,
 
     -- Every argument of submit_run is checked by the trigger runs_arguments_valid (below): the bounds,
     -- the forms and why each is refused are in run_argument_problem (above), and only there.
@@ -784,7 +863,11 @@ CREATE FUNCTION unitvisor.submit_run(
     stop_signal           text    DEFAULT NULL,
     stop_timeout          integer DEFAULT NULL,
     warn_before           integer DEFAULT NULL,
-    warn_signal           text    DEFAULT NULL
+    warn_signal           text    DEFAULT NULL,
+    -- Failure rules (027).
+    fail_on               text[]  DEFAULT NULL,
+    count_lost            boolean DEFAULT false,
+    max_lost_attempts     integer DEFAULT 3
 ) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- Bare names in the statements are runs' columns (ON CONFLICT's idempotency_key); the arguments are
@@ -799,6 +882,9 @@ DECLARE
     run_warn_signal text := unitvisor.signal_short_name(
         CASE WHEN submit_run.warn_before IS NULL THEN submit_run.warn_signal
              ELSE coalesce(submit_run.warn_signal, 'USR1') END);
+    -- Failure rules (027): signal names in one spelling, as attempts record them.
+    retry_rules text[] := unitvisor.normalised_failure_rules(submit_run.retry_on);
+    fail_rules text[] := unitvisor.normalised_failure_rules(submit_run.fail_on);
     problem record;
     refused_constraint text;
     refused_state text;
@@ -809,9 +895,10 @@ BEGIN
     problem := unitvisor.run_argument_problem(submit_run.argv, env, submit_run.working_directory,
         submit_run.run_user, submit_run.memory_max, submit_run.memory_high, submit_run.cpu_quota_percent,
         submit_run.tasks_max, submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts,
-        submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec, submit_run.retry_on, run_labels,
+        submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec, retry_rules, run_labels,
         submit_run.idempotency_key, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline,
-        run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal);
+        run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
+        fail_rules, submit_run.count_lost, submit_run.max_lost_attempts);
     IF problem.hint IS NOT NULL THEN
         RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
@@ -824,7 +911,7 @@ BEGIN
     -- Sizes, once every argument has its form (so that a name it echoes is a valid name): one helper
     -- holds every bound, so that a later submit_run calls it instead of repeating them.
     PERFORM unitvisor.check_run_sizes(submit_run.argv, env, submit_run.working_directory, submit_run.host_pin,
-                                      submit_run.retry_on);
+                                      retry_rules);
 
     -- A retried submit: the run its key made, whatever the other arguments say now (as Stripe's and
     -- River's idempotency keys: the key names the request, the first one wins). Nothing is written.
@@ -850,15 +937,16 @@ BEGIN
             cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, host_pin, priority,
             retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
             concurrency_key, not_before, start_deadline, memory_high,
-            stop_signal, stop_timeout, warn_before, warn_signal)
+            stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
             submit_run.priority, submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec,
-            submit_run.retry_on, coalesce(submit_run.private_network, false), submit_run.idempotency_key,
+            retry_rules, coalesce(submit_run.private_network, false), submit_run.idempotency_key,
             run_labels, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline,
             submit_run.memory_high,
-            run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal)
+            run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
+            fail_rules, submit_run.count_lost, submit_run.max_lost_attempts)
         -- Another submit with the same key committed since the look-up above (this waited for it):
         -- insert nothing, and return its run below.
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -903,7 +991,7 @@ END $$;
 --   run against each host's patterns (refused_environment_name), on every claim while it waits.
 -- * working_directory at most 4095 bytes: PATH_MAX, 4096 with its NUL.
 -- * host_pin at most 255 characters: a host id (config.py refuses a longer [host] id).
--- * retry_on at most 8 elements: there are 8 outcomes worth a retry.
+-- * retry_on at most 64 elements: 8 outcomes worth a retry, and (027) exit statuses and signals.
 -- * already bounded where their form is checked, and not repeated here: run_user (32 characters),
 --   idempotency_key and concurrency_key (255 characters), labels (64 pairs of 63 and 255 characters).
 --
@@ -964,8 +1052,8 @@ BEGIN
         RAISE EXCEPTION 'host_pin: % characters, over the limit of 255 (a host id is at most 255)',
             length(check_run_sizes.host_pin) USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF cardinality(check_run_sizes.retry_on) > 8 THEN
-        RAISE EXCEPTION 'retry_on: % elements, over the limit of 8 (each outcome once)',
+    IF cardinality(check_run_sizes.retry_on) > 64 THEN
+        RAISE EXCEPTION 'retry_on: % elements, over the limit of 64',
             cardinality(check_run_sizes.retry_on) USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END $$;
@@ -2142,6 +2230,57 @@ BEGIN
     RETURN true;
 END $$;
 
+-- Failure rules (027): whether a run is tried again after an attempt that did not succeed, and why
+-- not or why so. The one decision, for every writer of an outcome: record_outcome takes it whatever
+-- the writer proposed (the daemon's next state is a proposal; a 0.8.0 daemon's knows none of these
+-- rules, a peer settling a dead host's attempt knows nothing of the run's), and supervisor/outcomes.py
+-- failure_verdict is its twin for the daemon's proposal and log (tests/integration/test_failure_rules.py
+-- compares the two over every case). `lost` is the number of the run's attempts lost with their host,
+-- this one included; `attempt` this attempt's number. In order, the first that applies:
+--   1. a cancel was requested, or the outcome is no failure (success, cancelled, refused): no retry;
+--   2. fail_on names the attempt's exit status (exit:N of an exit-code, signal:NAME of a signal or a
+--      core-dump): no retry, whatever retry_on says;
+--   3. retry_on (NULL: every failure kind) names neither the outcome nor that exit status: no retry;
+--   4. a lost attempt that does not count (count_lost false): retried while the run has had fewer than
+--      max_lost_attempts lost attempts, ended at that cap;
+--   5. retried while the attempts that count (every one, less the lost ones that do not) are fewer
+--      than max_attempts.
+-- why is NULL where the run ends or goes on as it did before 027 (so events read as they did).
+CREATE FUNCTION unitvisor.failure_verdict(
+    max_attempts integer, retry_on text[], fail_on text[], count_lost boolean, max_lost_attempts integer,
+    cancel_requested boolean, attempt integer, lost integer, outcome text, exit_status text,
+    OUT retry boolean, OUT why text)
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    failures CONSTANT text[] := ARRAY['exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog',
+                                      'start-failed', 'lost'];
+    -- The entry an exit status matches: exit:N only the main process's own exit (exit-code), signal:NAME
+    -- only a kill by that signal (signal, core-dump); a timeout's or an OOM kill's signal is named by
+    -- its outcome instead, so that signal:TERM does not also retry every runtime_max.
+    code text := CASE WHEN outcome = 'exit-code' AND exit_status LIKE 'exit:%' THEN exit_status
+                      WHEN outcome IN ('signal', 'core-dump') AND exit_status LIKE 'signal:%' THEN exit_status END;
+    uncounted integer := CASE WHEN count_lost THEN 0 ELSE lost END;
+BEGIN
+    retry := false;
+    IF cancel_requested OR NOT outcome = ANY (failures) THEN
+        RETURN;
+    ELSIF code = ANY (fail_on) THEN
+        why := format('no retry: fail_on names %s', code);
+    ELSIF NOT (retry_on IS NULL OR outcome = ANY (retry_on) OR coalesce(code = ANY (retry_on), false)) THEN
+        RETURN;
+    ELSIF outcome = 'lost' AND NOT count_lost THEN
+        IF lost >= max_lost_attempts THEN
+            why := format('no retry: max_lost_attempts reached (%s attempts lost with their host)', lost);
+        ELSE
+            retry := true;
+            why := format('lost with its host, not counted against max_attempts (%s of max_lost_attempts %s)',
+                          lost, max_lost_attempts);
+        END IF;
+    ELSE
+        retry := attempt - uncounted < max_attempts;
+    END IF;
+END $$;
+
 -- record_outcome: one attempt's outcome, from the host that ran it (or took it over). Four forms,
 -- one per daemon generation that calls it by position; the shorter ones, below, hand over to this
 -- one, so that the outcome logic exists once.
@@ -2161,7 +2300,7 @@ DECLARE
     target unitvisor.attempts;
     run unitvisor.runs;
     writer unitvisor.hosts;
-    policy_state text;
+    verdict record;
     clock_offset interval := statement_timestamp() - record_outcome.host_clock;
     start_time timestamptz;
 BEGIN
@@ -2196,19 +2335,17 @@ BEGIN
                 USING ERRCODE = 'insufficient_privilege',
                       HINT = 'only a live host settles the attempts of a host declared dead';
         END IF;
-        policy_state := CASE WHEN record_outcome.attempt < run.max_attempts
-                                  AND (run.retry_on IS NULL OR 'lost' = ANY (run.retry_on))
-                             THEN 'queued' ELSE 'failed' END;
+        -- Whether the run goes on or ends is the run's policy's (failure_verdict, below), not the peer's:
+        -- a peer proposes queued or failed, and the database decides.
         IF record_outcome.exit_status IS NOT NULL
                 OR NOT ((record_outcome.outcome = 'lost'
-                         AND (state_after = policy_state
+                         AND (state_after IN ('queued', 'failed')
                               OR (run.cancel_requested_at IS NOT NULL AND state_after = 'cancelled')))
                         OR (record_outcome.outcome = 'cancelled' AND state_after = 'cancelled'
                             AND run.cancel_requested_at IS NOT NULL)) THEN
-            RAISE EXCEPTION 'host % may not settle attempt % of run % of dead host % as % (%) moving the run to %: a peer records only lost, with no exit status, the run moved on by its own policy (here %), or cancelled when a cancel was requested',
+            RAISE EXCEPTION 'host % may not settle attempt % of run % of dead host % as % (%) moving the run to %: a peer records only lost, with no exit status, the run moved on by its own policy (queued or failed, as the database decides), or cancelled when a cancel was requested',
                 record_outcome.host_id, record_outcome.attempt, record_outcome.run_id, target.host_id,
-                record_outcome.outcome, coalesce(record_outcome.exit_status, 'no exit status'), state_after,
-                policy_state
+                record_outcome.outcome, coalesce(record_outcome.exit_status, 'no exit status'), state_after
                 USING ERRCODE = 'insufficient_privilege',
                       HINT = 'how the attempt of a dead host ended is not known: docs/fleet.md, Dead hosts';
         END IF;
@@ -2242,6 +2379,27 @@ BEGIN
         delay := NULL;
         state_after := 'cancelled';
         detail := detail || '; no retry, a cancel was requested';
+    END IF;
+    -- Failure rules (027): whether the run is tried again is decided here, by its own policy, whatever
+    -- the writer proposed (failure_verdict says why). A retry the writer did not propose waits the
+    -- run's backoff, as supervisor/outcomes.py retry_delay computes it.
+    IF state_after IN ('queued', 'failed') THEN
+        SELECT * INTO run FROM unitvisor.runs r WHERE r.id = record_outcome.run_id FOR UPDATE;
+        verdict := unitvisor.failure_verdict(run.max_attempts, run.retry_on, run.fail_on, run.count_lost,
+            run.max_lost_attempts, run.cancel_requested_at IS NOT NULL, record_outcome.attempt,
+            (SELECT count(*)::integer FROM unitvisor.attempts a WHERE a.run_id = record_outcome.run_id AND a.outcome = 'lost'),
+            record_outcome.outcome, record_outcome.exit_status);
+        IF verdict.retry THEN
+            state_after := 'queued';
+            delay := coalesce(delay, make_interval(secs => least(run.retry_backoff_sec * 2 ^ least(record_outcome.attempt - 1, 32),
+                                                                 run.retry_backoff_max_sec) * (0.5 + random() / 2)));
+        ELSE
+            state_after := 'failed';
+            delay := NULL;
+        END IF;
+        IF verdict.why IS NOT NULL THEN
+            detail := detail || '; ' || verdict.why;
+        END IF;
     END IF;
     IF delay IS NOT NULL THEN
         INSERT INTO unitvisor.spawn_jobs (run_id, priority, scheduled_at)
@@ -2705,7 +2863,7 @@ CREATE TRIGGER runs_arguments_valid
     BEFORE INSERT OR UPDATE OF argv, environment, working_directory, run_user, memory_max, memory_high,
         cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, retry_backoff_sec,
         retry_backoff_max_sec, retry_on, labels, idempotency_key, concurrency_key, not_before, start_deadline,
-        stop_signal, stop_timeout, warn_before, warn_signal
+        stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts
     ON unitvisor.runs
     FOR EACH ROW EXECUTE FUNCTION unitvisor.refuse_invalid_arguments();
 
@@ -3270,6 +3428,7 @@ GRANT SELECT ON unitvisor.schedules TO unitvisor_submitter;
 -- Both: who they are, and why a run waits (a policy's functions run with the privileges of the role that queries).
 GRANT EXECUTE ON FUNCTION
     unitvisor.cron_next(text,text,timestamp with time zone),
+    unitvisor.failure_verdict(integer,text[],text[],boolean,integer,boolean,integer,integer,text,text),
     unitvisor.host_in_flight(text),
     unitvisor.max_rows_bound(integer),
     unitvisor.my_host_id(),
@@ -3321,7 +3480,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.drop_schedule(text),
     unitvisor.pause_schedule(text,boolean),
     unitvisor.submit_run_spec(jsonb),
-    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text)
+    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer)
     TO unitvisor_submitter;
 
 -- == the migrations this file holds =================================================================
@@ -3352,4 +3511,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('022_argument_checks'),
     ('023_refusals_now'),
     ('026_graceful_stop'),
+    ('027_failure_rules'),
     ('028_schedules');

@@ -123,6 +123,12 @@ class Metrics:
         for outcome in OUTCOMES:
             # Every kind from the start, at 0: increase() and rate() then see the first one happen.
             self.outcomes.labels(outcome)
+        self.runs_ended_by_rule = Counter(
+            "unitvisor_runs_ended_by_rule", "Runs this daemon's outcomes ended by a failure rule with attempts "
+            "left: fail_on named the exit status, or max_lost_attempts of its attempts were lost with their host "
+            "(a run that kills its hosts)", ["rule"], registry=r)
+        for rule in ("fail_on", "max_lost_attempts"):
+            self.runs_ended_by_rule.labels(rule)
         self.hosts_declared_dead = Counter("unitvisor_hosts_declared_dead", "Silent hosts this daemon declared "
                                            "dead (their open attempts became lost)", registry=r)
         self.dead_declarations_held = Counter(
@@ -205,8 +211,11 @@ class Metrics:
         if claimed is not None:
             self.spawn_latency.observe(max(0.0, time.monotonic() - claimed))
 
-    def settled(self, outcome: str) -> None:
+    def settled(self, outcome: str, ended_by: str | None = None) -> None:
+        """An outcome this daemon recorded; `ended_by`: the failure rule that ended its run, if one did."""
         self.outcomes.labels(outcome).inc()
+        if ended_by is not None:
+            self.runs_ended_by_rule.labels(ended_by).inc()
 
     def declared_dead(self, hosts: int) -> None:
         self.hosts_declared_dead.inc(hosts)

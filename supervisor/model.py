@@ -52,6 +52,13 @@ class Run:
     stop_timeout: int | None = None
     warn_before: int | None = None
     warn_signal: str | None = None
+    # Failure rules (schema 027): exit statuses and signals that end the run at once; whether an
+    # attempt lost with its host counts against max_attempts; the cap on those that do not.
+    fail_on: list[str] | None = None
+    count_lost: bool = False
+    max_lost_attempts: int = 3
+    # Its attempts settled `lost` so far (not a column: counted from attempts when the run is read).
+    lost_attempts: int = 0
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from supervisor.model import Run
@@ -182,17 +182,76 @@ def run_state_after(outcome: str) -> str:
 # again or that a person chose: `refused` (the host's policy) and `cancelled`.
 RETRYABLE_BY_DEFAULT = frozenset(OUTCOMES) - {"success", "refused", "cancelled"}
 
+# The signal names retry_on and fail_on accept (`signal:TERM`): those signal_name gives on Linux, as
+# unitvisor.failure_rules_problem lists them (tests/unit/test_failure_rules.py holds the two together).
+SIGNAL_NAMES = ("HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2", "PIPE",
+                "ALRM", "TERM", "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG", "XCPU", "XFSZ",
+                "VTALRM", "PROF", "WINCH", "IO", "PWR", "SYS", "RTMIN", "RTMAX")
 
-def retry_delay(run: Run, attempt: int, outcome: str, rand: Callable[[], float]) -> timedelta | None:
-    """How long until the next attempt, or None when this outcome ends the run.
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a run is tried again after an attempt, and why (None: as before the failure rules)."""
+
+    retry: bool
+    why: str | None = None
+    # The failure rule that ended the run before max_attempts did (fail_on, max_lost_attempts): the label
+    # of unitvisor_runs_ended_by_rule_total. Not compared: it restates `why`.
+    ended_by: str | None = field(default=None, compare=False)
+
+
+def failure_code(outcome: str, exit_status: str | None) -> str | None:
+    """The retry_on / fail_on entry an attempt matches: `exit:N` only the main process's own exit
+    (exit-code), `signal:NAME` only a kill by that signal (signal, core-dump). A timeout's or an OOM
+    kill's signal is named by its outcome, so that `signal:TERM` does not also retry every runtime_max."""
+    if exit_status is None:
+        return None
+    if outcome == "exit-code" and exit_status.startswith("exit:"):
+        return exit_status
+    if outcome in ("signal", "core-dump") and exit_status.startswith("signal:"):
+        return exit_status
+    return None
+
+
+def failure_verdict(run: Run, attempt: int, lost: int, outcome: str, exit_status: str | None) -> Verdict:
+    """Whether the run goes on after this attempt: the twin of unitvisor.failure_verdict (sql/schema.sql),
+    which record_outcome applies whatever the daemon proposes; tests/integration/test_failure_rules.py
+    compares the two over every case. `lost` counts the run's attempts lost with their host, this one
+    included. The first rule that applies decides:
+
+    1. a cancel requested, or no failure (success, cancelled, refused): no retry;
+    2. fail_on names the attempt's exit status or signal: no retry, whatever retry_on says;
+    3. retry_on (None: every failure) names neither the outcome nor that code: no retry;
+    4. lost, and lost attempts do not count (count_lost false): retried until max_lost_attempts of them;
+    5. retried while the attempts that count are fewer than max_attempts.
+    """
+    code = failure_code(outcome, exit_status)
+    if run.cancel_requested_at is not None or outcome not in RETRYABLE_BY_DEFAULT:
+        return Verdict(False)
+    if code is not None and code in (run.fail_on or ()):
+        return Verdict(False, f"no retry: fail_on names {code}", "fail_on")
+    if run.retry_on is not None and outcome not in run.retry_on and (code is None or code not in run.retry_on):
+        return Verdict(False)
+    if outcome == "lost" and not run.count_lost:
+        if lost >= run.max_lost_attempts:
+            return Verdict(False, f"no retry: max_lost_attempts reached ({lost} attempts lost with their host)",
+                           "max_lost_attempts")
+        return Verdict(True, f"lost with its host, not counted against max_attempts "
+                             f"({lost} of max_lost_attempts {run.max_lost_attempts})")
+    uncounted = 0 if run.count_lost else lost
+    return Verdict(attempt - uncounted < run.max_attempts)
+
+
+def retry_delay(run: Run, attempt: int, outcome: str, rand: Callable[[], float],
+                exit_status: str | None = None) -> timedelta | None:
+    """How long until the next attempt, or None when this outcome ends the run (failure_verdict).
 
     Backoff doubles per attempt from the run's retry_backoff_sec, capped at retry_backoff_max_sec,
     then jittered into [half, all] of that, so that runs that failed together do not retry together.
+    `run.lost_attempts` is what the store read before this attempt was settled: this one is added.
     """
-    if run.cancel_requested_at is not None or attempt >= run.max_attempts:
-        return None
-    allowed = RETRYABLE_BY_DEFAULT if run.retry_on is None else frozenset(run.retry_on) & RETRYABLE_BY_DEFAULT
-    if outcome not in allowed:
+    lost = run.lost_attempts + (1 if outcome == "lost" else 0)
+    if not failure_verdict(run, attempt, lost, outcome, exit_status).retry:
         return None
     capped = min(run.retry_backoff_sec * 2 ** min(attempt - 1, 32), run.retry_backoff_max_sec)
     return timedelta(seconds=capped * (0.5 + rand() / 2))

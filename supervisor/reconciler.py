@@ -66,7 +66,7 @@ from supervisor.config import Settings, cut_off_after
 from supervisor.journal import History, Journal, TailReader, Unreadable
 from supervisor.log import event
 from supervisor.model import Accounting, Attempt, Run
-from supervisor.outcomes import Outcome, classify, is_setup_exit, retry_delay, run_state_after
+from supervisor.outcomes import Outcome, classify, failure_verdict, is_setup_exit, retry_delay, run_state_after
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitBrief, UnitRefused, UnitState
 
 if TYPE_CHECKING:  # the CLI's passes count nothing, and need not import prometheus_client
@@ -313,7 +313,7 @@ class Reconciler:
         self.settled = 0
         self.in_flight = 0
         self._batch: list[_Ending] | None = None  # inside batched_outcomes
-        self.taken_over: list[str] = []  # take_over_id's outcomes, counted after the commit
+        self.taken_over: list[tuple[str, str | None]] = []  # take_over_id's outcomes, counted after the commit
         # Warnings due to this host's running units (stopsignals.py): added when a unit is started, or
         # found by a pass (after a restart, from the unit's own start time); dropped once sent, or when
         # the attempt settles. The daemon's, which its loop's timer reads; a pass run by hand has its own.
@@ -751,7 +751,7 @@ class Reconciler:
                   started_at: datetime | None = None, ended_at: datetime | None = None,
                   accounting: Accounting | None = None) -> store.Settling:
         """The outcome with the run's next step: another attempt after a delay, or its end."""
-        delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random)
+        delay = retry_delay(run, attempt.attempt, outcome.outcome, self.random.random, outcome.exit_status)
         next_state = "queued" if delay is not None else run_state_after(outcome.outcome)
         return store.Settling(attempt, outcome, next_state, delay, invocation_id, started_at, ended_at, accounting)
 
@@ -786,7 +786,8 @@ class Reconciler:
             self.settled += 1
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
             if self.metrics is not None:
-                self.metrics.settled(ending.settling.outcome.outcome)
+                self.metrics.settled(ending.settling.outcome.outcome,
+                                     _ended_by(ending.run, attempt, ending.settling.outcome))
                 if outcomes.stop_timed_out(ending.settling.outcome):
                     self.metrics.stop_kills.inc()
         self.cut_off_units.discard(attempt.unit_name)
@@ -860,7 +861,7 @@ class Reconciler:
         """Declare every silent host dead (when this daemon is the one of the fleet doing it now) and
         settle its open attempts as lost, in one transaction: either a host is dead and all its attempts
         are settled, or nothing changed. Its runs then retry elsewhere or fail, by their own policy."""
-        taken: list[str] = []  # outcomes recorded, counted once the transaction committed
+        taken: list[tuple[str, str | None]] = []  # outcomes recorded, counted once the transaction committed
         with self.conn.transaction():
             declaration = store.declare_dead(self.conn, self.fence, connected_for,
                                              self.settings.fleet.max_dead_per_pass)
@@ -888,7 +889,7 @@ class Reconciler:
         same code: the previous instance may have started an attempt it claimed, on a machine whose
         journal this one cannot read, so none of them may be started, adopted or settled from here.
         Returns how many were settled; they are counted once the caller committed (`count_taken`)."""
-        taken: list[str] = []
+        taken: list[tuple[str, str | None]] = []
         count = self._settle_open_of(self.host_id, lambda run: fleet.id_takeover_outcome(
             run, self.host_id, previous, instance), taken)
         self.taken_over = taken
@@ -899,7 +900,8 @@ class Reconciler:
         self._count_settled(self.taken_over)
         self.taken_over = []
 
-    def _settle_open_of(self, host_id: str, outcome_for: Callable[[Run], Outcome], taken: list[str]) -> int:
+    def _settle_open_of(self, host_id: str, outcome_for: Callable[[Run], Outcome],
+                        taken: list[tuple[str, str | None]]) -> int:
         """Every open attempt of `host_id` settled with `outcome_for(run)` and its run moved on by its
         own policy (inside the caller's transaction); what was recorded is appended to `taken`."""
         pairs = store.open_attempts(self.conn, host_id)
@@ -907,13 +909,13 @@ class Reconciler:
             self.tick()
             outcome = outcome_for(run)
             if self._record(run, self._settling(run, attempt, outcome)):
-                taken.append(outcome.outcome)
+                taken.append((outcome.outcome, _ended_by(run, attempt, outcome)))
         return len(pairs)
 
-    def _count_settled(self, taken: list[str]) -> None:
+    def _count_settled(self, taken: list[tuple[str, str | None]]) -> None:
         if self.metrics is not None:
-            for kind in taken:
-                self.metrics.settled(kind)
+            for kind, ended_by in taken:
+                self.metrics.settled(kind, ended_by)
 
     def expire_overdue(self) -> int:
         """End as `expired` the queued runs past their start deadline that never started
@@ -946,3 +948,10 @@ class Reconciler:
         """Say why runs wait that no live host accepts (in unitvisor.run_waits, and one event each), a
         batch of them per pass (the next pass goes on where this one stopped)."""
         return store.explain_waiting(self.conn, fleet.explain_after(self.settings), fleet.EXPLAIN_BATCH)
+
+
+def _ended_by(run: Run, attempt: Attempt, outcome: Outcome) -> str | None:
+    """The failure rule that ended the run with this outcome (fail_on, max_lost_attempts), for the metric:
+    the daemon's verdict, which is the database's (unitvisor.failure_verdict, its twin)."""
+    lost = run.lost_attempts + (1 if outcome.outcome == "lost" else 0)
+    return failure_verdict(run, attempt.attempt, lost, outcome.outcome, outcome.exit_status).ended_by

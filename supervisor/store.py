@@ -486,7 +486,10 @@ _RUN_FIELDS = [f.name for f in fields(Run)]
 _ATTEMPT_FIELDS = [f.name for f in fields(Attempt)]
 # wait_reason is not a column of runs (0.1.0's SELECT * would break on it: sql/migrations/002_fleet.sql); the
 # function that run_status reads it with too (sql/migrations/006_lifecycle.sql), so that the two agree.
-_RUN_COLUMN_SQL = {"wait_reason": "unitvisor.wait_reason(r) AS wait_reason"}
+_RUN_COLUMN_SQL = {"wait_reason": "unitvisor.wait_reason(r) AS wait_reason",
+                   # Counted, not kept: record_outcome, the one writer of outcomes, counts the same way.
+                   "lost_attempts": "(SELECT count(*)::integer FROM unitvisor.attempts l "
+                                    "WHERE l.run_id = r.id AND l.outcome = 'lost') AS lost_attempts"}
 _RUN_COLUMNS = ", ".join(_RUN_COLUMN_SQL.get(name, f"r.{name}") for name in _RUN_FIELDS)
 _ATTEMPT_COLUMNS = ", ".join(f"a.{name}" for name in _ATTEMPT_FIELDS)
 
@@ -501,6 +504,9 @@ _SUBMIT_ARGS = {
     "memory_high": "bigint",  # schema 017
     # Graceful stop (schema 026): signal names, seconds.
     "stop_signal": "text", "stop_timeout": "integer", "warn_before": "integer", "warn_signal": "text",
+    # Failure rules (schema 027); retry_on's and the backoffs were settable only through SQL until then.
+    "retry_on": "text[]", "retry_backoff_sec": "integer", "retry_backoff_max_sec": "integer",
+    "fail_on": "text[]", "count_lost": "boolean", "max_lost_attempts": "integer",
 }
 _JSON_ARGS = ("environment", "labels")
 

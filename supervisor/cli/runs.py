@@ -15,6 +15,14 @@ import click
 
 from supervisor import fleet, stopsignals, store
 from supervisor.cli.app import Context, CouldNotTell, Failure, Unreachable, cli, pass_ctx
+from supervisor.cli.failure import (
+    attempt_label,
+    attempts_line,
+    failure_fields,
+    failure_json,
+    failure_options,
+    rules_line,
+)
 from supervisor.cli.lookup import load_run, no_run, partial_list_note, resolve_run_id
 from supervisor.cli.output import (
     accounting_text,
@@ -93,6 +101,7 @@ from supervisor.quantities import format_duration, format_size, parse_duration, 
                    "checkpoint; needs --runtime.")
 @click.option("--warn-signal", metavar="SIGNAL", callback=signal_name,
               help="The signal --warn-before sends to the run's main process; default USR1.")
+@failure_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 @pass_ctx
 def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
@@ -123,6 +132,7 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         "private_network": options["private_network"] or None,
         "labels": options["labels"] or None, "idempotency_key": options["idempotency_key"],
         "concurrency_key": options["concurrency_key"],
+        **failure_fields(options),  # issue 25: only those asked for
     }
     # Graceful stop (schema 026): only when asked, so that a database before it still takes the run.
     stop = {"stop_signal": options["stop_signal"], "stop_timeout": options["stop_timeout"],
@@ -197,8 +207,10 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     with ctx.connect() as conn:
         run = load_run(conn, run_id)
         refused = store.fleet_refusals(conn, [run.id]).get(run.id)
-        data = run_json(run, store.get_attempts(conn, run.id), store.get_events(conn, run.id),
-                        store.get_outcome_records(conn, run.id), refused)
+        attempts = store.get_attempts(conn, run.id)
+        data = run_json(run, attempts, store.get_events(conn, run.id), store.get_outcome_records(conn, run.id),
+                        refused)
+        data["failure_rules"] = failure_json(run, attempts)
         data["wait_reason"], due, now = _waiting(conn, run, data)
         data["next_attempt_at"] = iso(due)
     if as_json:
@@ -234,10 +246,14 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
                                                      ("start deadline", "start_deadline")) if data[key]]
     if start:
         lines.append(f"  start:     {'; '.join(start)}")
-    lines.append(f"  attempts:  {attempts_text(len(data['attempts']), run.max_attempts)}")
-    for a in data["attempts"]:
-        lines.append(f"  attempt {a['attempt']}: host={a['host']} unit={a['unit']} outcome={a['outcome'] or '-'} "
-                     f"exit={a['exit_status'] or '-'} started={a['started_at'] or '-'} ended={a['ended_at'] or '-'}")
+    rules = rules_line(run)
+    if rules:
+        lines.append(f"  failure:   {rules}")
+    lines.append(f"  attempts:  {attempts_line(run, attempts, attempts_text(len(attempts), run.max_attempts))}")
+    for attempt, a in zip(attempts, data["attempts"], strict=True):
+        lines.append(f"  {attempt_label(run, attempt)}: host={a['host']} unit={a['unit']} "
+                     f"outcome={a['outcome'] or '-'} exit={a['exit_status'] or '-'} "
+                     f"started={a['started_at'] or '-'} ended={a['ended_at'] or '-'}")
         if a["reason"]:
             lines.append(f"    reason: {a['reason']}")
         if a["outcome"]:

@@ -94,6 +94,10 @@ class Run:
     cancel_requested: bool = False
     resumes: int = 0                 # "resumed by an operator" events
     concurrency_key: str | None = None
+    # Failure rules (schema 027): whether a lost attempt counts against max_attempts, and the cap on
+    # those that do not. True for a history from before 027, when every lost attempt counted.
+    count_lost: bool = True
+    max_lost_attempts: int = 3
 
 
 @dataclass(frozen=True)
@@ -384,9 +388,22 @@ def _disproved(places: set[tuple[str, str]], by_unit: dict[str, list[Invocation]
     return all(_overlap(a, b) is False for a, b in pairs)
 
 
-def _retryable(run: Run, attempt: int, outcome: str | None) -> bool:
-    allowed = RETRYABLE_BY_DEFAULT if run.retry_on is None else frozenset(run.retry_on) & RETRYABLE_BY_DEFAULT
-    return outcome in allowed and attempt < run.max_attempts
+def _retryable(run: Run, mine: list[Attempt], a: Attempt) -> bool:
+    """Whether the run's policy retries it after attempt `a` of `mine` (its attempts in order), a cancel
+    aside (the caller weighs it): retry_on names the outcome, or its exit status (`exit:N` of an
+    exit-code, `signal:NAME` of a kill); and attempts are left, where a lost one counts against
+    max_attempts only with count_lost, and otherwise against max_lost_attempts (schema 027). Written
+    from docs/sql-api.md, Failure rules, not from the code (fail_on: the nemesis submits none)."""
+    if a.outcome not in RETRYABLE_BY_DEFAULT:
+        return False
+    code = a.exit_status if (a.outcome == "exit-code" and (a.exit_status or "").startswith("exit:")) or (
+        a.outcome in ("signal", "core-dump") and (a.exit_status or "").startswith("signal:")) else None
+    if run.retry_on is not None and a.outcome not in run.retry_on and code not in run.retry_on:
+        return False
+    lost = 0 if run.count_lost else sum(1 for b in mine if b.attempt <= a.attempt and b.outcome == "lost")
+    if a.outcome == "lost" and not run.count_lost:
+        return lost < run.max_lost_attempts
+    return a.attempt - lost < run.max_attempts
 
 
 def _check_states(runs: Sequence[Run], attempts: Sequence[Attempt]) -> list[Violation]:
@@ -410,7 +427,7 @@ def _check_states(runs: Sequence[Run], attempts: Sequence[Attempt]) -> list[Viol
             continue
         # Each attempt after another needs a reason: its predecessor's outcome was retryable, or an
         # operator resumed the run (each resume explains one).
-        unexplained = [a for a in mine[:-1] if not _retryable(run, a.attempt, a.outcome)]
+        unexplained = [a for a in mine[:-1] if not _retryable(run, mine, a)]
         if any(a.outcome == "success" for a in mine[:-1]):
             out.append(Violation("unexplained-state", run.id, "an attempt after a success: "
                                  + _history(mine)))
@@ -440,7 +457,7 @@ def _final_state_problem(run: Run, mine: list[Attempt]) -> str:
             return "failed without any attempt"
         if outcome not in FAILURES:
             return f"failed after a last attempt {outcome}"
-        if _retryable(run, last.attempt, outcome) and not run.cancel_requested:
+        if _retryable(run, mine, last) and not run.cancel_requested:
             return f"failed although attempt {last.attempt} ({outcome}) had a retry left"
         return ""
     return ""  # expired: nothing ran, or the checks above found the problem

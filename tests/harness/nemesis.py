@@ -852,11 +852,12 @@ def database_history(dsn: str) -> tuple[list[Attempt], list[Run]]:
         attempts = [Attempt(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in conn.execute(
             "SELECT run_id, attempt, host_id, unit_name, invocation_id, outcome, exit_status, reason "
             "FROM unitvisor.attempts ORDER BY run_id, attempt")]
-        runs = [Run(str(r[0]), r[1], r[2], tuple(r[3]) if r[3] is not None else None, r[4], r[5], r[6])
+        runs = [Run(str(r[0]), r[1], r[2], tuple(r[3]) if r[3] is not None else None, r[4], r[5], r[6], r[7], r[8])
                 for r in conn.execute(
                     "SELECT r.id, r.state, r.max_attempts, r.retry_on, r.cancel_requested_at IS NOT NULL, "
                     "(SELECT count(*) FROM unitvisor.run_events e WHERE e.run_id = r.id "
-                    "AND e.reason LIKE 'resumed by an operator%') ::int, r.concurrency_key FROM unitvisor.runs r")]
+                    "AND e.reason LIKE 'resumed by an operator%') ::int, r.concurrency_key, r.count_lost, "
+                    "r.max_lost_attempts FROM unitvisor.runs r")]
     return attempts, runs
 
 

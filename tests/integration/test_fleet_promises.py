@@ -147,7 +147,8 @@ def test_an_instance_that_takes_a_silent_id_over_settles_its_open_attempts_lost(
     a = store.connect(dsn)
     fence = register(a, "h1", instance="A")
     started, started_attempt = started_run(a, fence, max_attempts=2)
-    claimed = store.submit_run(a, argv=["/bin/true"], max_attempts=1)
+    # count_lost (schema 27): a lost attempt uses up its one attempt, as every lost attempt did before
+    claimed = store.submit_run(a, argv=["/bin/true"], max_attempts=1, count_lost=True)
     [(_, claimed_attempt)] = store.claim(a, fence, 1, FMT)
     pid = a.info.backend_pid
     a.close()  # A goes silent with both open (a power cut: no clean stop)
@@ -242,7 +243,7 @@ def dead_h1(conn: psycopg.Connection, dsn: str) -> Iterator[tuple[psycopg.Connec
     h1 = register(conn, "h1")
     attempts = {
         "retry": started_run(conn, h1, max_attempts=3)[1],
-        "last": started_run(conn, h1, max_attempts=1)[1],
+        "last": started_run(conn, h1, max_attempts=1, count_lost=True)[1],  # its lost attempt counts
         "at-most-once": started_run(conn, h1, max_attempts=3, retry_on=["exit-code"])[1],
         "cancel": started_run(conn, h1, max_attempts=3)[1],
     }
@@ -260,9 +261,6 @@ def dead_h1(conn: psycopg.Connection, dsn: str) -> Iterator[tuple[psycopg.Connec
     ("retry", Outcome("exit-code", "exit:1", "exited 1"), "failed", None),
     ("retry", Outcome("lost", "exit:0", "lost"), "queued", timedelta(0)),     # lost, with an exit status
     ("retry", LOST, "succeeded", None),                                       # lost, the run succeeded
-    ("retry", LOST, "failed", None),                                          # its policy retries it
-    ("last", LOST, "queued", timedelta(0)),                                   # an attempt it does not have
-    ("at-most-once", LOST, "queued", timedelta(0)),                           # lost is not in its retry_on
     ("retry", Outcome("cancelled", None, "cancelled"), "cancelled", None),    # nobody asked for a cancel
 ])
 def test_a_peer_may_not_settle_a_dead_hosts_attempt_as_it_likes(conn: psycopg.Connection, dead_h1, name: str,
@@ -273,6 +271,22 @@ def test_a_peer_may_not_settle_a_dead_hosts_attempt_as_it_likes(conn: psycopg.Co
         store.record_outcome(other, h2, attempts[name], outcome, next_state, delay)
     assert [a.outcome for a in store.get_attempts(conn, attempts[name].run_id)] == [None]
     assert store.get_run(conn, attempts[name].run_id).state == "running"
+
+
+@pytest.mark.parametrize(("name", "proposed", "delay", "decided"), [
+    ("retry", "failed", None, "queued"),               # its policy retries it
+    ("last", "queued", timedelta(0), "failed"),        # an attempt it does not have
+    ("at-most-once", "queued", timedelta(0), "failed"),  # lost is not in its retry_on
+])
+def test_the_database_decides_what_a_peers_lost_does_to_the_run(conn: psycopg.Connection, dead_h1, name: str,
+                                                                 proposed: str, delay: timedelta | None,
+                                                                 decided: str) -> None:
+    """Schema 27: a peer proposes queued or failed, and the run's failure rules decide (until then a
+    proposal against the policy was refused: now a 0.8.0 peer, which counts every lost attempt,
+    settles a run whose lost attempts do not count, and the database retries it)."""
+    other, h2, attempts = dead_h1
+    assert store.record_outcome(other, h2, attempts[name], LOST, proposed, delay)
+    assert store.get_run(conn, attempts[name].run_id).state == decided
 
 
 def test_a_live_peer_records_the_documented_lost(conn: psycopg.Connection, dead_h1) -> None:

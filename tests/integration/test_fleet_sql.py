@@ -41,6 +41,7 @@ SUCCEEDED = Outcome("success", "exit:0", "exited 0")
 ARG_TYPES = {
     "argv": "text[]", "run_user": "text", "memory_max": "bigint", "max_attempts": "integer", "host_pin": "text",
     "priority": "integer", "retry_backoff_sec": "integer", "retry_backoff_max_sec": "integer", "retry_on": "text[]",
+    "count_lost": "boolean",  # schema 27
 }
 
 
@@ -439,7 +440,10 @@ def test_takeover_settles_each_run_by_its_own_policy(conn: psycopg.Connection, d
         "retry-on-lost": started_run(conn, h1, max_attempts=3, retry_on=["lost"], retry_backoff_sec=60),
         "retry-on-default": started_run(conn, h1, max_attempts=2, retry_backoff_sec=0),
         "at-most-once": started_run(conn, h1, max_attempts=3, retry_on=["exit-code"]),
-        "last-attempt": started_run(conn, h1, max_attempts=1),
+        "last-attempt": started_run(conn, h1, max_attempts=1, count_lost=True),
+        # schema 27: its lost attempt does not use up its one attempt (a backoff of an hour: not due below)
+        "lost-not-counted": started_run(conn, h1, max_attempts=1, retry_backoff_sec=3600,
+                                        retry_backoff_max_sec=3600),
         "cancel-requested": started_run(conn, h1, max_attempts=3),
     }
     store.cancel_run(conn, runs["cancel-requested"][0])
@@ -462,7 +466,7 @@ def test_takeover_settles_each_run_by_its_own_policy(conn: psycopg.Connection, d
             assert (last["host_id"], last["attempt"]) == ("h2", 1), label
         state = {label: store.get_run(conn, run_id).state for label, (run_id, _) in runs.items()}
         assert state == {"retry-on-lost": "queued", "retry-on-default": "queued", "at-most-once": "failed",
-                         "last-attempt": "failed", "cancel-requested": "cancelled"}
+                         "last-attempt": "failed", "cancel-requested": "cancelled", "lost-not-counted": "queued"}
         finished = {label for label, (run_id, _) in runs.items() if store.get_run(conn, run_id).finished_at}
         assert finished == {"at-most-once", "last-attempt", "cancel-requested"}
 
@@ -472,7 +476,7 @@ def test_takeover_settles_each_run_by_its_own_policy(conn: psycopg.Connection, d
                WHERE state = 'available' AND run_id = ANY(%s)""",
             ([run_id for run_id, _ in runs.values()],)).fetchall())
         lost, default = runs["retry-on-lost"][0], runs["retry-on-default"][0]
-        assert set(jobs) == {lost, default}
+        assert set(jobs) == {lost, default, runs["lost-not-counted"][0]}
         assert jobs[default] <= 0 and 25 <= jobs[lost] <= 30
         # A retry scheduled in the future is not claimable before its time, then it is.
         assert claim(other, h2) == {default}

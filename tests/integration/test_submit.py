@@ -29,6 +29,7 @@ ARG_TYPES = {
     "concurrency_key": "text", "not_before": "timestamptz", "start_deadline": "timestamptz",
     "memory_high": "bigint",
     "stop_signal": "text", "stop_timeout": "integer", "warn_before": "integer", "warn_signal": "text",  # schema 026
+    "fail_on": "text[]", "count_lost": "boolean", "max_lost_attempts": "integer",  # schema 27
 }
 
 
@@ -315,8 +316,19 @@ REFUSALS = [
     pytest.param({"retry_backoff_sec": 100, "retry_backoff_max_sec": 50}, "runs_backoff_valid",
                  "retry_backoff_max_sec: 50 is out of range (retry_backoff_sec, here 100, to 604800 seconds)",
                  id="backoff-max"),
-    pytest.param({"retry_on": ["success"]}, "runs_retry_on_valid", "retry_on: may hold only exit-code",
+    pytest.param({"retry_on": ["success"]}, "runs_retry_on_valid", "retry_on: success: may hold only exit-code",
                  id="retry-on"),
+    # schema 27: failure rules
+    pytest.param({"retry_on": ["signal:FOO"]}, "runs_retry_on_valid", "retry_on: signal:FOO names no signal",
+                 id="retry-on-signal"),
+    pytest.param({"retry_on": ["exit:256"]}, "runs_retry_on_valid", "retry_on: exit:256 is no exit status",
+                 id="retry-on-exit"),
+    pytest.param({"fail_on": ["exit:256"]}, "runs_fail_on_valid", "fail_on: exit:256 is no exit status",
+                 id="fail-on"),
+    pytest.param({"fail_on": ["exit:3"], "retry_on": ["exit:3"]}, "runs_fail_on_valid",
+                 "fail_on: exit:3 is in retry_on too", id="fail-on-and-retry-on"),
+    pytest.param({"max_lost_attempts": 0}, "runs_max_lost_attempts_valid",
+                 "max_lost_attempts: 0 is out of range (1 to 1000)", id="max-lost-attempts"),
     pytest.param({"labels": {"team": 1}}, "runs_labels_valid", "labels: must be a JSON object", id="labels-number"),
     pytest.param({"labels": {"-bad": "x"}}, "runs_labels_valid", "labels: must be a JSON object", id="labels-key"),
     pytest.param({"labels": {"k": "x" * 256}}, "runs_labels_valid", "labels: must be a JSON object",

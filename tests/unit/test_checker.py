@@ -218,6 +218,13 @@ def test_copies_that_overlap_in_the_journal_between_samples_are_reported() -> No
     (Run(RUN, "cancelled", 1), [att(1, "h1", "cancelled")]),
     (Run(RUN, "succeeded", 1, resumes=1), [att(1, "h1", "exit-code"), att(2, "h1", "success")]),
     (Run(RUN, "succeeded", 1, resumes=1), [att(1, "h1", "cancelled"), att(2, "h1", "success")]),
+    # schema 027: a lost attempt does not count against max_attempts unless count_lost, up to max_lost_attempts
+    (Run(RUN, "succeeded", 1, count_lost=False), [att(1, "h1", "lost"), att(2, "h2", "success")]),
+    (Run(RUN, "failed", 1, count_lost=False, max_lost_attempts=2),
+     [att(1, "h1", "lost"), att(2, "h2", "lost")]),
+    (Run(RUN, "failed", 1, count_lost=False), [att(1, "h1", "lost"), att(2, "h2", "exit-code")]),
+    (Run(RUN, "succeeded", 2, retry_on=("exit:75",)), [att(1, "h1", "exit-code", "exit:75"),
+                                                       att(2, "h1", "success")]),
 ])
 def test_states_a_history_explains(run: Run, attempts: list[Attempt]) -> None:
     assert check([], attempts, [run], []).violations == []
@@ -234,6 +241,11 @@ def test_states_a_history_explains(run: Run, attempts: list[Attempt]) -> None:
     (Run(RUN, "succeeded", 3, retry_on=("exit-code",)), [att(1, "h1", "lost"), att(2, "h2", "success")],
      "non-retryable"),
     (Run(RUN, "succeeded", 3), [att(1, "h1", "cancelled"), att(2, "h2", "success")], "non-retryable"),
+    (Run(RUN, "failed", 1, count_lost=False), [att(1, "h1", "lost")], "had a retry left"),
+    (Run(RUN, "succeeded", 1, count_lost=False, max_lost_attempts=1), [att(1, "h1", "lost"), att(2, "h2", "success")],
+     "non-retryable"),
+    (Run(RUN, "succeeded", 2, retry_on=("exit:75",)), [att(1, "h1", "exit-code", "exit:3"),
+                                                       att(2, "h1", "success")], "non-retryable"),
 ])
 def test_states_a_history_does_not_explain(run: Run, attempts: list[Attempt], words: str) -> None:
     report = check([], attempts, [run], [])

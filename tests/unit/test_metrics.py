@@ -191,15 +191,27 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_runs_expired", "unitvisor_dead_declarations_held", "unitvisor_fleet_upkeep_failures",
         "unitvisor_heartbeats_aside", "unitvisor_schedule_runs_submitted", "unitvisor_schedule_times_missed",
         "unitvisor_schedule_times_skipped",
-        "unitvisor_heartbeats_aside",
         "unitvisor_stop_warnings", "unitvisor_stop_kills",  # graceful stop (schema 026)
+        "unitvisor_runs_ended_by_rule",  # failure rules (schema 027)
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}
     # Only bounded labels: no run id, no unit name anywhere in a scrape.
     assert str(pair(1)[0].id) not in text and "unitvisor-run-" not in text
     label_names = {key for f in families.values() for s in f.samples for key in s.labels}
-    assert label_names <= {"outcome", "state", "version", "le", "table", "reason"}
+    assert label_names <= {"outcome", "state", "version", "le", "table", "reason", "rule"}
+
+
+def test_runs_ended_by_a_failure_rule_are_counted_by_rule():
+    """Schema 27: the alert on a run that kills its hosts reads the max_lost_attempts series."""
+    m = Metrics()
+    assert value(m, "unitvisor_runs_ended_by_rule_total", rule="max_lost_attempts") == 0  # there from the start
+    m.settled("lost", "max_lost_attempts")
+    m.settled("exit-code", "fail_on")
+    m.settled("exit-code")
+    assert value(m, "unitvisor_runs_ended_by_rule_total", rule="max_lost_attempts") == 1
+    assert value(m, "unitvisor_runs_ended_by_rule_total", rule="fail_on") == 1
+    assert value(m, "unitvisor_outcomes_total", outcome="exit-code") == 2
 
 
 def test_exposition_passes_promtool():

@@ -41,8 +41,11 @@ def rid(n: int) -> uuid.UUID:
     return uuid.UUID(f"00000000-0000-4000-8000-{n:012d}")
 
 
-def pair(n=1, host="me", started=True, cancelled=False, max_attempts=1, argv=("/bin/true",), retry_on=None):
-    run = Run(id=rid(n), argv=list(argv), max_attempts=max_attempts, retry_on=retry_on,
+def pair(n=1, host="me", started=True, cancelled=False, max_attempts=1, argv=("/bin/true",), retry_on=None,
+         count_lost=True):
+    # count_lost: a lost attempt uses up max_attempts, as before schema 27, so that these tests of what is
+    # settled read as they did; the failure rules have tests of their own (tests/unit/test_failure_rules.py).
+    run = Run(id=rid(n), argv=list(argv), max_attempts=max_attempts, retry_on=retry_on, count_lost=count_lost,
               cancel_requested_at=T0 if cancelled else None, state="running" if started else "starting")
     attempt = Attempt(run_id=rid(n), attempt=1, host_id=host, unit_name=unit_name(rid(n), 1), claimed_at=T0,
                       started_at=T0 if started else None, invocation_id=INV if started else None)
@@ -225,6 +228,17 @@ def test_expire_overdue_asks_the_database_with_this_hosts_fence(rec, st):
     st.expire_runs.return_value = 2
     assert rec.expire_overdue() == 2
     st.expire_runs.assert_called_once_with(rec.conn, FENCE)
+
+
+def test_take_over_proposes_a_retry_of_a_lost_attempt_that_does_not_count(rec, st, log):
+    """Schema 27: a dead host's attempt of a run without count_lost is retried past max_attempts 1."""
+    dead = store.DeadHost("web-2", 75.0, 60.0)
+    a1 = pair(1, host="web-2", count_lost=False)
+    st.declare_dead.return_value = store.Declaration([dead])
+    st.open_attempts.side_effect = lambda conn, host_id: [a1]
+    rec.take_over_dead_hosts(123.0)
+    [(attempt, outcome, state)] = recorded(st)
+    assert (attempt, outcome.outcome, state) == (a1[1], "lost", "queued")
 
 
 # -- units this host stopped while cut off --------------------------------------------------------
