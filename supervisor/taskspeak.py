@@ -36,15 +36,15 @@ import os
 import stat
 from pathlib import Path
 
+from supervisor import cgroup
 from supervisor.runenv import RUNTIME_DIRECTORY
 
 DIRECTORY = RUNTIME_DIRECTORY / "tasks-peak"
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
 
 
-def stop_post_script(directory: Path = DIRECTORY, cgroup_root: Path = CGROUP_ROOT,
+def stop_post_script(directory: Path = DIRECTORY, cgroup_root: Path = cgroup.ROOT,
                      proc_cgroup: Path = PROC_CGROUP) -> str:
     """The shell script of STOP_POST_COMMAND (the paths are parameters for the tests alone). dash's
     builtins only (read, case, test, echo): one fork and exec of /bin/sh per unit, nothing more. The
@@ -71,15 +71,12 @@ def _kernel(release: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def available(cgroup_root: Path = CGROUP_ROOT, release: str | None = None) -> bool:
+def available(cgroup_root: Path = cgroup.ROOT, release: str | None = None) -> bool:
     """Whether this host's kernel keeps a pids.peak for a unit's cgroup: the unified hierarchy at
     /sys/fs/cgroup (cgroup.controllers exists only there) offering the pids controller, on Linux 6.1
     or later (pids.peak came with 6.1). A hybrid host's unified tree has no controllers: False."""
-    try:
-        controllers = (cgroup_root / "cgroup.controllers").read_text().split()
-    except OSError:
-        return False
-    return "pids" in controllers and _kernel(release or os.uname().release) >= (6, 1)
+    controllers = cgroup.controllers(cgroup_root)
+    return controllers is not None and "pids" in controllers and _kernel(release or os.uname().release) >= (6, 1)
 
 
 # pids.peak is an int64 counter of tasks; anything past pid_max (4194304) is not one, but bounded only by
