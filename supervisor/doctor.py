@@ -63,10 +63,11 @@ def pressure_check(host: config.HostSettings, slice_name: str, cgroup_root: Path
 def tasks_peak_check(cgroup_root: Path = cgroup.ROOT, release: str | None = None) -> Check:
     """Whether a run's peak tasks (tasks_peak) is measured: the same test the reconciler makes once
     (taskspeak.available). Where it is not, the figure is NULL, which show and --json explain."""
-    if taskspeak.available(cgroup_root, release):
+    why = taskspeak.unavailable(cgroup_root, release)
+    if why is None:
         return Check("tasks peak", "ok", "measured (each run's cgroup's pids.peak, read as its unit ends)")
-    return Check("tasks peak", "warn", "not measured: needs cgroup v2 with the pids controller on Linux 6.1 or "
-                 "later (pids.peak); runs record tasks_peak NULL")
+    return Check("tasks peak", "warn", f"not measured: {why}; runs record tasks_peak NULL (pids.peak needs cgroup "
+                 "v2 with the pids controller on Linux 6.1 or later, as Debian 12 and 13 boot by default)")
 
 
 def journal_check(persistent: Path = PERSISTENT_JOURNAL, machine_id: Path = MACHINE_ID) -> Check:
