@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tests.harness.cleanroom import CACHE, _discard, built_once, mirror
-from tests.harness.vm import CHROOT_ENV, _chroot_mounts, _run
+from tests.harness import rootfs
+from tests.harness.cleanroom import CACHE, _discard, built_once
 
 SUITE = "trixie"
 # The .deb's dependencies as trixie has them (debian/control), the test runner, PostgreSQL 17 for the
@@ -40,7 +40,7 @@ PACKAGES = (
     "python3-prometheus-client", "python3-pytest", "python3-pytest-mock", "postgresql", "lintian",
     "git", "python3-build", "python3-setuptools", "python3-wheel", "python3-venv",
 )
-RECIPE = 1  # bump when _build() changes, so that an old tree is not reused
+RECIPE = 1  # bump when _build() changes, so that an old tree is not reused (rootfs.RECIPE: its shared steps)
 # Tools the tests call that are not what the pass is about (their version is not trixie's to test):
 # bound in read-only from this machine (systemd-nspawn makes the mount points in the overlay).
 # Prometheus and promtool (the unit tests of the metrics' exposition and of the example alerts) are Go
@@ -63,7 +63,7 @@ def available() -> str | None:
 
 
 def image_path() -> Path:
-    key = json.dumps([RECIPE, SUITE, mirror(), sorted(PACKAGES)])
+    key = json.dumps([RECIPE, *rootfs.key(SUITE, (), PACKAGES)])
     return CACHE / f"{SUITE}-chroot-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -82,15 +82,7 @@ def _build(path: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix="uv-trixie-build-", dir=CACHE))
     root = work / "root"
     try:
-        _run(["debootstrap", "--variant=minbase", SUITE, str(root), mirror()], timeout=1800)
-        (root / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")  # nothing starts in the chroot
-        (root / "usr/sbin/policy-rc.d").chmod(0o755)
-        shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
-        with _chroot_mounts(root):
-            _run(["chroot", str(root), "apt-get", "-q", "update"], timeout=600, env=CHROOT_ENV)
-            _run(["chroot", str(root), "apt-get", "-q", "-y", "install", "--no-install-recommends", *PACKAGES],
-                 timeout=1800, env=CHROOT_ENV)
-            _run(["chroot", str(root), "apt-get", "clean"], timeout=60, env=CHROOT_ENV)
+        rootfs.bootstrap(root, SUITE, PACKAGES)
         (root / ".complete").write_text(f"{SUITE} {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         root.rename(path)
     finally:
