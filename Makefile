@@ -1,10 +1,10 @@
 # Two commands for a fresh Debian 12 machine, as root:
 #   make try    install everything, then a demo on a real PostgreSQL and a real systemd
 #   make test   the whole test suite (unit, integration, system, package, vm): unit and integration
-#               twice, with the newest dependencies from PyPI (.venv) and with Debian bookworm's own
-#               packages (.venv-debian); package and vm with the first, system with the second; the
-#               unit tests with Debian 13 trixie's own packages (test-trixie); in five passes at
-#               once (below, and README, Tests)
+#               three times, with the newest dependencies from PyPI (.venv), with Debian 12 bookworm's
+#               own packages (.venv-debian) and with Debian 13 trixie's (test-trixie, in a chroot);
+#               package and vm with the first, system with the second; in five passes at once
+#               (below, and README, Tests)
 
 PYTHON      ?= /usr/bin/python3
 VENV        := .venv
@@ -66,8 +66,9 @@ venv-debian: deps .venv-debian/.installed
 try: venv
 	$(VENV)/bin/python -m tests.harness.demo
 
-# Each level runs once where a second pass adds nothing: the unit and integration tests with both sets
-# of libraries (the newest from PyPI, and Debian's, which the .deb runs on), the package and VM tests
+# Each level runs once where a second pass adds nothing: the unit and integration tests with each set
+# of libraries (the newest from PyPI, and Debian's, which the .deb runs on: bookworm's in
+# test-pass-debian and trixie's in test-trixie, the same selection in both), the package and VM tests
 # with the newest (the .deb itself runs on Debian's, bookworm's or trixie's, inside its clean room or
 # guest; the two share one build of it, in build/deb: tests/package/conftest.py), and the system tests with Debian's
 # own, the versions a real host runs the daemon with. Running the system tests a second time with
@@ -102,26 +103,29 @@ test: venv venv-debian
 test-pass-pypi: venv
 	$(VENV)/bin/pytest $(PYTEST_REPORT) -m "not system and not vm"
 
-# Debian's libraries (.venv-debian): unit and integration.
+# Debian's own versions, bookworm's (.venv-debian) here and trixie's in test-trixie: unit and integration,
+# the same selection for both (DEBIAN_SELECTION), so that a test that passes with one release's packages
+# is run with the other's too.
+DEBIAN_SELECTION := -m "not system and not package and not vm and not model" \
+	--deselect tests/integration/test_migrate_big.py
 test-pass-debian: venv-debian
-	.venv-debian/bin/python -m pytest -p no:cacheprovider $(PYTEST_REPORT) \
-		-m "not system and not package and not vm and not model" --deselect tests/integration/test_migrate_big.py
+	.venv-debian/bin/python -m pytest -p no:cacheprovider $(PYTEST_REPORT) $(DEBIAN_SELECTION)
 
 # Debian's libraries (.venv-debian): the system tests (test beds, fleets, the nemesis's short schedule).
 test-pass-system: venv-debian
 	.venv-debian/bin/python -m pytest -p no:cacheprovider $(PYTEST_REPORT) -m system
 
-# The unit tests with Debian 13's own versions (trixie's python3 3.13 and python3-* packages), as the
-# second pass above runs them with bookworm's: in a trixie chroot (tests/harness/trixie.py, cached in
-# /var/cache/unitvisor-tests, built when missing), entered with systemd-nspawn, the checkout bound in
-# read-only. Not the integration tests: they would add minutes to CI for SQL that PostgreSQL 17 runs in
-# the VM tier anyway; TRIXIE_TESTS=tests/integration runs them there too (PostgreSQL 17 in the chroot;
-# all but tests/integration/test_wheel.py, which needs git and python3-build, not in the chroot; a full
-# run took 16 minutes loaded, README, Tests).
-TRIXIE_TESTS ?= tests/unit
+# Debian 13's own versions (trixie's python3 3.13, its python3-* packages and PostgreSQL 17): what
+# test-pass-debian runs with bookworm's, the same DEBIAN_SELECTION (unit and integration; the
+# two-million-run migration once, in test-pass-pypi), in a trixie chroot (tests/harness/trixie.py,
+# cached in /var/cache/unitvisor-tests, built when missing) entered with systemd-nspawn, the checkout
+# bound in read-only; the integration tests' PostgreSQL runs in there, and the CLI as trixie's
+# `python3 -m supervisor`. The two passes select the same tests: compare
+# `make test-pass-debian PYTEST_REPORT=--collect-only` with `make test-trixie PYTEST_REPORT=--collect-only`.
+# TRIXIE_TESTS narrows it (e.g. TRIXIE_TESTS=tests/unit, the pass of 0.8.0); README, Tests, has its time.
+TRIXIE_TESTS ?=
 test-trixie: venv
-	$(VENV)/bin/python -m tests.harness.trixie -m "not package and not vm and not model and not system" \
-		--ignore tests/unit/test_model.py $(TRIXIE_TESTS)
+	$(VENV)/bin/python -m tests.harness.trixie $(PYTEST_REPORT) $(DEBIAN_SELECTION) $(TRIXIE_TESTS)
 
 # The VM tier, a pass of `make test` of its own: the .deb in a real cgroup-v2 Debian 13 guest (tests/vm),
 # with the newest libraries (.venv) outside the guest. It starts at once with the others and is the

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor import config, fleet, pressure, store, taskspeak
+from supervisor import cgroup, config, fleet, pressure, store, taskspeak
 from supervisor.systemd import Systemd, SystemdError
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERSISTENT_JOURNAL = Path("/var/log/journal")
 MACHINE_ID = Path("/etc/machine-id")
 # The controllers behind the limits a run can have: MemoryMax, CPUQuota, TasksMax, IOWeight.
@@ -27,19 +26,18 @@ class Check:
     message: str
 
 
-def cgroup_check(root: Path = CGROUP_ROOT) -> Check:
-    controllers_file = root / "cgroup.controllers"
-    if not controllers_file.exists():
+def cgroup_check(root: Path = cgroup.ROOT) -> Check:
+    available = cgroup.controllers(root)
+    if available is None:
         return Check("cgroups", "warn", "legacy (v1) cgroup hierarchy: systemd records the limits but may not "
                      "enforce them all; boot with systemd.unified_cgroup_hierarchy=1")
-    available = set(controllers_file.read_text().split())
     missing = [c for c in NEEDED_CONTROLLERS if c not in available]
     if missing:
         return Check("cgroups", "warn", f"cgroup v2 without {', '.join(missing)}: those limits are not enforced")
     return Check("cgroups", "ok", f"cgroup v2 with {', '.join(NEEDED_CONTROLLERS)}")
 
 
-def pressure_check(host: config.HostSettings, slice_name: str, cgroup_root: Path = CGROUP_ROOT,
+def pressure_check(host: config.HostSettings, slice_name: str, cgroup_root: Path = cgroup.ROOT,
                    proc_pressure: Path = pressure.PROC_PRESSURE) -> Check:
     """Whether admission by pressure acts here: the daemon reads the same files with the same code
     (pressure.read, pressure.decide), so what this says is what it does. Off where PSI cannot be read
@@ -62,13 +60,14 @@ def pressure_check(host: config.HostSettings, slice_name: str, cgroup_root: Path
     return Check("pressure", "warn", f"{said}; now {admission.detail}")
 
 
-def tasks_peak_check(cgroup_root: Path = CGROUP_ROOT, release: str | None = None) -> Check:
+def tasks_peak_check(cgroup_root: Path = cgroup.ROOT, release: str | None = None) -> Check:
     """Whether a run's peak tasks (tasks_peak) is measured: the same test the reconciler makes once
     (taskspeak.available). Where it is not, the figure is NULL, which show and --json explain."""
-    if taskspeak.available(cgroup_root, release):
+    why = taskspeak.unavailable(cgroup_root, release)
+    if why is None:
         return Check("tasks peak", "ok", "measured (each run's cgroup's pids.peak, read as its unit ends)")
-    return Check("tasks peak", "warn", "not measured: needs cgroup v2 with the pids controller on Linux 6.1 or "
-                 "later (pids.peak); runs record tasks_peak NULL")
+    return Check("tasks peak", "warn", f"not measured: {why}; runs record tasks_peak NULL (pids.peak needs cgroup "
+                 "v2 with the pids controller on Linux 6.1 or later, as Debian 12 and 13 boot by default)")
 
 
 def journal_check(persistent: Path = PERSISTENT_JOURNAL, machine_id: Path = MACHINE_ID) -> Check:

@@ -20,12 +20,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor import cgroup
+
 RESOURCES = ("memory", "io", "cpu")
 # The states of admission, as STATUS=, `unitvisor hosts`, the metrics and the hosts table name them.
 OFF, OPEN, SLOWED, STOPPED = "off", "open", "slowed", "stopped"
 STATES = (OFF, OPEN, SLOWED, STOPPED)
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_PRESSURE = Path("/proc/pressure")
 
 
@@ -68,12 +69,12 @@ def parse(text: str) -> float:
     raise PressureError("no `some` line")
 
 
-def read(slice_name: str, resources: tuple[str, ...], cgroup_root: Path = CGROUP_ROOT,
+def read(slice_name: str, resources: tuple[str, ...], cgroup_root: Path = cgroup.ROOT,
          proc_pressure: Path = PROC_PRESSURE) -> Reading:
     """The slice's figures for `resources`, or why they cannot be had. Never raises."""
     if not resources:
         return Reading({}, "[host] pressure_resources is empty")
-    if not (cgroup_root / "cgroup.controllers").exists():
+    if cgroup.controllers(cgroup_root) is None:
         return Reading({}, f"{cgroup_root} is not cgroup v2 (PSI per slice needs it)")
     try:
         (proc_pressure / resources[0]).read_text()

@@ -20,8 +20,9 @@ ended. It prints nothing (its output would be the run's, in the journal and the 
 It costs PID 1 one fork and exec of /bin/sh per unit, which is measurable at the rate the daemon starts
 units (docs/benchmarks.md, "The tasks-peak stop command"), so a unit gets it only where it can copy
 something: `available()`, read once by the reconciler, says whether this host has `pids.peak` (the
-unified hierarchy with the pids controller, Linux 6.1 or later). Elsewhere (cgroup v1 or hybrid, older
-kernels) no unit has the command, and the attempt records NULL: not measured. The command itself writes
+unified hierarchy with the pids controller, Linux 6.1 or later: Debian 12 and 13 on cgroup v2, their
+default). Elsewhere (cgroup v1 or hybrid, v2 without the pids controller, kernels before 6.1 such as
+Debian 11's 5.10) no unit has the command, and the attempt records NULL: not measured. The command itself writes
 nothing where it finds no `pids.peak` all the same.
 
 A unit started with RemainAfterExit=yes (past MAX_HELD_UNITS, or by `unitvisor reconcile` by hand)
@@ -36,15 +37,15 @@ import os
 import stat
 from pathlib import Path
 
+from supervisor import cgroup
 from supervisor.runenv import RUNTIME_DIRECTORY
 
 DIRECTORY = RUNTIME_DIRECTORY / "tasks-peak"
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
 
 
-def stop_post_script(directory: Path = DIRECTORY, cgroup_root: Path = CGROUP_ROOT,
+def stop_post_script(directory: Path = DIRECTORY, cgroup_root: Path = cgroup.ROOT,
                      proc_cgroup: Path = PROC_CGROUP) -> str:
     """The shell script of STOP_POST_COMMAND (the paths are parameters for the tests alone). dash's
     builtins only (read, case, test, echo): one fork and exec of /bin/sh per unit, nothing more. The
@@ -71,15 +72,32 @@ def _kernel(release: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def available(cgroup_root: Path = CGROUP_ROOT, release: str | None = None) -> bool:
-    """Whether this host's kernel keeps a pids.peak for a unit's cgroup: the unified hierarchy at
-    /sys/fs/cgroup (cgroup.controllers exists only there) offering the pids controller, on Linux 6.1
-    or later (pids.peak came with 6.1). A hybrid host's unified tree has no controllers: False."""
-    try:
-        controllers = (cgroup_root / "cgroup.controllers").read_text().split()
-    except OSError:
-        return False
-    return "pids" in controllers and _kernel(release or os.uname().release) >= (6, 1)
+# pids.peak came with Linux 6.1 (commit 5251c6c436ed, "cgroup: add pids.peak interface for pids
+# controller", merged for 6.1): Debian 12's 6.1 has it (seen on 6.1.0-57, 6.1.192-3, booted under
+# cgroup v2 in qemu: a cgroup that had forked 20 children read 21), Debian 13's 6.12 too (the VM tier);
+# Debian 11's 5.10 has none. 6.1's cgroup-v1 pids hierarchy has the file as well, but a v1 or hybrid
+# host's units are not in a v2 cgroup with the pids controller, which is where the command looks.
+PIDS_PEAK_SINCE = (6, 1)
+
+
+def unavailable(cgroup_root: Path = cgroup.ROOT, release: str | None = None) -> str | None:
+    """Why this host's kernel keeps no pids.peak for a unit's cgroup, or None where it keeps one: the
+    unified hierarchy at /sys/fs/cgroup offering the pids controller, on Linux 6.1 or later. A hybrid
+    host's unified tree has no controllers, and is not at /sys/fs/cgroup."""
+    controllers = cgroup.controllers(cgroup_root)
+    if controllers is None:
+        return f"{cgroup_root} is not cgroup v2 (a v1 or hybrid hierarchy)"
+    if "pids" not in controllers:
+        return f"cgroup v2 at {cgroup_root} without the pids controller"
+    release = release or os.uname().release
+    if _kernel(release) < PIDS_PEAK_SINCE:
+        return f"Linux {release} is older than 6.1, which brought pids.peak"
+    return None
+
+
+def available(cgroup_root: Path = cgroup.ROOT, release: str | None = None) -> bool:
+    """Whether this host's kernel keeps a pids.peak for a unit's cgroup (unavailable() says why not)."""
+    return unavailable(cgroup_root, release) is None
 
 
 # pids.peak is an int64 counter of tasks; anything past pid_max (4194304) is not one, but bounded only by

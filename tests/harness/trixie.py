@@ -2,8 +2,9 @@
 PostgreSQL 17 and lintian, for what needs trixie's userland but not its systemd (which refuses to boot
 on this cgroup-v1 machine: that part is the VM tier's, tests/harness/vm.py).
 
-- `make test-trixie` runs the unit tests there, with the checkout bound in read-only, as
-  `.venv-debian` runs them with bookworm's packages (`python -m tests.harness.trixie pytest ...`).
+- `make test-trixie` runs the unit and integration tests there (PostgreSQL 17 inside), with the
+  checkout bound in read-only, as `make test-pass-debian` runs them with bookworm's packages
+  (`python -m tests.harness.trixie PYTEST ARGS`).
 - The package tests run trixie's lintian there on the .deb (tests/package/test_lintian.py).
 
 The tree is built with debootstrap from the mirror apt uses and cached under CACHE, named after a
@@ -26,17 +27,20 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tests.harness.cleanroom import CACHE, _discard, built_once, mirror
-from tests.harness.vm import CHROOT_ENV, _chroot_mounts, _run
+from tests.harness import rootfs
+from tests.harness.cleanroom import CACHE, _discard, built_once
 
 SUITE = "trixie"
 # The .deb's dependencies as trixie has them (debian/control), the test runner, PostgreSQL 17 for the
-# integration tests, and lintian for the package tests.
+# integration tests, lintian for the package tests, and what tests/integration/test_wheel.py builds and
+# installs the wheel with (git for the tracked files, python3-build and its backend, python3-venv for a
+# virtualenv with pip): without them that test could not run there, and under CI=true it fails.
 PACKAGES = (
     "python3", "python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click",
     "python3-prometheus-client", "python3-pytest", "python3-pytest-mock", "postgresql", "lintian",
+    "git", "python3-build", "python3-setuptools", "python3-wheel", "python3-venv",
 )
-RECIPE = 1  # bump when _build() changes, so that an old tree is not reused
+RECIPE = 1  # bump when _build() changes, so that an old tree is not reused (rootfs.RECIPE: its shared steps)
 # Tools the tests call that are not what the pass is about (their version is not trixie's to test):
 # bound in read-only from this machine (systemd-nspawn makes the mount points in the overlay).
 # Prometheus and promtool (the unit tests of the metrics' exposition and of the example alerts) are Go
@@ -59,7 +63,7 @@ def available() -> str | None:
 
 
 def image_path() -> Path:
-    key = json.dumps([RECIPE, SUITE, mirror(), sorted(PACKAGES)])
+    key = json.dumps([RECIPE, *rootfs.key(SUITE, (), PACKAGES)])
     return CACHE / f"{SUITE}-chroot-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -78,15 +82,7 @@ def _build(path: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix="uv-trixie-build-", dir=CACHE))
     root = work / "root"
     try:
-        _run(["debootstrap", "--variant=minbase", SUITE, str(root), mirror()], timeout=1800)
-        (root / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")  # nothing starts in the chroot
-        (root / "usr/sbin/policy-rc.d").chmod(0o755)
-        shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
-        with _chroot_mounts(root):
-            _run(["chroot", str(root), "apt-get", "-q", "update"], timeout=600, env=CHROOT_ENV)
-            _run(["chroot", str(root), "apt-get", "-q", "-y", "install", "--no-install-recommends", *PACKAGES],
-                 timeout=1800, env=CHROOT_ENV)
-            _run(["chroot", str(root), "apt-get", "clean"], timeout=60, env=CHROOT_ENV)
+        rootfs.bootstrap(root, SUITE, PACKAGES)
         (root / ".complete").write_text(f"{SUITE} {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         root.rename(path)
     finally:
@@ -117,8 +113,22 @@ def run(argv: Sequence[str], binds: Sequence[str] = (), chdir: str = "/", timeou
 def pytest(args: Sequence[str], repo: Path) -> int:
     """pytest in the tree, on the checkout (bound read-only at its own path), with trixie's python3."""
     result = run(["python3", "-c", _TIMED, "python3", "-m", "pytest", "-p", "no:cacheprovider", *args],
-                 binds=[str(repo)], chdir=str(repo), capture=False)
+                 binds=[str(repo), *_git_dirs(repo)], chdir=str(repo), capture=False)
     return result.returncode
+
+
+def _git_dirs(repo: Path) -> list[str]:
+    """Where the checkout's git data lies outside it (a `git worktree`'s: its .git is a file naming the
+    main checkout's .git), to bind that in too; test_wheel.py asks git for the tracked files, and git
+    in there would otherwise say "not a git repository". Empty for a plain clone, or without git."""
+    if not (repo / ".git").is_file() or not shutil.which("git"):
+        return []
+    found = subprocess.run(["git", "-C", str(repo), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                           capture_output=True, text=True, check=False)
+    common = Path(found.stdout.strip())
+    if found.returncode != 0 or not common.is_dir() or common.is_relative_to(repo):
+        return []
+    return [str(common)]
 
 
 # The CPU time the pass used, said from inside: what runs in the container is not nspawn's child (nspawn

@@ -30,12 +30,14 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-# The clean room's helpers: what a maintainer script left running in a chroot, and a build directory
-# removed only once nothing is mounted inside it.
-from tests.harness.cleanroom import CACHE, _discard, _stop_processes_under, built_once, mirror
+# The clean room's helpers: a build directory removed only once nothing is mounted inside it, and one
+# build at a time.
+from tests.harness import rootfs
+from tests.harness.cleanroom import CACHE, _discard, built_once
+from tests.harness.rootfs import run as _run
 
 SUITE = "trixie"
 # debootstrap's own set: systemd as PID 1, the bus, udev (the agent's virtio port is a device unit).
@@ -46,14 +48,13 @@ PACKAGES = (
     "linux-image-amd64", "initramfs-tools", "zstd", "qemu-guest-agent", "postgresql", "python3",
     "python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click", "python3-prometheus-client",
 )
-RECIPE = 1  # bump when _build() changes, so that an old image is not reused
+RECIPE = 1  # bump when _build() changes, so that an old image is not reused (rootfs.RECIPE: its shared steps)
 # Not wanted in a test guest: logins on the consoles, and timers that would do maintenance mid-test.
 MASKED = (
     "getty@tty1.service", "serial-getty@ttyS0.service", "console-getty.service", "apt-daily.timer",
     "apt-daily-upgrade.timer", "man-db.timer", "e2scrub_all.timer", "systemd-tmpfiles-clean.timer",
     "dpkg-db-backup.timer", "fstrim.timer", "systemd-timesyncd.service",
 )
-CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
 IMAGE_SIZE = "4G"
 
 
@@ -73,7 +74,7 @@ def available() -> str | None:
 
 
 def image_dir() -> Path:
-    key = json.dumps([RECIPE, SUITE, mirror(), sorted(INCLUDE), sorted(PACKAGES), sorted(MASKED)])
+    key = json.dumps([RECIPE, *rootfs.key(SUITE, INCLUDE, PACKAGES), sorted(MASKED)])
     return CACHE / f"vm-{SUITE}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -91,17 +92,7 @@ def _build(path: Path) -> None:
     out = work / "out"
     out.mkdir()
     try:
-        _run(["debootstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", SUITE, str(root), mirror()],
-             timeout=1800)
-        (root / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")  # nothing starts in the chroot
-        (root / "usr/sbin/policy-rc.d").chmod(0o755)
-        shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
-        with _chroot_mounts(root):
-            _run(["chroot", str(root), "apt-get", "-q", "update"], timeout=600, env=CHROOT_ENV)
-            _run(["chroot", str(root), "apt-get", "-q", "-y", "install", "--no-install-recommends", *PACKAGES],
-                 timeout=1800, env=CHROOT_ENV)
-            _run(["chroot", str(root), "systemctl", "mask", *MASKED], timeout=60, env=CHROOT_ENV)
-            _run(["chroot", str(root), "apt-get", "clean"], timeout=60, env=CHROOT_ENV)
+        rootfs.bootstrap(root, SUITE, PACKAGES, include=INCLUDE, then=[["systemctl", "mask", *MASKED]])
         (root / "usr/sbin/policy-rc.d").unlink()
         (root / "etc/hostname").write_text("uv-vm\n")
         # Empty: systemd makes a fresh machine id at each first boot, so no two guests share one.
@@ -129,30 +120,6 @@ def _newest(directory: Path, pattern: str) -> Path:
     if not found:
         raise VmError(f"no {pattern} in {directory}: the kernel package did not install")
     return found[-1]
-
-
-@contextlib.contextmanager
-def _chroot_mounts(root: Path) -> Iterator[None]:
-    mounted: list[Path] = []
-    try:
-        for fs, sub, options in (("proc", "proc", []), ("sysfs", "sys", []), ("devtmpfs", "dev", []),
-                                 ("devpts", "dev/pts", ["-o", "gid=5,mode=620"])):
-            target = root / sub
-            target.mkdir(parents=True, exist_ok=True)
-            _run(["mount", "-t", fs, *options, fs, str(target)], timeout=30)
-            mounted.append(target)
-        yield
-    finally:
-        _stop_processes_under(root)
-        for target in reversed(mounted):
-            subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
-
-
-def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
-        raise VmError(f"{' '.join(cmd)} exited {result.returncode}:\n{tail}")
 
 
 class Result:

@@ -21,11 +21,11 @@ from supervisor import store, unitspec
 from supervisor.outcomes import Outcome
 from tests.harness.postgres import Postgres
 from tests.integration.conftest import (
-    UNITVISOR,
     CliResult,
     age_jobs,
     ensure_login_role,
     register,
+    unitvisor_command,
 )
 from tests.integration.test_cli_db import assert_one_line_error
 from tests.integration.test_cli_roles import add
@@ -39,8 +39,10 @@ def run_cli(empty_config: Path) -> Callable[..., CliResult]:
 
     def run(*args: str, env: dict[str, str] | None = None, config: Path | None = None) -> CliResult:
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("UNITVISOR_", "PG"))}
-        proc = subprocess.run([str(UNITVISOR), "--config", str(config or empty_config), *args],
-                              env={**clean, **(env or {})}, capture_output=True, text=True, timeout=60, cwd="/")
+        command, needs = unitvisor_command()
+        proc = subprocess.run([*command, "--config", str(config or empty_config), *args],
+                              env={**clean, **needs, **(env or {})}, capture_output=True, text=True, timeout=60,
+                              cwd="/")
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
     return run

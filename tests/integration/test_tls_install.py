@@ -12,6 +12,7 @@ pg_hba.conf or TLS; the first two tests are README's steps.)
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -99,15 +100,16 @@ def host_dsn(tls: Tls, tmp_path_factory: pytest.TempPathFactory) -> str:
     """README's steps on the database's machine, over its socket as the superuser: migrate, CONNECT
     for unitvisor's roles only, hosts add web-2 --db-host; then the printed DSN with README's
     sslmode and sslrootcert appended, as it goes into web-2's /etc/unitvisor/dsn."""
-    from tests.integration.conftest import UNITVISOR
+    from tests.integration.conftest import unitvisor_command
 
     config = tmp_path_factory.mktemp("cfg") / "unitvisor.toml"
     config.write_text("")
+    command, needs = unitvisor_command()
 
     def superuser(*args: str) -> str:
-        result = subprocess.run([str(UNITVISOR), "--config", str(config), "--dsn",
-                                 tls.pg.socket_dsn_for("unitvisor"), *args],
-                                capture_output=True, text=True, timeout=120, check=False, cwd="/")
+        result = subprocess.run([*command, "--config", str(config), "--dsn", tls.pg.socket_dsn_for("unitvisor"),
+                                 *args], capture_output=True, text=True, timeout=120, check=False, cwd="/",
+                                env={**os.environ, **needs})
         assert result.returncode == 0, result.stderr
         return result.stdout
 

@@ -88,13 +88,15 @@ def test_tasks_peak_is_measured_on_cgroup_v2_with_pids_on_linux_6_1(tree: tuple[
     assert (got.status, got.message) == ("ok", "measured (each run's cgroup's pids.peak, read as its unit ends)")
 
 
-@pytest.mark.parametrize("controllers, release", [
-    (None, "6.12.48+deb13-amd64"),  # a cgroup-v1 or hybrid host: no cgroup.controllers at the root
-    ("cpuset cpu io memory\n", "6.12.48+deb13-amd64"),  # cgroup v2 without the pids controller
-    ("cpuset cpu io memory pids\n", "5.10.0-30-amd64"),  # before pids.peak (Linux 6.1)
+@pytest.mark.parametrize("controllers, release, why", [
+    # a cgroup-v1 or hybrid host: no cgroup.controllers at the root
+    (None, "6.12.48+deb13-amd64", "is not cgroup v2 (a v1 or hybrid hierarchy)"),
+    ("cpuset cpu io memory\n", "6.12.48+deb13-amd64", "without the pids controller"),
+    # Debian 11's kernel, before pids.peak (Linux 6.1)
+    ("cpuset cpu io memory pids\n", "5.10.0-30-amd64", "Linux 5.10.0-30-amd64 is older than 6.1"),
 ])
-def test_tasks_peak_is_not_measured_and_says_what_it_needs(tree: tuple[Path, Path], controllers: str | None,
-                                                         release: str) -> None:
+def test_tasks_peak_is_not_measured_and_says_why_and_what_it_needs(tree: tuple[Path, Path], controllers: str | None,
+                                                                 release: str, why: str) -> None:
     if controllers is None:
         (tree[0] / "cgroup.controllers").unlink()
     else:
@@ -102,3 +104,4 @@ def test_tasks_peak_is_not_measured_and_says_what_it_needs(tree: tuple[Path, Pat
     got = tasks_peak_check(tree[0], release)
     assert got.status == "warn", got
     assert "not measured" in got.message and "pids.peak" in got.message and "NULL" in got.message
+    assert why in got.message and "Linux 6.1 or later" in got.message, got.message
