@@ -7,6 +7,7 @@ in hosts.left_draining: it comes back draining, and claims nothing until undrain
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -128,3 +129,18 @@ def test_the_migration_stops_a_draining_host_whose_daemon_is_gone(empty_dsn: str
         assert store.migrate(conn) == ["024_drain_through_stop"]
         states = dict(conn.execute("SELECT id, state || ' ' || left_draining FROM unitvisor.hosts").fetchall())
     assert states == {"gone": "stopped true", "live": "draining false", "recent": "draining false"}
+
+
+def test_drain_and_undrain_of_a_stopped_host_say_what_it_comes_back_as(cli, dsn: str,
+                                                                         conn: psycopg.Connection) -> None:
+    store.mark_host_stopped(conn, register(conn, "web-1"))
+    comes_back = "its daemon comes back {} when it starts\n"
+    drained = cli("drain", "web-1", dsn=dsn)
+    assert drained.stdout == "host web-1: stopped -> stopped (drained): " + comes_back.format("draining")
+    assert cli("drain", "web-1", dsn=dsn).stdout == ("host web-1 is already stopped (drained): "
+                                                     + comes_back.format("draining"))
+    [row] = json.loads(cli("hosts", "--json", dsn=dsn).stdout)
+    assert (row["state"], row["display_state"], row["comes_back_draining"]) == ("stopped", "stopped (drained)", True)
+    assert "stopped (drained)" in cli("hosts", dsn=dsn).stdout
+    undrained = cli("undrain", "web-1", dsn=dsn)
+    assert undrained.stdout == "host web-1: stopped (drained) -> stopped: " + comes_back.format("active")
