@@ -25,6 +25,8 @@
  *   live_copies <= 1        at most one live copy of the run (stop_runs_when_cut_off is on)
  *   attempt_starts[a] <= 1  an attempt's unit is started at most once, on any machine
  *   attempt_settles[a] <= 1 a settled attempt is never settled again
+ *   drained_claims == 0     a host the operator drained claims nothing until undrained (schema 24)
+ *   quiet_declared == 0     a host stopped cleanly with nothing open is never declared dead (schema 24)
  */
 
 /* -- the protocol's switches (1: as fixed in this release; the mutants turn one off) ------------- */
