@@ -25,6 +25,8 @@
  *   live_copies <= 1        at most one live copy of the run (stop_runs_when_cut_off is on)
  *   attempt_starts[a] <= 1  an attempt's unit is started at most once, on any machine
  *   attempt_settles[a] <= 1 a settled attempt is never settled again
+ *   drained_claims == 0     a host the operator drained claims nothing until undrained (schema 24)
+ *   quiet_declared == 0     a host stopped cleanly with nothing open is never declared dead (schema 24)
  */
 
 /* -- the protocol's switches (1: as fixed in this release; the mutants turn one off) ------------- */
@@ -54,6 +56,14 @@
 #ifndef ASIDE_HB
 #define ASIDE_HB 1           /* a busy loop's heartbeat is sent by a thread on a connection of its own */
 #endif
+#ifndef STOP_DRAINING
+#define STOP_DRAINING 1      /* mark_host_stopped stops a draining host too (schema 24); 0: only an active
+                                one, as before 24, so a drained host that stopped stayed draining */
+#endif
+#ifndef KEEP_DRAIN
+#define KEEP_DRAIN 1         /* a draining host's clean stop keeps the drain (left_draining) for its next
+                                registration */
+#endif
 
 /* -- bounds (the state space) ------------------------------------------------------------------ */
 #ifndef MAXA
@@ -73,16 +83,21 @@
 #ifndef LOSSES
 #define LOSSES 2             /* answers lost and requests delayed past their connection, in all */
 #endif
+#ifndef DRAINS
+#define DRAINS 1             /* the operator's drains and undrains of host id 0 (unitvisor drain, undrain) */
+#endif
 
 #define NM 3                 /* machines: 0 A, 1 B, 2 C (clone of A) */
 #define NH 2                 /* host ids */
 #define HID(m) ((m) == 1 -> 1 : 0)
 
-/* host states (unitvisor.hosts.state; draining is left out) */
+/* host states (unitvisor.hosts.state) */
 #define NONE 0
 #define ACTIVE 1
 #define STOPPED 2
 #define DEAD 3
+#define DRAINING 4
+#define LIVE_STATE(s) ((s) == ACTIVE || (s) == DRAINING)
 
 /* the run's state: queued, starting/running, finished */
 #define QUEUED 0
@@ -119,6 +134,8 @@
 
 /* -- the database ------------------------------------------------------------------------------ */
 byte hstate[NH];
+bit left_draining[NH];       /* stopped (or then declared dead) while draining: comes back draining; the
+                                code's drained_before_death is the same bit for a host draining at its death */
 byte hepoch[NH];
 byte hinst[NH];              /* the machine (instance) that holds the id */
 byte stamps[NH];             /* heartbeat generations: commits that stamped heartbeat_at */
@@ -141,6 +158,7 @@ byte todo[NM];               /* an attempt the daemon is about to start (a claim
 byte lease[NM];              /* the heartbeat generation the lease file was renewed from */
 byte downs[NM];
 byte losses;
+byte drains;                 /* the operator's drains and undrains so far */
 byte unit[NM * (MAXA + 1)];  /* unit[m * (MAXA + 1) + a] */
 #define U(m, a) unit[(m) * (MAXA + 1) + (a)]
 
@@ -151,6 +169,11 @@ byte stale_ep[NM];
 
 /* -- ghosts (the properties) ------------------------------------------------------------------- */
 byte live_copies;
+bit drain_wanted[NH];        /* the operator drained k (set_host_state took it) and has not undrained it */
+byte drained_claims;         /* claims by a host the operator drained: must stay 0 */
+bit quiet_stop[NH];          /* k's daemon stopped cleanly (mark_host_stopped committed in its epoch) and
+                                k has not registered since */
+byte quiet_declared;         /* such a host declared dead with nothing open: must stay 0 */
 byte attempt_starts[MAXA + 1];
 byte attempt_settles[MAXA + 1];
 
@@ -200,31 +223,53 @@ inline new_epoch(nk) {
     hepoch[nk] = epochs
 }
 
+/* register_host's new state (schema 24): draining if it was, or if it stopped or died draining */
+inline come_back(ck) {
+    if
+    :: hstate[ck] == DRAINING || ((hstate[ck] == STOPPED || hstate[ck] == DEAD) && left_draining[ck]) ->
+        hstate[ck] = DRAINING
+    :: else -> hstate[ck] = ACTIVE
+    fi;
+    left_draining[ck] = 0;
+    quiet_stop[ck] = 0
+}
+
+/* unitvisor.set_host_state (schemas 21, 24), by the operator: a live host's state; a stopped one's drain
+   kept for its next registration; a dead (or unknown) one is left alone */
+inline operator_sets(ok, drain) {
+    if
+    :: LIVE_STATE(hstate[ok]) -> hstate[ok] = (drain -> DRAINING : ACTIVE); drain_wanted[ok] = drain
+    :: hstate[ok] == STOPPED -> left_draining[ok] = drain; drain_wanted[ok] = drain
+    :: else -> skip
+    fi;
+    printf("operator sets id%d drain %d\n", ok, drain)
+}
+
 /* unitvisor.register_host (sql/004_roles.sql, as fixed in this release) */
 inline db_register() {
     if
     :: hstate[k] == NONE ->
-        new_epoch(k); hinst[k] = m; hstate[k] = ACTIVE; stamp(k); r = R_OK
+        new_epoch(k); hinst[k] = m; hstate[k] = ACTIVE; quiet_stop[k] = 0; stamp(k); r = R_OK
     :: hstate[k] != NONE && hinst[k] == m ->
         /* the same instance (a restart, a reconnect): the same epoch, unless it was declared dead */
         if
         :: hstate[k] == DEAD -> new_epoch(k)
         :: else -> skip
         fi;
-        hstate[k] = ACTIVE; stamp(k); r = R_OK
+        come_back(k); stamp(k); r = R_OK
     :: hstate[k] != NONE && hinst[k] != m ->
         /* another instance */
         if
         :: ((HOLD_ID && hstate[k] != DEAD
-             && ((!overdue[k] && (hstate[k] == ACTIVE || HAS_OPEN(k))) || (TAKEOVER == 2 && HAS_OPEN(k))))
-            || (!HOLD_ID && hstate[k] == ACTIVE && !overdue[k])) ->
+             && ((!overdue[k] && (LIVE_STATE(hstate[k]) || HAS_OPEN(k))) || (TAKEOVER == 2 && HAS_OPEN(k))))
+            || (!HOLD_ID && LIVE_STATE(hstate[k]) && !overdue[k])) ->
             r = R_REFUSED
         :: else ->
             if
             :: TAKEOVER == 1 && hstate[k] != DEAD -> settle_open_of(k)
             :: else -> skip
             fi;
-            new_epoch(k); hinst[k] = m; hstate[k] = ACTIVE; stamp(k); r = R_OK
+            new_epoch(k); hinst[k] = m; come_back(k); stamp(k); r = R_OK
         fi
     fi;
     printf("register m%d id%d -> %d epoch %d\n", m, k, r, hepoch[k]);
@@ -257,6 +302,11 @@ inline db_commit() {
                 && attempts < MAXA) ->
                 attempts++; a_host[attempts] = k; a_outcome[attempts] = OPEN; a_started[attempts] = 0;
                 run_state = INFLIGHT; r_arg = attempts;
+                if
+                :: drain_wanted[k] -> drained_claims++
+                :: else -> skip
+                fi;
+                assert(drained_claims == 0);
                 printf("claim m%d attempt %d\n", m, attempts)
             :: else -> skip
             fi
@@ -289,17 +339,30 @@ inline db_commit() {
         if
         :: FENCE_OK(k, e) ->
             if
-            :: overdue[1 - k] && (hstate[1 - k] == ACTIVE || (hstate[1 - k] == STOPPED && HAS_OPEN(1 - k))) ->
+            :: overdue[1 - k] && (LIVE_STATE(hstate[1 - k]) || (hstate[1 - k] == STOPPED && HAS_OPEN(1 - k))) ->
                 printf("m%d declares id%d dead\n", m, 1 - k);
+                if
+                :: quiet_stop[1 - k] && !HAS_OPEN(1 - k) -> quiet_declared++
+                :: else -> skip
+                fi;
+                assert(quiet_declared == 0);
+                if
+                :: hstate[1 - k] == DRAINING -> left_draining[1 - k] = 1
+                :: else -> skip
+                fi;
                 hstate[1 - k] = DEAD; new_epoch(1 - k); settle_open_of(1 - k)
             :: else -> skip
             fi
         :: else -> r = R_FENCED
         fi
     :: kind == STOP ->
-        /* unitvisor.mark_host_stopped */
+        /* unitvisor.mark_host_stopped (schema 24: a draining host too, keeping its drain) */
         if
-        :: hepoch[k] == e && hstate[k] == ACTIVE -> hstate[k] = STOPPED; stamp(k); printf("m%d stopped\n", m)
+        :: hepoch[k] == e && (hstate[k] == ACTIVE || (STOP_DRAINING && hstate[k] == DRAINING)) ->
+            left_draining[k] = (KEEP_DRAIN && hstate[k] == DRAINING);
+            hstate[k] = STOPPED; quiet_stop[k] = 1; stamp(k); printf("m%d stopped\n", m)
+        :: hepoch[k] == e && !STOP_DRAINING && hstate[k] == DRAINING ->
+            quiet_stop[k] = 1; printf("m%d stopped, left draining\n", m)  /* the UPDATE matched no row */
         :: else -> skip
         fi
     fi
@@ -327,6 +390,9 @@ end:
     /* host_dead_after since k's last stamp, by the database's clock: after every lease window of k is
        over and every watcher of k had stop_grace to stop its units. */
     :: atomic { !overdue[0] && hstate[0] != NONE && passed[0] == stamps[0] && WATCHERS_DONE(0) -> overdue[0] = 1; printf("id0 overdue\n") }
+    /* The operator drains or undrains host id 0 (unitvisor drain / undrain: set_host_state). */
+    :: atomic { drains < DRAINS && !drain_wanted[0] -> drains++; operator_sets(0, 1) }
+    :: atomic { drains < DRAINS && drain_wanted[0] -> drains++; operator_sets(0, 0) }
     /* A run's process ends by itself. */
     UNIT_ENDS(0, 1)
     UNIT_ENDS(0, 2)

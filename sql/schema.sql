@@ -697,6 +697,10 @@ CREATE TABLE unitvisor.hosts (
     pressure_figures jsonb,
     pressure_detail text,
     pressure_at    timestamptz,
+    -- It stopped cleanly while draining (mark_host_stopped), or was drained while stopped (set_host_state):
+    -- it comes back draining at its next registration, which clears this. Kept if a stopped host with
+    -- runs open is declared dead (drained_before_death says the same of a host draining at its death).
+    left_draining  boolean NOT NULL DEFAULT false,
     CONSTRAINT hosts_state_valid CHECK (state IN ('active', 'draining', 'stopped', 'dead')),
     CONSTRAINT hosts_pressure_state_valid
         CHECK (pressure_state IS NULL OR pressure_state IN ('off', 'open', 'slowed', 'stopped'))
@@ -1265,11 +1269,11 @@ BEGIN
     RETURN true;
 END $$;
 
--- register_host as in 004, with the rule of the head of this file. Another instance is refused while
--- the host has been heard from within its own host_dead_after and either is active or draining (a live
--- daemon, maybe reconnecting) or has an attempt open (its daemon stopped, or is restarting: its runs go
--- on, and only its own instance may adopt them; a peer settles them only once it is declared dead,
--- after the same silence). The same machine in the same boot (a restart, a reconnect) takes it back at
+-- register_host as in 013, bringing a host that stopped or died while draining back draining (024).
+-- Another instance is refused while the host has been heard from within its own host_dead_after and
+-- either is active or draining (a live daemon, maybe reconnecting) or has an attempt open (its daemon
+-- stopped, or is restarting: its runs go on, and only its own instance may adopt them; a peer settles
+-- them only once it is declared dead, after the same silence). The same machine in the same boot (a restart, a reconnect) takes it back at
 -- once, as before. What a refused daemon is told says when it may try with success: the moment is the
 -- database's, fixed by the last heartbeat, so the message stays the same while it waits.
 CREATE FUNCTION unitvisor.register_host(
@@ -1337,7 +1341,10 @@ BEGIN
     -- another instance taking over the id: a new epoch, so that the old owner's writes fail.
     new_epoch := CASE WHEN old.state = 'dead' OR old.instance IS DISTINCT FROM register_host.host_instance
                       THEN nextval('unitvisor.host_epochs') ELSE old.epoch END;
-    new_state := CASE WHEN old.state = 'draining' OR (old.state = 'dead' AND old.drained_before_death)
+    -- A drain outlives a clean stop (left_draining) and a death (drained_before_death, or left_draining
+    -- if it had stopped drained first): the host claims nothing until `undrain`.
+    new_state := CASE WHEN old.state = 'draining' OR (old.state IN ('stopped', 'dead') AND old.left_draining)
+                           OR (old.state = 'dead' AND old.drained_before_death)
                       THEN 'draining' ELSE 'active' END;
     -- started_at = now(): the start of this registration, which declare_dead_hosts measures the
     -- declarer's connection by (a daemon registers after every connect).
@@ -1349,7 +1356,8 @@ BEGIN
         executable_patterns = register_host.executable_patterns, run_user = register_host.run_user,
         allowed_users = register_host.allowed_users, poll_interval_sec = register_host.poll_interval_sec,
         dead_after_sec = register_host.dead_after_sec, epoch = new_epoch, started_at = now(),
-        heartbeat_at = now(), dead_at = NULL, dead_reason = NULL, drained_before_death = false, state = new_state
+        heartbeat_at = now(), dead_at = NULL, dead_reason = NULL, drained_before_death = false,
+        left_draining = false, state = new_state
     WHERE h.id = register_host.host_id;
     RETURN QUERY SELECT true, new_state, new_epoch,
         CASE WHEN old.state = 'dead' THEN format('rejoined after being declared dead (%s)', old.dead_reason)
@@ -1418,33 +1426,45 @@ BEGIN
         OR EXISTS (SELECT 1 FROM unitvisor.schedules s WHERE NOT s.paused AND s.next_due <= now());
 END $$;
 
--- A daemon's clean stop (store.mark_host_stopped).
+-- A daemon's clean stop (store.mark_host_stopped): an active or a draining host becomes 'stopped', and a
+-- draining one keeps its drain in left_draining. Its heartbeat is stamped, so that a stop is a fresh
+-- sign of life (a host stopped with runs open is held for its host_dead_after from here).
 CREATE FUNCTION unitvisor.mark_host_stopped(host_id text, host_epoch bigint) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM unitvisor.require_host(mark_host_stopped.host_id);
-    UPDATE unitvisor.hosts h SET state = 'stopped', heartbeat_at = now()
-    WHERE h.id = mark_host_stopped.host_id AND h.epoch = mark_host_stopped.host_epoch AND h.state = 'active';
+    UPDATE unitvisor.hosts h SET state = 'stopped', heartbeat_at = now(), left_draining = (h.state = 'draining')
+    WHERE h.id = mark_host_stopped.host_id AND h.epoch = mark_host_stopped.host_epoch
+      AND h.state IN ('active', 'draining');
 END $$;
 
 -- The previous state (NULL: no such host). A dead host stays dead: it becomes active again only by
--- registering, as with 0.7.0's UPDATE; a stopped host takes the new state, which its next registration
--- keeps (register_host keeps a drain).
+-- registering. A stopped host stays stopped (a silent host made 'active' or 'draining' would be overdue,
+-- and declared dead); the drain is kept in left_draining for its next registration, and its previous
+-- state is said as `stopped` or `stopped (drained)`.
 CREATE FUNCTION unitvisor.set_host_state(host_id text, state text) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    before text;
+    old unitvisor.hosts;
 BEGIN
     PERFORM unitvisor.require_host(set_host_state.host_id);
     IF set_host_state.state IS NULL OR set_host_state.state NOT IN ('active', 'draining') THEN
         RAISE EXCEPTION 'a host''s state is set to active or draining, not %', coalesce(set_host_state.state, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT h.state INTO before FROM unitvisor.hosts h WHERE h.id = set_host_state.host_id FOR UPDATE;
-    IF before IS NOT NULL AND before <> 'dead' AND before <> set_host_state.state THEN
+    SELECT * INTO old FROM unitvisor.hosts h WHERE h.id = set_host_state.host_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF old.state = 'stopped' THEN
+        UPDATE unitvisor.hosts h SET left_draining = (set_host_state.state = 'draining')
+        WHERE h.id = set_host_state.host_id;
+        RETURN CASE WHEN old.left_draining THEN 'stopped (drained)' ELSE 'stopped' END;
+    END IF;
+    IF old.state <> 'dead' AND old.state <> set_host_state.state THEN
         UPDATE unitvisor.hosts h SET state = set_host_state.state WHERE h.id = set_host_state.host_id;
     END IF;
-    RETURN before;
+    RETURN old.state;
 END $$;
 
 -- A host is live while it is active and has been heard from within its own host_dead_after (whether
@@ -1456,7 +1476,8 @@ $$;
 
 -- A host to declare dead: silent for longer than its own host_dead_after, and either active or
 -- draining, or stopped with an attempt still open (a host that stopped cleanly with nothing open
--- stays 'stopped'). The heartbeat's probe and declare_dead_hosts both ask this one function.
+-- stays 'stopped', and since 024 a drained one stops too: so a drained host stopped for maintenance or
+-- retirement is never declared dead). The heartbeat's probe and declare_dead_hosts both ask this one function.
 CREATE FUNCTION unitvisor.host_is_overdue(h unitvisor.hosts) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT h.heartbeat_at < now() - make_interval(secs => coalesce(h.dead_after_sec, 60))
@@ -3510,6 +3531,7 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('021_operator'),
     ('022_argument_checks'),
     ('023_refusals_now'),
+    ('024_drain_through_stop'),
     ('026_graceful_stop'),
     ('027_failure_rules'),
     ('028_schedules');

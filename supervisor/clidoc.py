@@ -61,11 +61,12 @@ A role that cannot read every run (a host's own, the default DSN on a host) gets
 and a note on stderr says the list may be partial; the JSON on stdout stays a list.
 
 `unitvisor hosts --json`: a list of `id`, `name`, `state` (`active`, `draining`, `stopped`, `dead`),
-`display_state` (the state with `(stale)` or `(conflict)`), `max_runs`, `memory_budget`, `version`,
-`started_at`, `heartbeat_at`, `heartbeat_age_seconds`, `in_flight`, `epoch`, `instance`, `can_start`,
-`cannot_start_reason`, `allowed_executables`, `run_user`, `allowed_users`, `poll_interval_seconds`,
-`host_dead_after_seconds`, `dead_at`, `dead_reason`, `conflict` (what a refused second daemon said,
-while it lasts).
+`display_state` (the state with `(drained)`, `(stale)` or `(conflict)`), `max_runs`, `memory_budget`,
+`version`, `started_at`, `heartbeat_at`, `heartbeat_age_seconds`, `in_flight`, `epoch`, `instance`,
+`can_start`, `cannot_start_reason`, `allowed_executables`, `run_user`, `allowed_users`,
+`poll_interval_seconds`, `host_dead_after_seconds`, `dead_at`, `dead_reason`, `comes_back_draining`
+(a stopped or dead host whose next registration makes it `draining`: it was drained when it stopped
+or died, or drained while stopped), `conflict` (what a refused second daemon said, while it lasts).
 
 `unitvisor schedules --json`: a list of `name`, `cron`, `timezone`, `run` (the schedule's submit_run
 arguments), `overlap`, `catch_up`, `paused`, `next_due` (`null`: never again), `last_due`, `last_result`,

@@ -565,6 +565,31 @@ def resolve_dsn(settings: Settings, override: str | None, file_override: str | P
         return os.environ["UNITVISOR_DSN"]
     if os.environ.get("UNITVISOR_DSN_FILE"):
         return read_dsn_file(Path(os.environ["UNITVISOR_DSN_FILE"]), "UNITVISOR_DSN_FILE")
+    return configured_dsn(settings)
+
+
+def shell_dsn_origin(override: str | None, file_override: str | Path | None = None) -> str | None:
+    """Which of the shell's ways to give a DSN gives it (resolve_dsn's order), for people; None when the
+    shell gives none and the config's applies."""
+    if override:
+        return "--dsn"
+    if file_override:
+        return f"--dsn-file {file_override}"
+    if os.environ.get("UNITVISOR_DSN"):
+        return "UNITVISOR_DSN"
+    if os.environ.get("UNITVISOR_DSN_FILE"):
+        return f"UNITVISOR_DSN_FILE ({os.environ['UNITVISOR_DSN_FILE']})"
+    return None
+
+
+def configured_dsn_origin(settings: Settings) -> str:
+    """Where the config's DSN comes from (configured_dsn), for people."""
+    return f"[database] dsn in {settings.source}" if settings.database.dsn else settings.database.dsn_file
+
+
+def configured_dsn(settings: Settings) -> str:
+    """The DSN of the config alone: its [database] dsn, else its DSN file. What the daemon connects with:
+    its unit starts `unitvisor daemon` with neither --dsn nor a UNITVISOR_DSN (resolve_dsn's rules)."""
     if settings.database.dsn:
         source = Path(settings.source)
         if _has_password(settings.database.dsn) and source.is_file():

@@ -142,10 +142,66 @@ def run_checks(config_path: Path | None, dsn_override: str | None, dsn_file: str
     return checks
 
 
-def _database_checks(settings: config.Settings, dsn_override: str | None, daemon_pid: int = 0,
-                     dsn_file: str | Path | None = None) -> list[Check]:
+@dataclass(frozen=True)
+class DsnChoice:
+    """Which DSN doctor checks: the daemon's (`daemons`) or the shell's, where it comes from (`origin`, for
+    people), and where the shell's comes from when it gives one besides the daemon's (`other`)."""
+    daemons: bool
+    origin: str
+    other: str | None = None
+
+
+def choose_dsn(settings: config.Settings, dsn_override: str | None, dsn_file: str | Path | None,
+               euid: int) -> DsnChoice:
+    """As root with the daemon's config (/etc/unitvisor/unitvisor.toml), the daemon's DSN: the one the
+    host must reach, whatever the shell gives (an operator's admin DSN in UNITVISOR_DSN_FILE reached the
+    database while the daemon's /etc/unitvisor/dsn did not, and doctor said ok). Elsewhere (not root: the
+    daemon's DSN file is root's; another config: not the daemon's) the shell's, as every command."""
+    shell = config.shell_dsn_origin(dsn_override, dsn_file)
+    source = Path(settings.source)
+    if euid == 0 and source.is_file() and source.resolve() == config.DEFAULT_PATH.resolve():
+        return DsnChoice(True, f"the daemon's DSN from {config.configured_dsn_origin(settings)}", shell)
+    return DsnChoice(False, f"the DSN from {shell or config.configured_dsn_origin(settings)}")
+
+
+def _shell_dsn_check(settings: config.Settings, dsn_override: str | None, dsn_file: str | Path | None,
+                     origin: str, daemon_dsn: str | None) -> Check:
+    """The DSN the shell gives besides the daemon's, said apart from it: a warning at most, since the
+    host's fitness is the daemon's DSN's."""
+    said = f"{origin} (this shell's, for the commands run here; not the daemon's)"
     try:
         dsn = config.resolve_dsn(settings, dsn_override, dsn_file)
+        if dsn == daemon_dsn:
+            return Check("shell DSN", "ok", f"{origin} gives the daemon's DSN")
+        with store.connect(dsn):
+            pass
+    except (config.ConfigError, store.DatabaseError) as exc:
+        return Check("shell DSN", "warn", f"{said}: {exc}")
+    return Check("shell DSN", "ok", f"{said}: reachable at {store.dsn_location(dsn)}")
+
+
+def _database_checks(settings: config.Settings, dsn_override: str | None, daemon_pid: int = 0,
+                     dsn_file: str | Path | None = None, euid: int | None = None) -> list[Check]:
+    choice = choose_dsn(settings, dsn_override, dsn_file, os.geteuid() if euid is None else euid)
+    checks = _database_checks_of(settings, choice, dsn_override, dsn_file, daemon_pid)
+    if choice.other:
+        daemon_dsn = _quietly(lambda: config.configured_dsn(settings))
+        checks.insert(1, _shell_dsn_check(settings, dsn_override, dsn_file, choice.other, daemon_dsn))
+    return checks
+
+
+def _quietly(read: Callable[[], str]) -> str | None:
+    try:
+        return read()
+    except config.ConfigError:
+        return None
+
+
+def _database_checks_of(settings: config.Settings, choice: DsnChoice, dsn_override: str | None,
+                        dsn_file: str | Path | None, daemon_pid: int) -> list[Check]:
+    try:
+        dsn = (config.configured_dsn(settings) if choice.daemons
+               else config.resolve_dsn(settings, dsn_override, dsn_file))
         with store.connect(dsn) as conn:
             pending = store.pending_migrations(conn)
             db_now = store.now(conn).timestamp()
@@ -154,8 +210,8 @@ def _database_checks(settings: config.Settings, dsn_override: str | None, daemon
             defaults = store.role_settings(conn)
             open_to_all = store.public_may_connect(conn)
     except (config.ConfigError, store.DatabaseError) as exc:
-        return [Check("database", "fail", str(exc))]
-    checks = [Check("database", "ok", f"reachable at {store.dsn_location(dsn)}")]
+        return [Check("database", "fail", f"{choice.origin}: {exc}")]
+    checks = [Check("database", "ok", f"{choice.origin}: reachable at {store.dsn_location(dsn)}")]
     if pending:
         checks.append(Check("schema", "fail", f"missing migrations {', '.join(pending)}: run `unitvisor migrate`"))
     else:

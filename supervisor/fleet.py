@@ -103,11 +103,14 @@ STALE_AFTER_POLLS = 2
 
 
 def host_display_state(row: dict) -> str:
-    """A host's state for people: its state, `stale` once it missed two heartbeats (before others may
-    declare it dead), and `conflict` while a second daemon with its id keeps being refused."""
+    """A host's state for people: its state, `drained` for a stopped or dead host that comes back
+    draining (schema 24), `stale` once it missed two heartbeats (before others may declare it dead),
+    and `conflict` while a second daemon with its id keeps being refused."""
     state = row["state"]
     poll = row.get("poll_interval_sec") or 10.0
     notes = []
+    if state in ("stopped", "dead") and row.get("comes_back_draining"):
+        notes.append("drained")
     if state in ("active", "draining") and row["heartbeat_age"] > STALE_AFTER_POLLS * poll:
         notes.append("stale")
     conflict_age = row.get("conflict_age")

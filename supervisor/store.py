@@ -755,15 +755,18 @@ def list_hosts(conn: Connection) -> list[dict[str, Any]]:
                       h.pressure_state, h.pressure_resource, h.pressure_figures, h.pressure_detail,
                       extract(epoch FROM now() - h.pressure_at)::float8 AS pressure_age,
                       h.pressure_at IS NOT NULL AND h.pressure_at < h.started_at AS pressure_stale,
-                      unitvisor.host_in_flight(h.id) AS in_flight
+                      unitvisor.host_in_flight(h.id) AS in_flight,
+                      h.left_draining OR (h.state = 'dead' AND h.drained_before_death) AS comes_back_draining
                FROM unitvisor.hosts h ORDER BY h.id""").fetchall()
 
 
 def set_host_state(conn: Connection, host_id: str, state: str) -> str | None:
     """Drain (claim nothing new) or undrain a host. Returns the previous state, None if no such host.
-    A dead host's state is not changed: it becomes active again only by registering. Through
-    unitvisor.set_host_state (sql/021_operator.sql), so that a host role may drain its own host id,
-    and only that one, while the admin drains any (insufficient_privilege otherwise)."""
+    A dead host's state is not changed: it becomes active again only by registering. A stopped host
+    stays stopped and keeps the drain for its next registration; its previous state is `stopped` or
+    `stopped (drained)` (sql/migrations/024_drain_through_stop.sql). Through unitvisor.set_host_state
+    (sql/021_operator.sql), so that a host role may drain its own host id, and only that one, while the
+    admin drains any (insufficient_privilege otherwise)."""
     return conn.execute("SELECT unitvisor.set_host_state(%s, %s)", (host_id, state)).fetchone()[0]
 
 
@@ -798,25 +801,15 @@ def forget_host(conn: Connection, host_id: str) -> tuple[str | None, int]:
 
 
 def retire_host(conn: Connection, host_id: str, keep_role: bool = False) -> Forgotten:
-    """Remove a dead, stopped, or drained and silent host's row once none of its attempts is open, and
-    with it the login role bound to its id (unless keep_role): DROP ROLE, or where the role still owns something (in any
+    """Remove a dead or stopped host's row once none of its attempts is open, and with it the login role
+    bound to its id (unless keep_role): DROP ROLE, or where the role still owns something (in any
     database of the cluster) NOLOGIN and out of unitvisor_host, so that its DSN logs in nowhere and
     reads nothing. A role whose host row was forgotten before (by 0.7.0, or with keep_role) is dropped
     too. One transaction: the row stays when the role cannot be touched (RoleNotDropped: the session
-    needs the right to create roles, as for `hosts add`)."""
+    needs the right to create roles, as for `hosts add`). A drained host whose daemon stopped (the
+    README's retirement: drain, wait, apt purge) is `stopped` since schema 24, and goes as one."""
     with conn.transaction():
-        # A drained host whose daemon then stopped (the README's retirement: drain, wait, apt purge) stays
-        # 'draining', so that a restart keeps the drain (mark_host_stopped stops only an active host). It
-        # may go once it is silent, two of its poll intervals without a heartbeat (a daemon still running
-        # sends one each interval): before, it had to be declared dead first, which took host_dead_after
-        # and fired the host-declared-dead alert for a planned retirement. Forgetting it cannot run
-        # anything twice: it claims nothing, has nothing open (checked below), and a daemon that did
-        # come back would find its row gone (fenced) and its login role dropped. Said as 'stopped'.
-        row = conn.execute(
-            """SELECT CASE WHEN h.state = 'draining' AND h.heartbeat_at
-                               < now() - make_interval(secs => 2 * coalesce(h.poll_interval_sec, 10))
-                           THEN 'stopped' ELSE h.state END
-               FROM unitvisor.hosts h WHERE h.id = %s FOR UPDATE""", (host_id,)).fetchone()
+        row = conn.execute("SELECT h.state FROM unitvisor.hosts h WHERE h.id = %s FOR UPDATE", (host_id,)).fetchone()
         open_count = 0
         if row is not None:
             open_count = conn.execute("SELECT count(*) FROM unitvisor.attempts WHERE host_id = %s AND outcome IS NULL",

@@ -21,8 +21,9 @@ from supervisor.quantities import format_duration, format_size
 def hosts(click_ctx: click.Context, as_json: bool) -> None:
     """List hosts: state, heartbeat age, capacity, runs in flight and admission by pressure.
 
-    STATE is active, draining, stopped or dead; `(stale)` once a host missed two heartbeats (before
-    the fleet declares it dead), `(conflict)` while a second daemon with its id is being refused.
+    STATE is active, draining, stopped or dead; `(drained)` for a stopped or dead host that comes
+    back draining, `(stale)` once a host missed two heartbeats (before the fleet declares it dead),
+    `(conflict)` while a second daemon with its id is being refused.
     ADMISSION is what the host claims by the pressure of its runs' slice ([host] pressure_slow_at,
     pressure_stop_at): open, slowed (fewer), stopped (none) or off (PSI not read), with the figure
     that decided; `-` for a daemon that does not report it.
@@ -49,6 +50,7 @@ def hosts(click_ctx: click.Context, as_json: bool) -> None:
             "run_user": r["run_user"], "allowed_users": r["allowed_users"],
             "poll_interval_seconds": r["poll_interval_sec"], "host_dead_after_seconds": r["dead_after_sec"],
             "dead_at": iso(r["dead_at"]), "dead_reason": r["dead_reason"],
+            "comes_back_draining": r["comes_back_draining"],
             "conflict": r["conflict_detail"] if "conflict" in fleet.host_display_state(r) else None,
             "pressure": _pressure_json(r),
         } for r in rows], indent=2))
@@ -127,8 +129,8 @@ def forget(ctx: Context, host: str, keep_role: bool) -> None:
         raise Failure(f"host {host} still has {forgotten.open_count} open attempt(s); they are taken over once it "
                       "is declared dead")
     if forgotten.state not in ("dead", "stopped", None):
-        raise Failure(f"host {host} is {forgotten.state}: only a dead or stopped host, or a drained one whose daemon "
-                      "has stopped (silent for two poll intervals), can be forgotten (drain and stop it first)")
+        raise Failure(f"host {host} is {forgotten.state}: only a dead or stopped host can be forgotten (drain it, "
+                      "let its runs finish, and stop its daemon first)")
     click.echo(forget_text(host, forgotten))
 
 
@@ -252,7 +254,14 @@ def _set_host_state(ctx: Context, host: str | None, state: str) -> None:
     if before == "dead":  # set_host_state changes nothing: a dead host is made live only by registering
         raise Failure(f"host {host} is dead: nothing changed; it becomes live again when its daemon registers "
                       "(a drain set before it died is kept)")
-    if before == state:
+    if before.startswith("stopped"):  # stays stopped; the drain is kept for its next start (schema 24)
+        after = "stopped (drained)" if state == "draining" else "stopped"
+        comes_back = f"its daemon comes back {state} when it starts"
+        if before == after:
+            click.echo(f"host {host} is already {after}: {comes_back}")
+        else:
+            click.echo(f"host {host}: {before} -> {after}: {comes_back}")
+    elif before == state:
         click.echo(f"host {host} is already {state}")
     else:
         click.echo(f"host {host}: {before} -> {state}")

@@ -16,7 +16,7 @@ from psycopg.conninfo import make_conninfo
 from supervisor import store, unitspec
 from supervisor.outcomes import Outcome
 from tests.harness.postgres import Postgres
-from tests.integration.conftest import TEST_SUBMITTER, age_jobs, bind_host_role, ensure_login_role, register, silence
+from tests.integration.conftest import TEST_SUBMITTER, age_jobs, bind_host_role, ensure_login_role, register
 
 DENIED = "42501"
 FAILED = Outcome("exit-code", "exit:1", "exited 1")
@@ -159,12 +159,13 @@ def test_a_live_host_keeps_its_row_and_its_role(conn: psycopg.Connection, retiri
 def test_a_drained_host_whose_daemon_stopped_is_forgotten_without_being_declared_dead(
         conn: psycopg.Connection, retiring: tuple[str, str]) -> None:
     """The README's retirement: drain, wait, apt purge (the daemon stops), forget. A drained host's clean
-    stop leaves it 'draining' (mark_host_stopped stops only an active host, so a restart keeps the
-    drain), and forget refused it until a peer had declared it dead, host_dead_after later, with the
-    host-declared-dead alert firing (failed before: Forgotten('draining', 0))."""
+    stop makes it 'stopped' (schema 24), which forget takes at once, without a peer declaring it dead first."""
     host_id, role = retiring
-    conn.execute("UPDATE unitvisor.hosts SET state = 'draining' WHERE id = %s", (host_id,))
-    silence(conn, host_id, 2 * 10 + 1)  # two of its poll intervals (10 s) without a heartbeat
+    with login(conn.info.dsn, role) as session:
+        fence = register(session, host_id)
+        store.set_host_state(session, host_id, "draining")
+        store.mark_host_stopped(session, fence)
+    assert state_of(conn, host_id) == "stopped"
     assert store.retire_host(conn, host_id) == store.Forgotten("stopped", 0, role, "dropped")
     assert conn.execute("SELECT 1 FROM unitvisor.hosts WHERE id = %s", (host_id,)).fetchone() is None
     assert role_row(conn, role) is None

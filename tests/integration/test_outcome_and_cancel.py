@@ -566,8 +566,9 @@ def test_register_host_keeps_draining_and_revives_stopped(conn: psycopg.Connecti
     assert registration == store.Registration(True, "draining", fence.epoch, "registered")
     assert host_row(conn, "h1")[1:3] == ("draining", 4)
 
-    store.mark_host_stopped(conn, fence)  # a draining host stays draining
-    assert host_row(conn, "h1")[1] == "draining"
+    store.mark_host_stopped(conn, fence)  # a draining host stops drained (schema 24), and comes back draining
+    assert host_row(conn, "h1")[1] == "stopped"
+    assert store.register_host(conn, host_profile("h1", max_runs=4)).state == "draining"
 
     conn.execute("UPDATE unitvisor.hosts SET state = 'active' WHERE id = 'h1'")
     store.mark_host_stopped(conn, store.Fence("h1", fence.epoch + 1))  # not its epoch: nothing happens

@@ -96,10 +96,21 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tls]:
 
 
 @pytest.fixture(scope="module")
-def host_dsn(tls: Tls, tmp_path_factory: pytest.TempPathFactory) -> str:
+def web2_etc(tls: Tls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """web-2's /etc/unitvisor (a directory of the test's own standing for it), with the CA's certificate
+    copied in as README does: `install -m 0644 /tmp/unitvisor-ca.crt /etc/unitvisor/db-ca.crt`."""
+    etc = tmp_path_factory.mktemp("web-2") / "etc" / "unitvisor"
+    etc.mkdir(parents=True)
+    subprocess.run(["install", "-m", "0644", str(tls.ca), str(etc / "db-ca.crt")], check=True, timeout=30)
+    return etc
+
+
+@pytest.fixture(scope="module")
+def host_dsn(tls: Tls, web2_etc: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """README's steps on the database's machine, over its socket as the superuser: migrate, CONNECT
     for unitvisor's roles only, hosts add web-2 --db-host; then the printed DSN with README's
-    sslmode and sslrootcert appended, as it goes into web-2's /etc/unitvisor/dsn."""
+    sslmode and sslrootcert (web-2's /etc/unitvisor/db-ca.crt) appended, as it goes into web-2's
+    /etc/unitvisor/dsn."""
     from tests.integration.conftest import unitvisor_command
 
     config = tmp_path_factory.mktemp("cfg") / "unitvisor.toml"
@@ -118,18 +129,21 @@ def host_dsn(tls: Tls, tmp_path_factory: pytest.TempPathFactory) -> str:
         conn.execute("REVOKE CONNECT ON DATABASE unitvisor FROM PUBLIC; GRANT CONNECT ON DATABASE unitvisor TO "
                      "unitvisor_admin, unitvisor_submitter, unitvisor_host")
     added = json.loads(superuser("hosts", "add", HOST_ID, "--db-host", "localhost", "--json"))
-    return f"{added['dsn']} sslmode=verify-full sslrootcert={tls.ca}"
+    return f"{added['dsn']} sslmode=verify-full sslrootcert={web2_etc / 'db-ca.crt'}"
 
 
-def test_a_host_and_the_operator_connect_with_verify_full(tls: Tls, host_dsn: str, cli, tmp_path: Path) -> None:
+def test_a_host_and_the_operator_connect_with_verify_full(tls: Tls, host_dsn: str, web2_etc: Path, cli,
+                                                          tmp_path: Path) -> None:
     """The host's DSN from its DSN file (the daemon's path: [database] dsn_file, mode 0600), the
-    operator's DSN over TLS for submit; both sessions are TLS, which the test reads back."""
-    dsn_file = tmp_path / "dsn"
+    operator's DSN over TLS for submit, both naming the CA's certificate where README puts it
+    (/etc/unitvisor/db-ca.crt, mode 0644); both sessions are TLS, which the test reads back."""
+    dsn_file = web2_etc / "dsn"
     dsn_file.write_text(host_dsn + "\n")
-    dsn_file.chmod(0o600)
+    dsn_file.chmod(0o600)  # README: (umask 077; editor /etc/unitvisor/dsn)
+    assert {p.name: p.stat().st_mode & 0o777 for p in web2_etc.iterdir()} == {"db-ca.crt": 0o644, "dsn": 0o600}
     config = tmp_path / "unitvisor.toml"
     config.write_text(f'[database]\ndsn_file = "{dsn_file}"\n[host]\nid = "{HOST_ID}"\n')
-    operator = tls.dsn("unitvisor", PASSWORD)
+    operator = tls.dsn("unitvisor", PASSWORD, ca=web2_etc / "db-ca.crt")
     submitted = cli("submit", "--host", HOST_ID, "--", "/bin/true", dsn=operator)
     assert submitted.returncode == 0, submitted.stderr
     run_id = submitted.stdout.strip()

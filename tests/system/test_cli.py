@@ -121,10 +121,27 @@ def test_doctor(host: Host) -> None:
     assert lines["slice"] == "ok"
     assert lines["host"] == "ok", result.stdout  # "host id": its own daemon is not another machine
     assert lines["cgroups"] in ("ok", "warn")
-    down = host.tb.run(str(VENV_BIN / "unitvisor"), "--dsn", "host=127.0.0.1 port=1 user=x dbname=x",
-                       "--config", "/etc/unitvisor/unitvisor.toml", "doctor", check=False)
-    assert down.returncode == 1
-    assert any(line.startswith("fail") and "database" in line for line in down.stdout.splitlines())
+    # As root with the daemon's config, doctor checks the daemon's DSN and says so; the shell's --dsn
+    # (host.cli gives one) is said apart.
+    said = {line.split()[1]: line for line in result.stdout.splitlines()}
+    assert "the daemon's DSN from /etc/unitvisor/dsn: reachable at" in said["database"], result.stdout
+    assert said["shell"].split()[0] == "ok" and "--dsn gives the daemon's DSN" in said["shell"], result.stdout
+    bad = "host=127.0.0.1 port=1 user=x dbname=x connect_timeout=2"
+    down = host.tb.run(str(VENV_BIN / "unitvisor"), "--dsn", bad, "doctor", check=False)
+    said = {line.split()[1]: line for line in down.stdout.splitlines()}
+    assert said["database"].split()[0] == "ok", down.stdout
+    assert said["shell"].split()[0] == "warn" and "not the daemon's" in said["shell"], down.stdout
+    # Issue 24: the daemon's DSN does not connect while the shell's does. The old doctor checked --dsn
+    # and said ok; the daemon would never have connected.
+    host.tb.write("/etc/unitvisor/dsn", bad + "\n")
+    try:
+        broken = host.cli("doctor", check=False)
+    finally:
+        host.tb.write("/etc/unitvisor/dsn", host.dsn + "\n")
+    said = {line.split()[1]: line for line in broken.stdout.splitlines()}
+    assert broken.returncode == 1
+    assert said["database"].startswith("fail") and "the daemon's DSN from /etc/unitvisor/dsn: " in said["database"]
+    assert said["shell"].split()[0] == "ok" and "reachable at" in said["shell"], broken.stdout
 
 
 def test_version(host: Host) -> None:

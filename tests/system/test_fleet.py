@@ -277,6 +277,28 @@ def test_without_stop_runs_when_cut_off_a_partition_runs_copies_until_the_host_c
         fleet.viewer.cli("cancel", runs_past_it)
 
 
+def test_a_drained_host_that_stops_stays_drained_and_is_not_declared_dead(dsn: str) -> None:
+    """Issue 24 (schema 24): drain fleet-1, `systemctl stop unitvisor` on it, and wait three times its
+    host_dead_after with fleet-2 live and doing the fleet's upkeep: fleet-1 stays `stopped (drained)`,
+    never `dead`. Started again it is draining and claims nothing, not even a run pinned to it. Failed
+    before: its clean stop left it `draining`, and fleet-2 declared it dead within seconds."""
+    with drill(dsn) as fleet:
+        first, second, _ = fleet.hosts
+        fleet.start(first, second)
+        assert "active -> draining" in first.cli("drain").stdout
+        first.stop()
+        assert fleet.host_state("fleet-1") == "stopped"
+        time.sleep(3 * DEAD_AFTER)
+        assert fleet.host_state("fleet-1") == "stopped"
+        assert "stopped (drained)" in fleet.viewer.cli("hosts").stdout
+        assert "host-dead" not in second.daemon_log()
+        [run_id] = fleet.submit(["/bin/true"], 1, host_pin="fleet-1")
+        first.start(configure=False)
+        assert fleet.host_state("fleet-1") == "draining"
+        time.sleep(3)  # three of its poll intervals: each would have claimed the run
+        assert fleet.viewer.show(run_id)["state"] == "queued"
+
+
 # -- one daemon per host id ------------------------------------------------------------------------------
 
 
