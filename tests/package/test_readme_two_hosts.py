@@ -88,13 +88,14 @@ def sh_blocks(text: str) -> list[str]:
 
 
 def commands(block: str) -> list[str]:
-    """A block's commands: continuation lines joined, a here-document kept with its command."""
+    """A block's commands: continuation lines joined, a here-document kept with its command. A comment
+    line `# on HOST...` is kept: the commands after it are typed on that host."""
     lines, out = block.splitlines(), []
     i = 0
     while i < len(lines):
         line = lines[i]
         i += 1
-        if not line.strip() or line.lstrip().startswith("#"):
+        if not line.strip() or (line.lstrip().startswith("#") and not ON_HOST.match(line)):
             continue
         while line.endswith("\\") and i < len(lines):
             line = line[:-1] + " " + lines[i].strip()
@@ -109,6 +110,10 @@ def commands(block: str) -> list[str]:
             i += 1
         out.append(line)
     return out
+
+
+# A block's `# on the database's machine: ...` or `# on web-2` line.
+ON_HOST = re.compile(r"\s*# on ([^:]+?)\s*(?::.*)?$")
 
 
 def code_span(text: str, containing: str) -> str:
@@ -131,6 +136,8 @@ class Operator:
     subs: list[tuple[str, str]]
     port: int
     printed: list[str] = field(default_factory=list)  # every command's output, for `editor` to copy from
+    # The other machines by the names a block's `# on ...` lines and `scp` give them (Fleet sets it).
+    peers: dict[str, Operator] = field(default_factory=dict)
 
     def fill(self, text: str) -> str:
         for old, new in self.subs:
@@ -155,10 +162,25 @@ class Operator:
     def block(self, block: str, editors: Callable[[Operator, str, str], str]) -> list[str]:
         """Run a README block command by command (cd and export carry on to the next, as in one shell);
         `editor FILE  # what` writes what `editors(self, FILE, what)` says goes in. Returns each
-        command's stdout."""
-        cwd, exports, outputs = "/root", "", []
+        command's stdout. After a line `# on HOST`, the commands are typed on that host, in a new shell."""
+        cwd, exports, outputs, here = "/root", "", [], self
         for raw in commands(block):
+            on = ON_HOST.match(raw)
+            if on:
+                assert on.group(1) in self.peers, f"README's block says `{raw.strip()}`: which host is that?"
+                cwd, exports, here = "/root", "", self.peers[on.group(1)]
+                continue
+            if here is not self:
+                outputs.append("\n".join(here.block(raw, editors)))
+                continue
             command = self.fill(raw)
+            scp = re.fullmatch(r"scp (\S+) (?:\w+@)?([\w.-]+):(\S+)", command)
+            if scp:  # between two containers, through each one's shell (its /tmp is its own tmpfs)
+                source, target, dest = scp.groups()
+                assert target in self.peers, f"`{command}`: no host {target} here"
+                self.peers[target].room.run("sh", "-c", f"cat > {dest}", input=self.room.run("cat", source).stdout)
+                outputs.append("")
+                continue
             edit = re.fullmatch(r"(\(umask \d+; )?editor (\S+?)(\))?\s*(?:#\s*(.*))?", command, re.S)
             if edit:
                 path = edit.group(2).replace("~", "/root", 1)
@@ -268,11 +290,11 @@ def fleet(deb: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
             ("10.0.0.5", address),
         ]
         fleet = Fleet(Operator(room1, "web-1", subs, port), Operator(room2, "web-2", subs, port), readme, address)
+        peers = {"web-1": fleet.web1, "the database's machine": fleet.web1, "web-2": fleet.web2}
+        fleet.web1.peers = fleet.web2.peers = peers
         for room in (room1, room2):
             (room.tb.root / "root/build/deb").mkdir(parents=True)
             shutil.copy(deb, room.tb.root / "root/build/deb" / deb.name)  # "from a checkout": build/deb/
-            # The name both resolve to the server (README: "by DNS or /etc/hosts").
-            room.run("sh", "-c", f"echo '{address} {DB_NAME}' >> /etc/hosts")
         # The clean room's own conf.d file pins listen_addresses to 127.0.0.1; README's sets it: keep
         # only the port here (a later file in conf.d wins).
         room1.tb.write(PG_CONF, f"port = {port}\n")
@@ -326,6 +348,11 @@ def test_web2_over_the_network_with_tls(fleet: Fleet, request: pytest.FixtureReq
     text = section(fleet.readme, "Every further host: PostgreSQL over the network, with TLS")
     certificate, listen, on_web2 = sh_blocks(text)
     web1, web2 = fleet.web1, fleet.web2
+    # The name every host resolves to the server: README's /etc/hosts line, on both.
+    resolve = code_span(text, ">> /etc/hosts")
+    for host in (web1, web2):
+        host.sh(host.fill(resolve))
+    assert fleet.address in web2.read("/etc/hosts") and DB_NAME in web2.read("/etc/hosts")
     # On the database's machine: 1. the certificates, 2. listen with TLS, 3. web-2's role.
     web1.block(certificate, edit_config)
     web1.block(listen, edit_config)
@@ -336,8 +363,9 @@ def test_web2_over_the_network_with_tls(fleet: Fleet, request: pytest.FixtureReq
     assert "install the `.deb` as above" in text
     web2.block(apt_install_line(fleet.readme), edit_config)
     assert "`unitvisor-ca.crt`" in text and "`/etc/unitvisor/db-ca.crt`" in text
-    shutil.copy(web1.room.tb.root / "etc/postgresql/15/main/unitvisor-ca.crt",
-                web2.room.tb.root / "etc/unitvisor/db-ca.crt")
+    if "unitvisor-ca.crt" not in on_web2:  # the README says to copy it, and not how: as an operator would
+        shutil.copy(web1.room.tb.root / "etc/postgresql/15/main/unitvisor-ca.crt",
+                    web2.room.tb.root / "etc/unitvisor/db-ca.crt")
     doctor = web2.block(on_web2, edit_config)[-1]
     say(request, f"web-2 set up over TLS in {time.monotonic() - started:.1f}s")
     assert re.search(r"^ok\s+database\b", doctor, re.M), doctor
@@ -439,10 +467,13 @@ def test_removing_and_purging_the_package_on_web2(fleet: Fleet) -> None:
 def test_web2_forgotten_and_its_login_refused(fleet: Fleet) -> None:
     web1 = fleet.web1
     text = section(fleet.readme, "Retiring a host")
-    # 3. "its host row stays draining ... shows it `draining (stale)` once it has missed two heartbeats"
-    wait_for(lambda: re.search(r"^web-2\s.*draining \(stale\)",
+    # 3. After the purge `unitvisor hosts` "shows it `...`": then forget takes it.
+    shown = re.search(r"`unitvisor hosts`\s+shows\s+it\s+`([^`]+)`", text)
+    assert shown, "README's retirement no longer says what `unitvisor hosts` shows of the removed host"
+    state = shown.group(1)
+    wait_for(lambda: re.search(rf"^web-2\s.*{re.escape(state)}",
                                web1.unitvisor("--dsn-file", ADMIN_DSN_FILE, "hosts").stdout, re.M),
-             timeout=90, what="web-2 to show draining (stale)")
+             timeout=90, what=f"web-2 to show {state}")
     (block,) = sh_blocks(text)
     said = web1.block(block, edit_config)[0].strip()
     promised = re.search(r"^# (host web-2 forgotten.*)$", block, re.M)
