@@ -337,10 +337,10 @@ def test_the_operators_credentials_in_a_dsn_file(fleet: Fleet) -> None:
     hosts = fleet.web1.block(block, edit_config)[-1]
     assert re.search(r"^web-1\s", hosts, re.M), hosts
     assert fleet.web1.room.run("stat", "-c", "%a", ADMIN_DSN_FILE).stdout.strip() == "600"
-    # "give that file with --dsn-file for those commands": the admin's own view, not the host's
-    assert "--dsn-file" in text
-    doctor = fleet.web1.unitvisor("--dsn-file", ADMIN_DSN_FILE, "doctor", check=False).stdout
-    assert re.search(r"^ok\s+role\s+admin", doctor, re.M), doctor
+    # "On a host, give that file with --dsn-file for those commands" (submit, cancel, ... below): root's
+    # own `unitvisor` keeps the host's DSN.
+    assert "give that file with `--dsn-file`" in " ".join(text.split())
+    assert fleet.web1.unitvisor("--dsn-file", ADMIN_DSN_FILE, "hosts").returncode == 0
 
 
 def test_web2_over_the_network_with_tls(fleet: Fleet, request: pytest.FixtureRequest) -> None:
