@@ -1,0 +1,50 @@
+"""An idle heartbeat costs the same on a fleet of 10 hosts and of 200 (sql/029_overdue_inline.sql, issue 23,
+point 4: the idle fleet's server CPU per host per minute grew with the number of hosts).
+
+Each heartbeat looks for a silent host (the upkeep flag), which walks every host row. Before 029,
+host_is_overdue held a subquery, so the planner could not inline it: the walk called it once per other
+host, a function call each (1.4 ms a heartbeat at 100 hosts, 22 ms at 1,000, on the loaded 2-core
+machine). Counted, not timed: the SQL functions a heartbeat calls (pg_stat_xact_user_functions counts
+every call of a function that is not inlined). Before 029 this test saw 9 and 199 calls of
+host_is_overdue.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+
+from supervisor import store
+from tests.integration.conftest import register, silence
+
+
+def function_calls(conn: psycopg.Connection, fence: store.Fence) -> tuple[store.Probe, dict[str, int]]:
+    """One heartbeat, rolled back: its answer, and the calls of each unitvisor function it made."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL track_functions = 'all'")
+        probe = store.probe(conn, fence, timedelta(seconds=20))
+        calls = dict(conn.execute("SELECT funcname::text, calls FROM pg_stat_xact_user_functions "
+                                  "WHERE schemaname = 'unitvisor'").fetchall())
+    return probe, calls
+
+
+def add_hosts(conn: psycopg.Connection, first: int, last: int) -> None:
+    for i in range(first, last):
+        register(conn, f"peer-{i:03d}")
+
+
+def test_an_idle_heartbeat_makes_the_same_calls_whatever_the_fleet(conn: psycopg.Connection) -> None:
+    me = register(conn, "me")
+    add_hosts(conn, 0, 9)
+    small_probe, small = function_calls(conn, me)
+    add_hosts(conn, 9, 199)
+    large_probe, large = function_calls(conn, me)
+    assert small_probe.upkeep is False and large_probe.upkeep is False  # nobody is silent
+    assert large == small, (small, large)  # before 029: host_is_overdue 9 calls, then 199
+    assert "host_is_overdue" not in large  # inlined: a few comparisons a host row
+    # A silent host is still seen, by every heartbeat.
+    silence(conn, "peer-150", 1000)
+    silent_probe, calls = function_calls(conn, me)
+    assert silent_probe.upkeep is True
+    assert calls.get("host_has_open_attempt", 0) == 0  # asked of a stopped host only
