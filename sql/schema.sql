@@ -1197,7 +1197,9 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
       AND unitvisor.check_fence(set_host_pressure.host_id, set_host_pressure.host_epoch)
 $$;
 
--- heartbeat as in 012, its claimable from host_has_work.
+-- heartbeat as in 020, its upkeep flag true only while the fleet's turn is due (a poll interval after the
+-- last turn was given, fleet_upkeep_turn's own rule): then one or two daemons ask for the turn an
+-- interval, not every daemon of the fleet.
 CREATE FUNCTION unitvisor.heartbeat(host_id text, host_epoch bigint, waited interval)
 RETURNS TABLE (host_state text, claimable boolean, cancels boolean, upkeep boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1210,11 +1212,13 @@ BEGIN
         unitvisor.host_has_work(h),
         EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
                 WHERE a.host_id = heartbeat.host_id AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL),
-        EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))
-        OR EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
-                   WHERE j.state = 'available' AND j.scheduled_at <= now() - heartbeat.waited)
-        OR EXISTS (SELECT 1 FROM unitvisor.runs r
-                   WHERE r.state = 'queued' AND r.start_deadline <= now() AND unitvisor.is_overdue(r));
+        -- The turn first: while it is not due, the looks below are not made.
+        (SELECT u.turn_at FROM unitvisor.fleet_upkeep u) <= now() - make_interval(secs => coalesce(h.poll_interval_sec, 10))
+        AND (EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))
+             OR EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
+                        WHERE j.state = 'available' AND j.scheduled_at <= now() - heartbeat.waited)
+             OR EXISTS (SELECT 1 FROM unitvisor.runs r
+                        WHERE r.state = 'queued' AND r.start_deadline <= now() AND unitvisor.is_overdue(r)));
 END $$;
 
 -- A daemon's clean stop (store.mark_host_stopped).
@@ -2746,4 +2750,4 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('021_operator'),
     ('022_argument_checks'),
     ('023_refusals_now'),
-    ('029_overdue_inline');
+    ('029_heartbeat_cost');
