@@ -30,6 +30,8 @@
 -- CPU (docs/benchmarks.md, 0.8.0 measured). Now the flag is true only while the turn is due (a poll
 -- interval since the last one was given, the rule fleet_upkeep_turn gives it by), and the looks for
 -- upkeep are made only then: one or two daemons ask an interval, the ones whose heartbeat comes first.
+-- Measured apart at 300 host rows with 1,000 refused runs: 300 turn requests and 1.97 ms of server CPU
+-- per host per poll interval before, 1 request and 0.69 ms after.
 -- The upkeep itself is unchanged (one pass a poll interval, by whoever asks first); a silent host is
 -- seen by the first heartbeat once the turn is due, at most a poll interval after its last pass.
 -- (tests/integration/test_heartbeat_cost.py.)
