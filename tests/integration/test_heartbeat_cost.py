@@ -1,0 +1,76 @@
+"""An idle heartbeat costs the same on a fleet of 10 hosts and of 200 (sql/migrations/029_heartbeat_cost.sql, issue 23,
+point 4: the idle fleet's server CPU per host per minute grew with the number of hosts).
+
+Each heartbeat looks for a silent host (the upkeep flag), which walks every host row. Before 029,
+host_is_overdue held a subquery, so the planner could not inline it: the walk called it once per other
+host, a function call each (1.4 ms a heartbeat at 100 hosts, 22 ms at 1,000, on the loaded 2-core
+machine). Counted, not timed: the SQL functions a heartbeat calls (pg_stat_xact_user_functions counts
+every call of a function that is not inlined). Before 029 this test saw 9 and 199 calls of
+host_is_overdue.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+
+from supervisor import store
+from tests.integration.conftest import register, silence
+
+
+def counted(conn: psycopg.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT funcname::text, calls FROM pg_stat_xact_user_functions "
+                             "WHERE schemaname = 'unitvisor'").fetchall())
+
+
+def function_calls(conn: psycopg.Connection, fence: store.Fence) -> tuple[store.Probe, dict[str, int]]:
+    """One heartbeat, rolled back: its answer, and the calls of each unitvisor function it made. As a
+    difference: the view also shows the session's counts not yet sent to the statistics (PostgreSQL 15
+    sends them at most once a second), so a second heartbeat within the second saw the first's too."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL track_functions = 'all'")
+        before = counted(conn)
+        probe = store.probe(conn, fence, timedelta(seconds=20))
+        after = counted(conn)
+    return probe, {name: n - before.get(name, 0) for name, n in after.items() if n > before.get(name, 0)}
+
+
+def add_hosts(conn: psycopg.Connection, first: int, last: int) -> None:
+    for i in range(first, last):
+        register(conn, f"peer-{i:03d}")
+
+
+def test_an_idle_heartbeat_makes_the_same_calls_whatever_the_fleet(conn: psycopg.Connection) -> None:
+    me = register(conn, "me")
+    add_hosts(conn, 0, 9)
+    small_probe, small = function_calls(conn, me)
+    add_hosts(conn, 9, 199)
+    large_probe, large = function_calls(conn, me)
+    assert small_probe.upkeep is False and large_probe.upkeep is False  # nobody is silent
+    assert large == small, (small, large)  # before 029: host_is_overdue 9 calls, then 199
+    assert "host_is_overdue" not in large  # inlined: a few comparisons a host row
+    # A silent host is still seen, by every heartbeat.
+    silence(conn, "peer-150", 1000)
+    silent_probe, calls = function_calls(conn, me)
+    assert silent_probe.upkeep is True
+    assert calls.get("host_has_open_attempt", 0) == 0  # asked of a stopped host only
+
+
+def test_only_a_heartbeat_that_could_get_the_fleets_turn_says_upkeep(conn: psycopg.Connection, dsn: str) -> None:
+    """Before 029 every host's heartbeat said "upkeep" while a job waited, and every daemon asked for the
+    turn each poll interval (12.5 statements per host per minute at 300 hosts, 7.0 idle); one got it."""
+    with store.connect(dsn) as other:
+        h1 = register(conn, "h1", allowed=("/bin/*",))
+        h2 = register(other, "h2", allowed=("/bin/*",))
+        conn.execute("SELECT unitvisor.submit_run(ARRAY['/opt/rollout/new-binary'])")  # no host accepts it
+        waited = timedelta(0)
+        assert store.probe(conn, h1, waited).upkeep is True
+        assert store.probe(other, h2, waited).upkeep is True  # nobody has had the turn yet
+        assert store.fleet_upkeep_turn(conn, h1, timedelta(seconds=10)) is True
+        assert store.probe(other, h2, waited).upkeep is False  # h1 has this interval's (before 029: True)
+        assert store.probe(conn, h1, waited).upkeep is False
+        # A poll interval (each host's own, 10 s) after the turn was given, the next heartbeat is told again.
+        conn.execute("UPDATE unitvisor.fleet_upkeep SET turn_at = now() - interval '11 seconds'")
+        assert store.probe(other, h2, waited).upkeep is True
+        assert store.fleet_upkeep_turn(other, h2, timedelta(seconds=10)) is True
