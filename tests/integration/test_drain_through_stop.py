@@ -126,7 +126,8 @@ def test_the_migration_stops_a_draining_host_whose_daemon_is_gone(empty_dsn: str
         silence(conn, "gone", 21)
         silence(conn, "live", 21)
         live.execute("SELECT pg_advisory_lock(unitvisor.host_lock_key('live'))")
-        assert store.migrate(conn) == ["024_drain_through_stop"]
+        applied = store.migrate(conn)
+        assert applied[0] == "024_drain_through_stop" and all(version > "024" for version in applied[1:])
         states = dict(conn.execute("SELECT id, state || ' ' || left_draining FROM unitvisor.hosts").fetchall())
     assert states == {"gone": "stopped true", "live": "draining false", "recent": "draining false"}
 
