@@ -443,8 +443,11 @@ def test_web2_drains_itself_with_its_own_dsn(fleet: Fleet) -> None:
     hosts = json.loads(web1.unitvisor("--dsn-file", ADMIN_DSN_FILE, "hosts", "--json").stdout)
     (row,) = [h for h in hosts if h["id"] == "web-2"]
     assert (row["state"], row["in_flight"]) == ("draining", 0), row  # "shows 0 in its RUNS column"
-    # Watched from web-1: its output's kept tail, and the outcome.
-    assert "hello from web-2" in web1.unitvisor("--dsn-file", ADMIN_DSN_FILE, "logs", run_id).stdout
+    # Watched from web-1: its output's kept tail (written a moment after the outcome: the daemon reads
+    # the journal off its loop), and the outcome.
+    wait_for(lambda: "hello from web-2" in web1.unitvisor("--dsn-file", ADMIN_DSN_FILE, "logs", run_id,
+                                                          check=False).stdout,
+             timeout=30, what="the run's kept output tail, read from web-1")
     assert web1.unitvisor("--dsn-file", ADMIN_DSN_FILE, "show", run_id, "--json").stdout.count('"succeeded"') >= 1
 
 
