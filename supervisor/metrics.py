@@ -28,6 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from supervisor import __version__, pressure
 from supervisor.config import parse_listen
+from supervisor.freezer import RESULTS as FREEZE_RESULTS
 from supervisor.log import event
 from supervisor.model import Attempt, Pruned, Run
 from supervisor.outcomes import OUTCOMES
@@ -143,6 +144,12 @@ class Metrics:
                                    "table (runs, attempts, events, jobs)", ["table"], registry=r)
         for table in PRUNED_TABLES:
             self.pruned_rows.labels(table)
+        # A refused freeze (a cgroup v1 host, a unit gone) is what to alert on: the run was not frozen.
+        self.freezes = Counter("unitvisor_freezes", "Freeze and thaw requests (unitvisor freeze/thaw) this daemon "
+                               "answered, by result: frozen, thawed, refused (its host could not)", ["result"],
+                               registry=r)
+        for result in FREEZE_RESULTS:
+            self.freezes.labels(result)
         self.claim_latency = Histogram("unitvisor_claim_latency_seconds", "From a first attempt's spawn job being "
                                        "due (its run queued) to its claim by this host, by the database's clock",
                                        buckets=CLAIM_LATENCY_BUCKETS, registry=r)

@@ -21,10 +21,11 @@ import psycopg
 from supervisor import store
 
 # Importing the command modules registers their commands on the group.
-from supervisor.cli import hosts, operations, runs
+from supervisor.cli import hold, hosts, operations, runs
 from supervisor.cli.app import WAIT_UNKNOWN, CouldNotTell, Failure, Unreachable, add_global_options, cli, invocation
 
-__all__ = ["WAIT_UNKNOWN", "CouldNotTell", "Failure", "Unreachable", "cli", "hosts", "main", "operations", "runs"]
+__all__ = ["WAIT_UNKNOWN", "CouldNotTell", "Failure", "Unreachable", "cli", "hold", "hosts", "main", "operations",
+           "runs"]
 
 # Last, once every command exists: each gets its hidden copies of the group's options (app.py).
 add_global_options(cli)
