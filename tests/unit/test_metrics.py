@@ -170,6 +170,14 @@ def test_pruned_rows_are_counted_by_table_from_zero():
         "runs": 3, "attempts": 4, "events": 12, "jobs": 5}
 
 
+def test_freeze_answers_are_counted_by_result_from_zero():
+    m = Metrics()
+    assert value(m, "unitvisor_freezes_total", result="refused") == 0
+    m.freezes.labels("refused").inc()
+    assert {r: value(m, "unitvisor_freezes_total", result=r) for r in ("frozen", "thawed", "refused")} == {
+        "frozen": 0, "thawed": 0, "refused": 1}
+
+
 def test_names_and_labels_follow_the_conventions():
     m = Metrics()
     m.claimed([pair(1)], sent=0.0)
@@ -188,6 +196,7 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_reconcile_duration_seconds", "unitvisor_build_info", "unitvisor_runs_in_flight",
         "unitvisor_database_up", "unitvisor_systemd_up", "unitvisor_host_state", "unitvisor_pruned_rows",
         "unitvisor_runs_expired", "unitvisor_dead_declarations_held", "unitvisor_fleet_upkeep_failures",
+        "unitvisor_freezes",
         "unitvisor_heartbeats_aside",
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
@@ -195,7 +204,7 @@ def test_names_and_labels_follow_the_conventions():
     # Only bounded labels: no run id, no unit name anywhere in a scrape.
     assert str(pair(1)[0].id) not in text and "unitvisor-run-" not in text
     label_names = {key for f in families.values() for s in f.samples for key in s.labels}
-    assert label_names <= {"outcome", "state", "version", "le", "table", "reason"}
+    assert label_names <= {"outcome", "state", "version", "le", "table", "reason", "result"}
 
 
 def test_exposition_passes_promtool():
