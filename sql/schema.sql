@@ -349,7 +349,7 @@ CREATE TABLE unitvisor.runs (
     seq                 bigint,
     -- systemd's MemoryHigh=: over it the kernel reclaims and throttles, never kills (memory_max does).
     memory_high         bigint,
-    -- While held (025; queued only): since when, and by which login role. NULL: not held. A held run
+    -- While held (030; queued only): since when, and by which login role. NULL: not held. A held run
     -- has no spawn job, so no claim looks at it (hold_run).
     held_at             timestamptz,
     held_by             text,
@@ -427,7 +427,7 @@ CREATE TABLE unitvisor.attempts (
     -- The most tasks the unit had at once: the kernel's pids.peak of its cgroup, copied by the unit's
     -- own ExecStopPost= before systemd removes the cgroup (supervisor/taskspeak.py). NULL: not measured.
     tasks_peak    bigint,
-    -- The operator's last freeze request on this attempt's unit (025): 'frozen' or 'thawed', when, by whom;
+    -- The operator's last freeze request on this attempt's unit (030): 'frozen' or 'thawed', when, by whom;
     -- what the host last did: the unit's freezer state after it, why it refused (NULL: done), when, and
     -- which request it answered (its freeze_requested_at): pending while the two differ (freeze_pending).
     freeze_wanted       text,
@@ -671,7 +671,7 @@ $$;
 --
 --   SELECT unitvisor.submit_run(ARRAY['/usr/bin/env', 'echo', 'hi'], memory_max => 268435456);
 -- As 017's, with its checks replaced by one call of run_argument_problem (022), and a NULL where the
--- column has none reported from the column's refusal; hold last (025): a run submitted held is queued
+-- column has none reported from the column's refusal; hold last (030): a run submitted held is queued
 -- without a spawn job.
 CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
@@ -696,7 +696,7 @@ CREATE FUNCTION unitvisor.submit_run(
     not_before            timestamptz DEFAULT NULL,
     start_deadline        timestamptz DEFAULT NULL,
     memory_high           bigint  DEFAULT NULL,
-    -- 025: hold (held at once: queued, never claimed until release_run).
+    -- 030: hold (held at once: queued, never claimed until release_run).
     hold                  boolean DEFAULT false
 ) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -2954,4 +2954,4 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('021_operator'),
     ('022_argument_checks'),
     ('023_refusals_now'),
-    ('025_hold_freeze');
+    ('030_hold_freeze');

@@ -463,7 +463,7 @@ class Daemon:
             upkeep = probe.upkeep and now >= self.timers.upkeep
         if wake_cancel:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, cancel_requested=True))
-            # Freeze and thaw requests come on the same channel (and the same heartbeat flag): schema 025.
+            # Freeze and thaw requests come on the same channel (and the same heartbeat flag): schema 030.
             freezer.act_on_requests(self.conn, self.fence, self.systemd,
                                     lambda result: self.metrics.freezes.labels(result).inc())
         if wake_claim:

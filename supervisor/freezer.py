@@ -1,4 +1,4 @@
-"""Freeze and thaw: the owning daemon's side of unitvisor.freeze_run and thaw_run (schema 025).
+"""Freeze and thaw: the owning daemon's side of unitvisor.freeze_run and thaw_run (schema 030).
 
 An operator asks on any host (the CLI writes the request on the run's open attempt, in the database);
 the daemon that owns the attempt is woken on unitvisor_cancel (or finds the request through its

@@ -499,7 +499,7 @@ _SUBMIT_ARGS = {
     "private_network": "boolean", "idempotency_key": "text", "labels": "jsonb",
     "concurrency_key": "text", "not_before": "timestamptz", "start_deadline": "timestamptz",
     "memory_high": "bigint",  # schema 017
-    # schema 025: submitted held (never claimed until released)
+    # schema 030: submitted held (never claimed until released)
     "hold": "boolean",
 }
 _JSON_ARGS = ("environment", "labels")
@@ -600,7 +600,7 @@ def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dic
 def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = None,
               since: timedelta | None = None, limit: int = 50,
               labels: dict[str, str] | None = None, held: bool = False) -> list[dict[str, Any]]:
-    """Runs, newest first; with `held`, only held runs (schema 025); with `labels`, only runs that carry
+    """Runs, newest first; with `held`, only held runs (schema 030); with `labels`, only runs that carry
     every one of them (the @> of unitvisor.runs_with_labels, on the same GIN index). The status columns
     (state, the latest attempt's host, number, outcome and exit status) are unitvisor.run_status's, read
     for the rows listed only, so that `runs` says what a control plane reads: an expired run's outcome
@@ -662,7 +662,7 @@ def resume_run(conn: Connection, run_id: uuid.UUID) -> Transition:
     return Transition(row[0], row[1])
 
 
-# -- hold and freeze (schema 025) ---------------------------------------------------------------
+# -- hold and freeze (schema 030) ---------------------------------------------------------------
 
 
 class Refused(DatabaseError):

@@ -1,4 +1,4 @@
-"""Hold and release a queued run, freeze and thaw a running one (schema 025)."""
+"""Hold and release a queued run, freeze and thaw a running one (schema 030)."""
 
 from __future__ import annotations
 

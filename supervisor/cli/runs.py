@@ -112,7 +112,7 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         "private_network": options["private_network"] or None,
         "labels": options["labels"] or None, "idempotency_key": options["idempotency_key"],
         "concurrency_key": options["concurrency_key"],
-        # Only when asked: a database before schema 025 then still takes the run.
+        # Only when asked: a database before schema 030 then still takes the run.
         "hold": options["hold"] or None,
     }
     with ctx.connect() as conn:
@@ -137,7 +137,7 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
 
 
 def _add_hold_and_freeze(conn: store.Connection, run: Run, data: dict) -> None:
-    """show's facts of schema 025: when and by whom a queued run is held, and each attempt's freeze
+    """show's facts of schema 030: when and by whom a queued run is held, and each attempt's freeze
     (what was asked, what its host did, in words)."""
     held_at, held_by = store.hold_of(conn, run.id)
     data["held"] = {"at": iso(held_at), "by": held_by} if run.state == "queued" and held_at else None

@@ -198,7 +198,7 @@ def test_a_submitter_submits_cancels_resumes_and_reads_with_the_cli(cli, dsn: st
     run_id = submitted.stdout.strip()
     assert cli("cancel", run_id, dsn=submitter).returncode == 0
     assert cli("resume", run_id, dsn=submitter).returncode == 0
-    assert cli("hold", run_id, dsn=submitter).returncode == 0  # schema 025
+    assert cli("hold", run_id, dsn=submitter).returncode == 0  # schema 030
     assert cli("release", run_id, dsn=submitter).returncode == 0
     shown = cli("show", run_id, "--json", dsn=submitter)
     assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "queued"

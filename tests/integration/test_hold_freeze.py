@@ -1,4 +1,4 @@
-"""Hold and release a queued run, freeze and thaw a running one (schema 025): the SQL functions, the
+"""Hold and release a queued run, freeze and thaw a running one (schema 030): the SQL functions, the
 claim and the heartbeat around them, sessions racing, and the CLI."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hold and freeze on a test bed host (schema 025): a held run is never claimed by a real daemon until
+"""Hold and freeze on a test bed host (schema 030): a held run is never claimed by a real daemon until
 released; and this host, cgroup v1 (the test beds' layout), cannot freeze: its daemon says so, through
 the database, instead of pretending. Freezing for real: tests/vm/test_freeze.py."""
 

@@ -1,4 +1,4 @@
-"""Freeze and thaw on a real cgroup-v2 host (schema 025): the operator's request goes through the
+"""Freeze and thaw on a real cgroup-v2 host (schema 030): the operator's request goes through the
 database to the daemon, which freezes the run's unit with systemd's FreezeUnit; the run's processes
 stop where they are (a counter that does not advance) and go on after ThawUnit. The system tier's
 cgroup-v1 containers cannot freeze (tests/system/test_hold_freeze.py)."""

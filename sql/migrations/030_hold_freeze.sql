@@ -1,4 +1,4 @@
--- unitvisor schema 25 (issue 25, item 6): hold a queued run, freeze a running one.
+-- unitvisor schema 30 (issue 25, item 6): hold a queued run, freeze a running one.
 --
 -- Hold: a held run stays queued but is never claimed, until it is released. It holds no spawn job
 -- while held (hold_run removes it, release_run makes a new one, submit_run with hold => true makes
@@ -203,7 +203,7 @@ CREATE FUNCTION unitvisor.submit_run(
     not_before            timestamptz DEFAULT NULL,
     start_deadline        timestamptz DEFAULT NULL,
     memory_high           bigint  DEFAULT NULL,
-    -- 025: hold (held at once: queued, never claimed until release_run).
+    -- 030: hold (held at once: queued, never claimed until release_run).
     hold                  boolean DEFAULT false
 ) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
