@@ -488,6 +488,10 @@ CREATE TABLE unitvisor.runs (
     fail_on             text[],
     count_lost          boolean NOT NULL DEFAULT false,
     max_lost_attempts   integer NOT NULL DEFAULT 3,
+    -- While held (030; queued only): since when, and by which login role. NULL: not held. A held run
+    -- has no spawn job, so no claim looks at it (hold_run).
+    held_at             timestamptz,
+    held_by             text,
 
     -- Every argument of submit_run is checked by the trigger runs_arguments_valid (below): the bounds,
     -- the forms and why each is refused are in run_argument_problem (above), and only there.
@@ -565,6 +569,16 @@ CREATE TABLE unitvisor.attempts (
     -- When its host sent the run's warn_signal (schema 026): once per attempt, also across a daemon's
     -- restart. NULL: not sent (none asked for, or not yet).
     warned_at     timestamptz,
+    -- The operator's last freeze request on this attempt's unit (030): 'frozen' or 'thawed', when, by whom;
+    -- what the host last did: the unit's freezer state after it, why it refused (NULL: done), when, and
+    -- which request it answered (its freeze_requested_at): pending while the two differ (freeze_pending).
+    freeze_wanted       text,
+    freeze_requested_at timestamptz,
+    freeze_requested_by text,
+    freeze_state        text,
+    freeze_refused      text,
+    freeze_acted_at     timestamptz,
+    freeze_acted_on     timestamptz,
     PRIMARY KEY (run_id, attempt),
     CONSTRAINT attempts_outcome_valid CHECK (outcome IS NULL OR outcome IN (
         'success', 'exit-code', 'signal', 'core-dump', 'timeout', 'oom-kill', 'watchdog',
@@ -838,9 +852,9 @@ $$;
 -- earlier schema, positional or named, keeps its meaning.
 --
 --   SELECT unitvisor.submit_run(ARRAY['/usr/bin/env', 'echo', 'hi'], memory_max => 268435456);
--- As 017's, with its checks replaced by one call of run_argument_problem, and a NULL where the column has
--- none reported from the column's refusal. Replaced in place (same arguments and result): its grants
--- stay, and every caller of 017's, positional or named, gets the same answers.
+-- As 017's, with its checks replaced by one call of run_argument_problem (022), and a NULL where the
+-- column has none reported from the column's refusal; hold last (030): a run submitted held is queued
+-- without a spawn job.
 CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
     environment           jsonb   DEFAULT '{}'::jsonb,
@@ -871,7 +885,9 @@ CREATE FUNCTION unitvisor.submit_run(
     -- Failure rules (027).
     fail_on               text[]  DEFAULT NULL,
     count_lost            boolean DEFAULT false,
-    max_lost_attempts     integer DEFAULT 3
+    max_lost_attempts     integer DEFAULT 3,
+    -- 030: hold (held at once: queued, never claimed until release_run).
+    hold                  boolean DEFAULT false
 ) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- Bare names in the statements are runs' columns (ON CONFLICT's idempotency_key); the arguments are
@@ -941,7 +957,8 @@ BEGIN
             cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, host_pin, priority,
             retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
             concurrency_key, not_before, start_deadline, memory_high,
-            stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts)
+            stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts,
+            held_at, held_by)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
@@ -950,7 +967,8 @@ BEGIN
             run_labels, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline,
             submit_run.memory_high,
             run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
-            fail_rules, submit_run.count_lost, submit_run.max_lost_attempts)
+            fail_rules, submit_run.count_lost, submit_run.max_lost_attempts,
+            CASE WHEN submit_run.hold THEN now() END, CASE WHEN submit_run.hold THEN session_user END)
         -- Another submit with the same key committed since the look-up above (this waited for it):
         -- insert nothing, and return its run below.
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -959,10 +977,15 @@ BEGIN
             SELECT r.id INTO STRICT new_id FROM unitvisor.runs r WHERE r.idempotency_key = submit_run.idempotency_key;
             RETURN new_id;
         END IF;
-        -- not_before: the first job is not due before it (the claim takes only due jobs).
-        INSERT INTO unitvisor.spawn_jobs (run_id, priority, scheduled_at)
-        VALUES (new_id, submit_run.priority, greatest(now(), submit_run.not_before));
-        INSERT INTO unitvisor.run_events (run_id, state, reason) VALUES (new_id, 'queued', 'submitted');
+        -- not_before: the first job is not due before it (the claim takes only due jobs). A held run
+        -- gets none: release_run makes it (a held run holds no job, so no claim ever looks at it).
+        IF NOT coalesce(submit_run.hold, false) THEN
+            INSERT INTO unitvisor.spawn_jobs (run_id, priority, scheduled_at)
+            VALUES (new_id, submit_run.priority, greatest(now(), submit_run.not_before));
+        END IF;
+        INSERT INTO unitvisor.run_events (run_id, state, reason)
+        VALUES (new_id, 'queued', CASE WHEN coalesce(submit_run.hold, false) THEN 'submitted, held by ' || session_user
+                                       ELSE 'submitted' END);
     EXCEPTION WHEN integrity_constraint_violation THEN
         GET STACKED DIAGNOSTICS refused_constraint = CONSTRAINT_NAME, refused_state = RETURNED_SQLSTATE,
                                 refused_column = COLUMN_NAME;
@@ -1109,9 +1132,153 @@ BEGIN
     changed := true;
 END $$;
 
--- resume_run as in 004, for expired runs too, and with the run's times: its new job is not due before
--- the run's not_before, and a start deadline that has passed (an expired run's always has) is dropped,
--- since resuming is the operator's decision to run it anyway; one still ahead is kept.
+-- How a held run's wait reads, in wait_reason and waited_for.
+CREATE FUNCTION unitvisor.held_text(r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN r.state = 'queued' AND r.held_at IS NOT NULL THEN
+        format('held since %s by %s (release it: unitvisor release %s)',
+               to_char(r.held_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'), r.held_by, r.id) END
+$$;
+
+-- Hold a queued run: it stays queued, is never claimed, and says so, until release_run. A run that is
+-- starting, running or ended is refused (object_not_in_prerequisite_state): there is nothing to hold
+-- back (freeze_run stops a running one where it is). state: the run's state (NULL: no such run);
+-- changed: false when it was held already.
+CREATE FUNCTION unitvisor.hold_run(run_id uuid, OUT state text, OUT changed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- The job first, then the run, as cancel_run: the claim locks in the same order, so the two cannot
+    -- deadlock, and a job being claimed right now makes this wait and then see the run starting.
+    DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = hold_run.run_id AND j.state = 'available';
+    SELECT r.state INTO hold_run.state FROM unitvisor.runs r WHERE r.id = hold_run.run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        changed := false;
+        RETURN;
+    END IF;
+    IF hold_run.state <> 'queued' THEN
+        RAISE EXCEPTION 'hold: run % is %; only a queued run can be held', hold_run.run_id, hold_run.state
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = CASE WHEN hold_run.state IN ('starting', 'running')
+                              THEN 'freeze a running run instead (unitvisor.freeze_run), or cancel it'
+                              ELSE 'an ended run is not claimed anyway' END;
+    END IF;
+    -- A retry's job committed while this waited for the run's row lock: the run is held now.
+    DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = hold_run.run_id AND j.state = 'available';
+    UPDATE unitvisor.runs r SET held_at = now(), held_by = session_user, updated_at = now()
+    WHERE r.id = hold_run.run_id AND r.held_at IS NULL;
+    changed := FOUND;
+    IF changed THEN
+        DELETE FROM unitvisor.run_waits w WHERE w.run_id = hold_run.run_id;
+        INSERT INTO unitvisor.run_events (run_id, state, reason)
+        VALUES (hold_run.run_id, 'queued', 'held by ' || session_user);
+    END IF;
+END $$;
+
+-- Release a held run: it gets a new spawn job, due at once (or at its not_before), and is claimed as
+-- any queued run. A backoff it was waiting out when it was held is not waited out again: releasing is
+-- the operator's decision to run it. changed: false when the run is not held (or not queued).
+CREATE FUNCTION unitvisor.release_run(run_id uuid, OUT state text, OUT changed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    released record;
+BEGIN
+    UPDATE unitvisor.runs r SET held_at = NULL, held_by = NULL, updated_at = now()
+    FROM (SELECT o.id FROM unitvisor.runs o WHERE o.id = release_run.run_id FOR UPDATE) old
+    WHERE r.id = old.id AND r.state = 'queued' AND r.held_at IS NOT NULL
+    RETURNING r.priority, r.not_before INTO released;
+    IF NOT FOUND THEN
+        SELECT r.state INTO release_run.state FROM unitvisor.runs r WHERE r.id = release_run.run_id;
+        changed := false;
+        RETURN;
+    END IF;
+    INSERT INTO unitvisor.spawn_jobs AS j (run_id, priority, scheduled_at)
+    VALUES (release_run.run_id, released.priority, greatest(now(), released.not_before))
+    ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING;
+    INSERT INTO unitvisor.run_events (run_id, state, reason)
+    VALUES (release_run.run_id, 'queued', 'released by ' || session_user);
+    release_run.state := 'queued';
+    changed := true;
+END $$;
+
+-- Whether an attempt's freeze request waits for its host: asked, and not the request last answered.
+CREATE FUNCTION unitvisor.freeze_pending(a unitvisor.attempts) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.freeze_requested_at IS NOT NULL AND a.freeze_requested_at IS DISTINCT FROM a.freeze_acted_on
+$$;
+
+-- freeze_run and thaw_run: ask the host of a running run to freeze (or thaw) its unit. Written on the
+-- run's open attempt, and said to the daemons on unitvisor_cancel (the owning one reads its requests:
+-- freeze_requests). A run that is not running is refused (object_not_in_prerequisite_state). changed:
+-- false when the unit already is, or is already asked to be, as wanted. The unit's state after the
+-- host acted is in attempts.freeze_state, a refusal in freeze_refused (freeze_text says it).
+CREATE FUNCTION unitvisor.request_freeze(run_id uuid, wanted text, OUT state text, OUT changed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    open unitvisor.attempts;
+    verb text := CASE WHEN wanted = 'frozen' THEN 'freeze' ELSE 'thaw' END;
+BEGIN
+    SELECT r.state INTO request_freeze.state FROM unitvisor.runs r WHERE r.id = request_freeze.run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        changed := false;
+        RETURN;
+    END IF;
+    SELECT * INTO open FROM unitvisor.attempts a
+    WHERE a.run_id = request_freeze.run_id AND a.outcome IS NULL ORDER BY a.attempt DESC LIMIT 1 FOR UPDATE;
+    IF request_freeze.state <> 'running' OR open.run_id IS NULL THEN
+        RAISE EXCEPTION '%: run % is %; only a running run can be %', verb, request_freeze.run_id,
+            request_freeze.state, wanted
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = CASE WHEN request_freeze.state = 'queued' AND wanted = 'frozen'
+                              THEN 'hold a queued run instead (unitvisor.hold_run)'
+                              ELSE 'only a running run has processes to freeze or thaw' END;
+    END IF;
+    IF (CASE WHEN unitvisor.freeze_pending(open) THEN open.freeze_wanted
+             ELSE coalesce(open.freeze_state, 'thawed') END) = wanted THEN
+        changed := false;
+        RETURN;
+    END IF;
+    UPDATE unitvisor.attempts a SET freeze_wanted = wanted, freeze_requested_at = now(),
+        freeze_requested_by = session_user
+    WHERE a.run_id = open.run_id AND a.attempt = open.attempt;
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    VALUES (open.run_id, open.attempt, open.host_id, 'running', verb || ' requested by ' || session_user);
+    PERFORM pg_notify('unitvisor_cancel', request_freeze.run_id::text);
+    changed := true;
+END $$;
+
+CREATE FUNCTION unitvisor.freeze_run(run_id uuid, OUT state text, OUT changed boolean)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT f.state, f.changed FROM unitvisor.request_freeze(freeze_run.run_id, 'frozen') f
+$$;
+
+CREATE FUNCTION unitvisor.thaw_run(run_id uuid, OUT state text, OUT changed boolean)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT f.state, f.changed FROM unitvisor.request_freeze(thaw_run.run_id, 'thawed') f
+$$;
+
+-- An attempt's freeze, in words, for `show` (NULL: never asked).
+CREATE FUNCTION unitvisor.freeze_text(a unitvisor.attempts) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE
+        WHEN a.freeze_requested_at IS NULL THEN NULL
+        WHEN unitvisor.freeze_pending(a) THEN
+            format('%s requested by %s at %s; its host has not acted on it yet',
+                   CASE WHEN a.freeze_wanted = 'frozen' THEN 'freeze' ELSE 'thaw' END, a.freeze_requested_by,
+                   to_char(a.freeze_requested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
+        WHEN a.freeze_refused IS NOT NULL THEN
+            format('%s refused by its host at %s: %s (the unit is %s)',
+                   CASE WHEN a.freeze_wanted = 'frozen' THEN 'freeze' ELSE 'thaw' END,
+                   to_char(a.freeze_acted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'), a.freeze_refused,
+                   coalesce(a.freeze_state, 'thawed'))
+        ELSE format('%s since %s (asked by %s)', a.freeze_state,
+                    to_char(a.freeze_acted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'), a.freeze_requested_by)
+        END
+$$;
+
+-- resume_run as in 006, and a hold left on the run when it ended (a held run cancelled or expired) is
+-- dropped: resuming is the operator's decision to run it, and its new job must not be claimed while
+-- the run says it is held.
 CREATE FUNCTION unitvisor.resume_run(run_id uuid, OUT state text, OUT changed boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -1119,7 +1286,8 @@ DECLARE
     resumed record;
 BEGIN
     UPDATE unitvisor.runs r SET state = 'queued', cancel_requested_at = NULL, finished_at = NULL, updated_at = now(),
-        start_deadline = CASE WHEN r.start_deadline <= now() THEN NULL ELSE r.start_deadline END
+        start_deadline = CASE WHEN r.start_deadline <= now() THEN NULL ELSE r.start_deadline END,
+        held_at = NULL, held_by = NULL
     FROM (SELECT o.id, o.start_deadline FROM unitvisor.runs o WHERE o.id = resume_run.run_id FOR UPDATE) old
     WHERE r.id = old.id AND r.state IN ('failed', 'cancelled', 'expired')
     RETURNING r.priority, r.not_before, old.start_deadline AS old_deadline, r.start_deadline AS new_deadline
@@ -1170,11 +1338,11 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     WHERE r.id = run_status.run_id
 $$;
 
--- Why a run waits, as run_status and the CLI show it: while it is queued, its not_before when that is
--- still ahead, else what explain_waiting recorded. Invoker's rights: it reads what the caller may.
+-- wait_reason as in 006, a held run first: nothing else matters while it is held.
 CREATE FUNCTION unitvisor.wait_reason(r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE WHEN r.state <> 'queued' THEN NULL
+                WHEN r.held_at IS NOT NULL THEN unitvisor.held_text(r)
                 WHEN r.not_before > now() THEN format('not before %s',
                     to_char(r.not_before AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
                 ELSE (SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) END
@@ -1196,11 +1364,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            OR unitvisor.host_may_see(r.host_pin, r.id, unitvisor.my_host_id()))
 $$;
 
--- What queued run r is waiting for, in words, for the reason of its expiry: the run of its key, why no
--- live host accepts it (as explain_waiting says it, but as of now), or its attempts that never started.
+-- waited_for as in 013, a held run first (the reason of its expiry).
 CREATE FUNCTION unitvisor.waited_for(r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(
+        'its release: ' || unitvisor.held_text(r),
         (SELECT 'run ' || b.id || ' (' || b.state || ') with the same concurrency key'
          FROM unitvisor.runs b WHERE b.id = unitvisor.concurrency_blocker(r)),
         unitvisor.fleet_refusal(r),
@@ -1409,6 +1577,8 @@ $$;
 -- interval, not every daemon of the fleet. Since 028 the flag is also set while a schedule is due,
 -- turn or not (the step that submits schedules' runs is every flagged daemon's, not the turn's; and a
 -- schedule is due for moments only).
+-- Since 030 its `cancels` is also true while a freeze request of this host waits: the poll that makes
+-- up for a lost notification (a 0.8.0 daemon then looks for cancels, and finds none).
 CREATE FUNCTION unitvisor.heartbeat(host_id text, host_epoch bigint, waited interval)
 RETURNS TABLE (host_state text, claimable boolean, cancels boolean, upkeep boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1420,7 +1590,8 @@ BEGIN
     RETURNING h.state,
         unitvisor.host_has_work(h),
         EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
-                WHERE a.host_id = heartbeat.host_id AND a.outcome IS NULL AND r.cancel_requested_at IS NOT NULL),
+                WHERE a.host_id = heartbeat.host_id AND a.outcome IS NULL
+                  AND (r.cancel_requested_at IS NOT NULL OR unitvisor.freeze_pending(a))),
         -- The turn first: while it is not due, the looks below are not made.
         ((SELECT u.turn_at FROM unitvisor.fleet_upkeep u) <= now() - make_interval(secs => coalesce(h.poll_interval_sec, 10))
          AND (EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))
@@ -2315,6 +2486,45 @@ BEGIN
     ELSE
         retry := attempt - uncounted < max_attempts;
     END IF;
+END $$;
+
+-- A host's pending freeze requests: its open attempts whose request it has not answered.
+CREATE FUNCTION unitvisor.freeze_requests(host_id text, host_epoch bigint)
+RETURNS TABLE (run_id uuid, attempt integer, unit_name text, wanted text, requested_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(freeze_requests.host_id, freeze_requests.host_epoch);
+    RETURN QUERY
+    SELECT a.run_id, a.attempt, a.unit_name, a.freeze_wanted, a.freeze_requested_at FROM unitvisor.attempts a
+    WHERE a.host_id = freeze_requests.host_id AND a.outcome IS NULL AND unitvisor.freeze_pending(a)
+    ORDER BY a.freeze_requested_at;
+END $$;
+
+-- What the host did with the request of requested_at: the unit's freezer state after it, and why it
+-- was refused (NULL: done). Fenced, on the host's own open attempt only. A newer request made meanwhile
+-- stays pending (freeze_acted_on is this one's time). False: no such open attempt of this host.
+CREATE FUNCTION unitvisor.record_freeze(host_id text, host_epoch bigint, run_id uuid, attempt integer,
+                                        requested_at timestamptz, state text, refused text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    done unitvisor.attempts;
+BEGIN
+    PERFORM unitvisor.check_fence(record_freeze.host_id, record_freeze.host_epoch);
+    IF record_freeze.state IS NULL OR record_freeze.state NOT IN ('frozen', 'thawed') THEN
+        RAISE EXCEPTION 'state: must be frozen or thawed, not %', coalesce(record_freeze.state, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE unitvisor.attempts a SET freeze_state = record_freeze.state, freeze_refused = record_freeze.refused,
+        freeze_acted_at = now(), freeze_acted_on = record_freeze.requested_at
+    WHERE a.run_id = record_freeze.run_id AND a.attempt = record_freeze.attempt
+      AND a.host_id = record_freeze.host_id AND a.outcome IS NULL
+    RETURNING a.* INTO done;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    VALUES (done.run_id, done.attempt, done.host_id, 'running', unitvisor.freeze_text(done));
+    RETURN true;
 END $$;
 
 -- record_outcome: one attempt's outcome, from the host that ran it (or took it over). Four forms,
@@ -3465,6 +3675,9 @@ GRANT SELECT ON unitvisor.schedules TO unitvisor_submitter;
 GRANT EXECUTE ON FUNCTION
     unitvisor.cron_next(text,text,timestamp with time zone),
     unitvisor.failure_verdict(integer,text[],text[],boolean,integer,boolean,integer,integer,text,text),
+    unitvisor.freeze_pending(unitvisor.attempts),
+    unitvisor.freeze_text(unitvisor.attempts),
+    unitvisor.held_text(unitvisor.runs),
     unitvisor.host_in_flight(text),
     unitvisor.max_rows_bound(integer),
     unitvisor.my_host_id(),
@@ -3485,6 +3698,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.expire_runs(text,bigint),
     unitvisor.explain_waiting(interval,integer),
     unitvisor.fleet_upkeep_turn(text,bigint,interval),
+    unitvisor.freeze_requests(text,bigint),
     unitvisor.heartbeat(text,bigint,interval),
     unitvisor.host_holds_run(uuid),
     unitvisor.host_may_see(text,uuid,text),
@@ -3493,6 +3707,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.mark_warned(uuid,integer,text,bigint,text),
     unitvisor.prune_history(text,bigint,interval,integer),
     unitvisor.record_event(uuid,integer,text,bigint,text,text),
+    unitvisor.record_freeze(text,bigint,uuid,integer,timestamp with time zone,text,text),
     unitvisor.record_outcome(uuid,integer,text,bigint,text,text,text,text,interval,text,timestamp with time zone,timestamp with time zone),
     unitvisor.record_outcome(uuid,integer,text,bigint,text,text,text,text,interval,text,timestamp with time zone,timestamp with time zone,bigint,bigint,bigint,bigint),
     unitvisor.record_outcome(uuid,integer,text,bigint,text,text,text,text,interval,text,timestamp with time zone,timestamp with time zone,bigint,bigint,bigint,bigint,timestamp with time zone),
@@ -3511,12 +3726,16 @@ GRANT EXECUTE ON FUNCTION
 -- The submitter: its API (docs/sql-api.md).
 GRANT EXECUTE ON FUNCTION
     unitvisor.cancel_run(uuid),
+    unitvisor.freeze_run(uuid),
+    unitvisor.hold_run(uuid),
+    unitvisor.release_run(uuid),
     unitvisor.resume_run(uuid),
     unitvisor.create_schedule(text,text,text,jsonb,text,text),
     unitvisor.drop_schedule(text),
     unitvisor.pause_schedule(text,boolean),
     unitvisor.submit_run_spec(jsonb),
-    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer)
+    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer,boolean),
+    unitvisor.thaw_run(uuid)
     TO unitvisor_submitter;
 
 -- == the migrations this file holds =================================================================
@@ -3550,4 +3769,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('026_graceful_stop'),
     ('027_failure_rules'),
     ('028_schedules'),
-    ('029_heartbeat_cost');
+    ('029_heartbeat_cost'),
+    ('030_hold_freeze');

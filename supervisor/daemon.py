@@ -25,7 +25,7 @@ from types import FrameType
 import psycopg
 import sdnotify
 
-from supervisor import __version__, faults, fence, fleet, heartbeat, pressure, stopsignals, store, unitspec
+from supervisor import __version__, faults, fence, fleet, freezer, heartbeat, pressure, stopsignals, store, unitspec
 from supervisor.config import UNIT_PREFIX, ConfigError, Settings, machine_id
 from supervisor.guard import Guard, GuardedConnection
 from supervisor.journal import Journal, TailReader
@@ -481,6 +481,9 @@ class Daemon:
             upkeep = probe.upkeep and now >= self.timers.upkeep
         if wake_cancel:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, cancel_requested=True))
+            # Freeze and thaw requests come on the same channel (and the same heartbeat flag): schema 030.
+            freezer.act_on_requests(self.conn, self.fence, self.systemd,
+                                    lambda result: self.metrics.freezes.labels(result).inc())
         if wake_claim:
             self._claim_and_spawn()
         # After this host's own claim, never before it (issue 23): the fleet's upkeep on a busy database

@@ -28,6 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from supervisor import __version__, pressure
 from supervisor.config import parse_listen
+from supervisor.freezer import RESULTS as FREEZE_RESULTS
 from supervisor.log import event
 from supervisor.model import Attempt, Pruned, Run
 from supervisor.outcomes import OUTCOMES
@@ -170,6 +171,12 @@ class Metrics:
         self.stop_kills = Counter("unitvisor_stop_kills", "Attempts whose stop (a cancel, or runtime_max_sec) "
                                   "timed out into SIGKILL: the run did not end within its stop_timeout after "
                                   "its stop_signal", registry=r)
+        # A refused freeze (a cgroup v1 host, a unit gone) is what to alert on: the run was not frozen.
+        self.freezes = Counter("unitvisor_freezes", "Freeze and thaw requests (unitvisor freeze/thaw) this daemon "
+                               "answered, by result: frozen, thawed, refused (its host could not)", ["result"],
+                               registry=r)
+        for result in FREEZE_RESULTS:
+            self.freezes.labels(result)
         self.claim_latency = Histogram("unitvisor_claim_latency_seconds", "From a first attempt's spawn job being "
                                        "due (its run queued) to its claim by this host, by the database's clock",
                                        buckets=CLAIM_LATENCY_BUCKETS, registry=r)

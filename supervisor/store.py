@@ -507,6 +507,8 @@ _SUBMIT_ARGS = {
     # Failure rules (schema 027); retry_on's and the backoffs were settable only through SQL until then.
     "retry_on": "text[]", "retry_backoff_sec": "integer", "retry_backoff_max_sec": "integer",
     "fail_on": "text[]", "count_lost": "boolean", "max_lost_attempts": "integer",
+    # schema 030: submitted held (never claimed until released)
+    "hold": "boolean",
 }
 _JSON_ARGS = ("environment", "labels")
 
@@ -605,18 +607,20 @@ def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dic
 
 def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = None,
               since: timedelta | None = None, limit: int = 50,
-              labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Runs, newest first; with `labels`, only runs that carry every one of them (the @> of
-    unitvisor.runs_with_labels, on the same GIN index). The status columns (state, the latest attempt's
-    host, number, outcome and exit status) are unitvisor.run_status's, read for the rows listed only,
-    so that `runs` says what a control plane reads: an expired run's outcome is `expired`, say."""
+              labels: dict[str, str] | None = None, held: bool = False) -> list[dict[str, Any]]:
+    """Runs, newest first; with `held`, only held runs (schema 030); with `labels`, only runs that carry
+    every one of them (the @> of unitvisor.runs_with_labels, on the same GIN index). The status columns
+    (state, the latest attempt's host, number, outcome and exit status) are unitvisor.run_status's, read
+    for the rows listed only, so that `runs` says what a control plane reads: an expired run's outcome
+    is `expired`, say."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
             """SELECT q.id, s.state, q.argv, q.created_at, q.finished_at, q.labels, q.concurrency_key, q.not_before,
                       q.start_deadline, s.host_id, s.attempt, q.started_at, q.ended_at, s.outcome, s.exit_status,
-                      s.wait_reason
+                      s.wait_reason, q.held_at
                FROM (SELECT r.id, r.argv, r.created_at, r.finished_at, r.labels, r.concurrency_key, r.not_before,
-                            r.start_deadline, a.started_at, a.ended_at, r.seq
+                            r.start_deadline, a.started_at, a.ended_at, r.seq,
+                            CASE WHEN r.state = 'queued' THEN r.held_at END AS held_at
                      FROM unitvisor.runs r
                      LEFT JOIN LATERAL (SELECT x.host_id, x.started_at, x.ended_at FROM unitvisor.attempts x
                                         WHERE x.run_id = r.id ORDER BY x.attempt DESC LIMIT 1) a ON true
@@ -624,10 +628,12 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
                        AND (%(host)s::text IS NULL OR a.host_id = %(host)s::text)
                        AND (%(since)s::interval IS NULL OR r.created_at >= now() - %(since)s::interval)
                        AND r.labels @> %(labels)s::jsonb
+                       AND (NOT %(held)s OR (r.state = 'queued' AND r.held_at IS NOT NULL))
                      ORDER BY r.created_at DESC, r.seq DESC NULLS LAST, r.id LIMIT %(limit)s) q
                CROSS JOIN LATERAL unitvisor.run_status(q.id) s
                ORDER BY q.created_at DESC, q.seq DESC NULLS LAST, q.id""",
-            {"states": list(states), "host": host, "since": since, "limit": limit, "labels": Jsonb(labels or {})},
+            {"states": list(states), "host": host, "since": since, "limit": limit, "labels": Jsonb(labels or {}),
+             "held": held},
         ).fetchall()
 
 
@@ -670,6 +676,92 @@ def resume_run(conn: Connection, run_id: uuid.UUID) -> Transition:
     queued, starting, running or succeeded."""
     row = conn.execute("SELECT state, changed FROM unitvisor.resume_run(%s)", (run_id,)).fetchone()
     return Transition(row[0], row[1])
+
+
+# -- hold and freeze (schema 030) ---------------------------------------------------------------
+
+
+class Refused(DatabaseError):
+    """The database refused an operator's request on a run in the state it is in (SQLSTATE 55000,
+    object_not_in_prerequisite_state: hold of a running run, freeze of a queued one); the message
+    says which run, its state and what may be done instead."""
+
+
+def _run_request(conn: Connection, function: str, run_id: uuid.UUID) -> Transition:
+    try:
+        row = conn.execute(sql.SQL("SELECT state, changed FROM unitvisor.{}(%s)").format(sql.Identifier(function)),
+                           (run_id,)).fetchone()
+    except psycopg.errors.ObjectNotInPrerequisiteState as exc:
+        hint = exc.diag.message_hint
+        raise Refused((exc.diag.message_primary or one_line(exc)) + (f" ({hint})" if hint else "")) from None
+    return Transition(row[0], row[1])
+
+
+def hold_run(conn: Connection, run_id: uuid.UUID) -> Transition:
+    """Hold a queued run (unitvisor.hold_run): never claimed until released. Refused for a run that is
+    not queued; changed=False when it is held already."""
+    return _run_request(conn, "hold_run", run_id)
+
+
+def release_run(conn: Connection, run_id: uuid.UUID) -> Transition:
+    """Release a held run (unitvisor.release_run): claimed as any queued run. changed=False: not held."""
+    return _run_request(conn, "release_run", run_id)
+
+
+def freeze_run(conn: Connection, run_id: uuid.UUID) -> Transition:
+    """Ask the host of a running run to freeze its unit (unitvisor.freeze_run); the host acts on it."""
+    return _run_request(conn, "freeze_run", run_id)
+
+
+def thaw_run(conn: Connection, run_id: uuid.UUID) -> Transition:
+    """Ask the host of a running run to thaw its unit (unitvisor.thaw_run)."""
+    return _run_request(conn, "thaw_run", run_id)
+
+
+def hold_of(conn: Connection, run_id: uuid.UUID) -> tuple[datetime | None, str | None]:
+    """When and by whom a run is held (None, None: not held)."""
+    row = conn.execute("SELECT held_at, held_by FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
+    return (row[0], row[1]) if row else (None, None)
+
+
+def freezes_of(conn: Connection, run_id: uuid.UUID) -> dict[int, dict[str, Any]]:
+    """Each attempt's freeze that was ever asked for, by attempt number: what was asked, what its host
+    did, and the two in words (unitvisor.freeze_text)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            """SELECT a.attempt, a.freeze_wanted AS wanted, a.freeze_requested_at AS requested_at,
+                      a.freeze_requested_by AS requested_by, a.freeze_state AS state, a.freeze_refused AS refused,
+                      a.freeze_acted_at AS acted_at, unitvisor.freeze_pending(a) AS pending,
+                      unitvisor.freeze_text(a) AS text
+               FROM unitvisor.attempts a WHERE a.run_id = %s AND a.freeze_requested_at IS NOT NULL
+               ORDER BY a.attempt""", (run_id,)).fetchall()
+    return {row.pop("attempt"): row for row in rows}
+
+
+@dataclass(frozen=True)
+class FreezeRequest:
+    run_id: uuid.UUID
+    attempt: int
+    unit_name: str
+    wanted: str  # 'frozen' or 'thawed'
+    requested_at: datetime  # the request's own time, handed back to record_freeze
+
+
+def freeze_requests(conn: Connection, fence: Fence) -> list[FreezeRequest]:
+    """This host's pending freeze requests, oldest first (fenced)."""
+    with _fencing():
+        rows = conn.execute("SELECT run_id, attempt, unit_name, wanted, requested_at "
+                            "FROM unitvisor.freeze_requests(%s, %s)", (fence.host_id, fence.epoch)).fetchall()
+    return [FreezeRequest(*row) for row in rows]
+
+
+def record_freeze(conn: Connection, fence: Fence, request: FreezeRequest, state: str, refused: str | None) -> bool:
+    """What this host did with a freeze request: the unit's freezer state after it ('frozen' or
+    'thawed') and why it was refused (None: done). False: the attempt is no longer open here."""
+    with _fencing():
+        return conn.execute("SELECT unitvisor.record_freeze(%s, %s, %s, %s, %s, %s, %s)",
+                            (fence.host_id, fence.epoch, request.run_id, request.attempt, request.requested_at,
+                             state, refused)).fetchone()[0]
 
 
 # -- hosts --------------------------------------------------------------------------------------

@@ -438,6 +438,16 @@ class Systemd(_Connection):
     def reset_failed(self, name: str) -> bool:
         return self._unit_call(b"ResetFailedUnit", b"s", [name.encode()], name)
 
+    def freeze(self, name: str) -> bool:
+        """Freeze a unit's processes where they are (the cgroup v2 freezer: FreezeUnit, systemd 246 and
+        later); PID 1 answers once they are frozen. False when the unit is not loaded. A host that cannot
+        freeze (cgroup v1) raises SystemdError with PID 1's own words ("not supported")."""
+        return self._unit_call(b"FreezeUnit", b"s", [name.encode()], name)
+
+    def thaw(self, name: str) -> bool:
+        """Let a frozen unit's processes run on (ThawUnit); as freeze."""
+        return self._unit_call(b"ThawUnit", b"s", [name.encode()], name)
+
     def ref(self, name: str) -> bool:
         """Hold a reference on a loaded unit for this connection (once: PID 1 counts each Ref), so
         that it stays loaded after it ends, `inactive` or `failed` with its Result, exit status,

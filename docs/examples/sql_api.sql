@@ -52,3 +52,13 @@ SELECT unitvisor.submit_run(ARRAY['/bin/true'], not_before => '2099-06-01 03:00Z
                             start_deadline => '2099-06-01 02:00Z');
 \set ON_ERROR_STOP on
 SELECT state, changed FROM unitvisor.cancel_run(:'migration');
+
+-- A run submitted held: queued, but no host claims it until it is released (hold_run holds a queued
+-- one the same way). Why it waits says so, and by whom; a running run cannot be held.
+SELECT unitvisor.submit_run(ARRAY['/opt/jobs/bin/report'], hold => true) AS report \gset
+SELECT state, wait_reason LIKE 'held since % UTC by ' || session_user || ' (release it: unitvisor release %)' AS held
+FROM unitvisor.run_status(:'report');
+SELECT state, changed FROM unitvisor.hold_run(:'report');
+SELECT state, changed FROM unitvisor.release_run(:'report');
+SELECT state, wait_reason FROM unitvisor.run_status(:'report');
+SELECT state, changed FROM unitvisor.cancel_run(:'report');

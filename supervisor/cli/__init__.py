@@ -21,11 +21,11 @@ import psycopg
 from supervisor import store
 
 # Importing the command modules registers their commands on the group.
-from supervisor.cli import hosts, operations, runs, schedules
+from supervisor.cli import hold, hosts, operations, runs, schedules
 from supervisor.cli.app import WAIT_UNKNOWN, CouldNotTell, Failure, Unreachable, add_global_options, cli, invocation
 
-__all__ = ["WAIT_UNKNOWN", "CouldNotTell", "Failure", "Unreachable", "cli", "hosts", "main", "operations", "runs",
-           "schedules"]
+__all__ = ["WAIT_UNKNOWN", "CouldNotTell", "Failure", "Unreachable", "cli", "hold", "hosts", "main", "operations",
+           "runs", "schedules"]
 
 # Last, once every command exists: each gets its hidden copies of the group's options (app.py).
 add_global_options(cli)
@@ -68,6 +68,8 @@ _HOST_DSN = "its DSN goes in /etc/unitvisor/dsn"
 # refused it. A command that knows more (drain: which host) says it in invocation["needs"].
 _NEEDED_ROLE = {
     "submit": (_SUBMITTER, _PASS_DSN), "cancel": (_SUBMITTER, _PASS_DSN), "resume": (_SUBMITTER, _PASS_DSN),
+    "hold": (_SUBMITTER, _PASS_DSN), "release": (_SUBMITTER, _PASS_DSN), "freeze": (_SUBMITTER, _PASS_DSN),
+    "thaw": (_SUBMITTER, _PASS_DSN),
     "drain": (_ADMIN, _PASS_DSN), "undrain": (_ADMIN, _PASS_DSN), "prune": (_ADMIN, _PASS_DSN),
     "hosts forget": (_MAY_CREATE_ROLES, _AS_POSTGRES), "hosts add": (_MAY_CREATE_ROLES, _AS_POSTGRES),
     "migrate": ("a role that may create roles (a superuser, or CREATEROLE) for migration 004, then unitvisor_admin",

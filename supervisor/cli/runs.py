@@ -102,6 +102,8 @@ from supervisor.quantities import format_duration, format_size, parse_duration, 
 @click.option("--warn-signal", metavar="SIGNAL", callback=signal_name,
               help="The signal --warn-before sends to the run's main process; default USR1.")
 @failure_options
+@click.option("--hold", is_flag=True,
+              help="Submit it held: queued, but no host claims it until `unitvisor release RUN`.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 @pass_ctx
 def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
@@ -133,6 +135,8 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         "labels": options["labels"] or None, "idempotency_key": options["idempotency_key"],
         "concurrency_key": options["concurrency_key"],
         **failure_fields(options),  # issue 25: only those asked for
+        # Only when asked: a database before schema 030 then still takes the run.
+        "hold": options["hold"] or None,
     }
     # Graceful stop (schema 026): only when asked, so that a database before it still takes the run.
     stop = {"stop_signal": options["stop_signal"], "stop_timeout": options["stop_timeout"],
@@ -165,6 +169,20 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         # Queued all the same (a host may come, or be allowed it, later), but said now rather than by
         # `show` after two poll intervals: a typo in --host or --user, or an executable no host allows.
         click.echo(f"unitvisor: warning: run {run_id} waits: {refused}", err=True)
+
+
+def _add_hold_and_freeze(conn: store.Connection, run: Run, data: dict) -> None:
+    """show's facts of schema 030: when and by whom a queued run is held, and each attempt's freeze
+    (what was asked, what its host did, in words)."""
+    held_at, held_by = store.hold_of(conn, run.id)
+    data["held"] = {"at": iso(held_at), "by": held_by} if run.state == "queued" and held_at else None
+    freezes = store.freezes_of(conn, run.id)
+    for a in data["attempts"]:
+        f = freezes.get(a["attempt"])
+        a["freeze"] = None if f is None else {
+            "wanted": f["wanted"], "requested_at": iso(f["requested_at"]), "requested_by": f["requested_by"],
+            "state": f["state"], "refused": f["refused"], "acted_at": iso(f["acted_at"]), "pending": f["pending"],
+            "text": f["text"]}
 
 
 # The COMMAND column's width without --wide.
@@ -213,6 +231,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         data["failure_rules"] = failure_json(run, attempts)
         data["wait_reason"], due, now = _waiting(conn, run, data)
         data["next_attempt_at"] = iso(due)
+        _add_hold_and_freeze(conn, run, data)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -254,6 +273,8 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         lines.append(f"  {attempt_label(run, attempt)}: host={a['host']} unit={a['unit']} "
                      f"outcome={a['outcome'] or '-'} exit={a['exit_status'] or '-'} "
                      f"started={a['started_at'] or '-'} ended={a['ended_at'] or '-'}")
+        if a["freeze"]:
+            lines.append(f"    freeze: {a['freeze']['text']}")
         if a["reason"]:
             lines.append(f"    reason: {a['reason']}")
         if a["outcome"]:
@@ -277,12 +298,13 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
               help="Only runs created this recently, like 1h.")
 @click.option("--label", "labels", multiple=True, callback=label_pairs, metavar="KEY=VALUE",
               help="Only runs with this label (repeatable: all of them).")
+@click.option("--held", is_flag=True, help="Only held runs (`unitvisor hold`, `submit --hold`).")
 @click.option("--limit", type=IntRange(1, 100000), default=50, show_default=True)
 @click.option("--wide", is_flag=True, help="Show the whole command, not its first 60 characters.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float | None, labels: dict[str, str],
-         limit: int, wide: bool, as_json: bool) -> None:
+         held: bool, limit: int, wide: bool, as_json: bool) -> None:
     """List runs, newest first.
 
     Below the table, why each queued run waits, as `show` says it. On a host's own DSN (the default
@@ -293,7 +315,8 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
       unitvisor runs --state running --since 1h
     """
     with ctx.connect() as conn:
-        rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit, labels)
+        rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit, labels,
+                               held=held)
         now = store.now(conn)
         queued = [r["id"] for r in rows if r["state"] == "queued"][:MAX_REFUSALS_ASKED]
         refusals = store.fleet_refusals(conn, queued) if queued else {}
@@ -308,7 +331,7 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
             "outcome": r["outcome"], "exit_status": r["exit_status"], "argv": r["argv"], "labels": r["labels"],
             "concurrency_key": r["concurrency_key"], "not_before": iso(r["not_before"]),
             "start_deadline": iso(r["start_deadline"]), "wait_reason": waits.get(r["id"]),
-            "no_host_accepts": refusals.get(r["id"]),
+            "no_host_accepts": refusals.get(r["id"]), "held_at": iso(r["held_at"]),
         } for r in rows], indent=2))
         return
     table = [("ID", "STATE", "HOST", "ATTEMPT", "AGE", "DURATION", "OUTCOME", "COMMAND")]

@@ -234,8 +234,10 @@ _HOST_CALLS = {  # store function -> how to find the host id it acts as
     "open_attempts": lambda args: args[1], "host_fence": lambda args: args[1],
     "explain_waiting": lambda args: ANY_HOST, "unit_owners": lambda args: ANY_HOST,
     "unclaimed_attempts": lambda args: ANY_HOST,
+    "freeze_requests": lambda args: args[1].host_id, "record_freeze": lambda args: args[1].host_id,
 }
-_SUBMITTER_CALLS = ("submit_run", "cancel_run", "resume_run", "run_status", "runs_with_labels")
+_SUBMITTER_CALLS = ("submit_run", "cancel_run", "resume_run", "run_status", "runs_with_labels", "hold_run",
+                    "release_run", "freeze_run", "thaw_run")
 
 
 # What ensure_login_role and bind_host_role made already: (cluster port, role) and (port, database, role).

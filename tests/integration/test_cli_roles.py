@@ -173,6 +173,15 @@ def test_a_host_role_cannot_cancel(cli, dsn: str, host_id: str, conn: psycopg.Co
     assert store.get_run(conn, run_id).state == "queued"
 
 
+@pytest.mark.parametrize("command", ["hold", "release"])
+def test_a_host_role_cannot_hold_or_release(cli, dsn: str, host_id: str, conn: psycopg.Connection,
+                                            command: str) -> None:
+    run_id = store.submit_run(conn, argv=["/bin/true"], hold=command == "release")
+    host_dsn = json.loads(add(cli, dsn, host_id).stdout)["dsn"]
+    line = assert_one_line_error(cli(command, str(run_id), dsn=host_dsn), 1)
+    assert f"refused `unitvisor {command}`" in line and "it needs unitvisor_submitter" in line
+
+
 def test_a_submitter_cannot_drain_and_is_told_which_role_can(cli, dsn: str, postgres: Postgres) -> None:
     ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
     line = assert_one_line_error(cli("drain", "h1", dsn=as_role(dsn, TEST_SUBMITTER)), 1)
@@ -189,6 +198,8 @@ def test_a_submitter_submits_cancels_resumes_and_reads_with_the_cli(cli, dsn: st
     run_id = submitted.stdout.strip()
     assert cli("cancel", run_id, dsn=submitter).returncode == 0
     assert cli("resume", run_id, dsn=submitter).returncode == 0
+    assert cli("hold", run_id, dsn=submitter).returncode == 0  # schema 030
+    assert cli("release", run_id, dsn=submitter).returncode == 0
     shown = cli("show", run_id, "--json", dsn=submitter)
     assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "queued"
     assert run_id[:8] in cli("runs", dsn=submitter).stdout

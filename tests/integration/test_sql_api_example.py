@@ -44,9 +44,10 @@ def test_the_documented_psql_example_runs_and_prints_what_the_docs_show(
     if os.environ.get("UNITVISOR_REGENERATE_EXAMPLES"):
         EXPECTED.write_text(actual)
     assert actual == EXPECTED.read_text()
-    # And what it did is what the database holds: two runs, cancelled.
-    assert conn.execute("SELECT state, labels, concurrency_key FROM unitvisor.runs ORDER BY created_at").fetchall() == [
-        ("cancelled", {"team": "docs", "pipeline": "nightly"}, None), ("cancelled", {}, "db-migrate")]
+    # And what it did is what the database holds: three runs, cancelled, the last one held and released.
+    assert conn.execute("SELECT state, labels, concurrency_key, held_at FROM unitvisor.runs ORDER BY created_at"
+                        ).fetchall() == [("cancelled", {"team": "docs", "pipeline": "nightly"}, None, None),
+                                         ("cancelled", {}, "db-migrate", None), ("cancelled", {}, None, None)]
 
 
 DOC = REPO / "docs" / "sql-api.md"

@@ -448,8 +448,12 @@ def test_a_forged_notification_only_wakes_the_daemon(make, clock, mocker):
     mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
     open_attempts = mocker.patch.object(daemon_mod.store, "open_attempts", return_value=[])
     claim = mocker.patch.object(daemon_mod.store, "claim", return_value=[])
+    freezes = mocker.patch.object(daemon_mod.store, "freeze_requests", return_value=[])
     d._iteration()
     open_attempts.assert_called_once_with(d.conn, "h1", cancel_requested=True)
+    freezes.assert_called_once_with(d.conn, d.fence)  # schema 030: the same channel asks for freezes
+    d.systemd.freeze.assert_not_called()
+    d.systemd.thaw.assert_not_called()
     claim.assert_called_once_with(d.conn, d.fence, d.settings.daemon.claim_batch, mock.ANY)
     d.reconciler.reconcile_one.assert_not_called()  # the database named no attempt to stop
     d.systemd.stop.assert_not_called()

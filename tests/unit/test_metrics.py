@@ -171,6 +171,14 @@ def test_pruned_rows_are_counted_by_table_from_zero():
         "runs": 3, "attempts": 4, "events": 12, "jobs": 5}
 
 
+def test_freeze_answers_are_counted_by_result_from_zero():
+    m = Metrics()
+    assert value(m, "unitvisor_freezes_total", result="refused") == 0
+    m.freezes.labels("refused").inc()
+    assert {r: value(m, "unitvisor_freezes_total", result=r) for r in ("frozen", "thawed", "refused")} == {
+        "frozen": 0, "thawed": 0, "refused": 1}
+
+
 def test_names_and_labels_follow_the_conventions():
     m = Metrics()
     m.claimed([pair(1)], sent=0.0)
@@ -193,13 +201,14 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_schedule_times_skipped",
         "unitvisor_stop_warnings", "unitvisor_stop_kills",  # graceful stop (schema 026)
         "unitvisor_runs_ended_by_rule",  # failure rules (schema 027)
+        "unitvisor_freezes",  # hold and freeze (schema 030)
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}
     # Only bounded labels: no run id, no unit name anywhere in a scrape.
     assert str(pair(1)[0].id) not in text and "unitvisor-run-" not in text
     label_names = {key for f in families.values() for s in f.samples for key in s.labels}
-    assert label_names <= {"outcome", "state", "version", "le", "table", "reason", "rule"}
+    assert label_names <= {"outcome", "state", "version", "le", "table", "reason", "rule", "result"}
 
 
 def test_runs_ended_by_a_failure_rule_are_counted_by_rule():
