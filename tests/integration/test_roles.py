@@ -492,11 +492,17 @@ HOST_FUNCTIONS = {
     "runs_with_labels", "wait_reason", "whoami", "host_holds_run", "host_may_see", "unit_owners", "host_in_flight",
     "set_host_pressure", "fleet_upkeep_turn", "declare_dead", "renew_heartbeat", "set_host_state",
     "next_attempt_at", "refusals_now",
-    "cron_next", "submit_due_schedules"}  # 028: schedules (a host reads no schedule, it submits the due ones)
+    "cron_next", "submit_due_schedules",  # 028: schedules (a host reads no schedule, it submits the due ones)
+    "mark_warned",  # 026: graceful stop
+    "failure_verdict",  # 027: failure rules
+    "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze"}  # 030: hold and freeze
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
                        "refusals_now",
-                       "cron_next", "create_schedule", "drop_schedule", "pause_schedule", "submit_run_spec"}  # 028
+                       "cron_next", "create_schedule", "drop_schedule", "pause_schedule", "submit_run_spec",  # 028
+                       "failure_verdict",  # 027
+                       "freeze_pending", "freeze_text", "held_text", "hold_run", "release_run", "freeze_run",
+                       "thaw_run"}  # 030
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 
@@ -513,7 +519,8 @@ def test_each_role_holds_exactly_its_privileges(conn: psycopg.Connection, role: 
     granted = set(conn.execute(
         """SELECT c.relname, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
            WHERE c.relnamespace = 'unitvisor'::regnamespace AND a.grantee = %s::regrole""", (role,)).fetchall())
-    assert (executable, granted) == (functions, tables)
+    # Named both ways, so that a failure says which function was granted or taken away.
+    assert (executable - functions, functions - executable, granted) == (set(), set(), tables)
 
 
 def test_every_object_of_the_schema_is_the_admins(conn: psycopg.Connection) -> None:
