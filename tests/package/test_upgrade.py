@@ -1,5 +1,5 @@
 """A rolling upgrade across a schema change, in the order README.md's Upgrade section gives: two
-clean-room hosts on one PostgreSQL run the previous release (0.7.0, schemas 001 to 015, 017 and 018) with runs
+clean-room hosts on one PostgreSQL run the previous release (0.8.0, schemas 001 to 015 and 017 to 023) with runs
 in flight; the new version's `unitvisor migrate` (from the new .deb, unpacked, not installed) applies
 the later migrations under them; then one host is upgraded, then the other. At every step both daemons claim and
 finish new runs; at the end every run succeeded with exactly one attempt, whose unit systemd started
@@ -26,12 +26,13 @@ from tests.harness.cleanroom import Cleanroom
 from tests.harness.host import REPO, wait_for
 from tests.package.test_cleanroom import ALLOWED, DB_PASSWORD, SERVICE, Host, say
 
-PREVIOUS_RELEASE = "d60b583"  # 0.7.0: schemas 001 to 015, 017 and 018
-PREVIOUS_VERSION = "0.7.0"
+PREVIOUS_RELEASE = "4144c16"  # 0.8.0: schemas 001 to 015 and 017 to 023
+PREVIOUS_VERSION = "0.8.0"
 PREVIOUS_SCHEMA = ("001_schema", "002_fleet", "003_run_policy", "004_roles", "005_sql_api", "006_lifecycle",
                    "007_outcome_record", "008_retention", "009_claim_cost", "010_wake_targets",
                    "011_commit_wake_cost", "012_expiry_owner", "013_fleet_promises", "014_host_reads",
-                   "015_run_privilege", "017_accounting", "018_admission_pressure")
+                   "015_run_privilege", "017_accounting", "018_admission_pressure", "019_fleet_upkeep",
+                   "020_claim_gate", "021_operator", "022_argument_checks", "023_refusals_now")
 # Long enough to be in flight from before the migration until after the second host's upgrade
 # (12 to 22 s on the 2-core test machine, but 65 s once on a loaded one; in_flight_untouched fails if
 # it was not). The last step waits for them to end, so this is also what the module's run costs.
@@ -122,7 +123,7 @@ def test_two_hosts_run_the_previous_release(fleet: Fleet, request: pytest.Fixtur
         host.run("sh", "-c", "umask 077 && cat > /etc/unitvisor/dsn", input=dsn + "\n")
         host.run("sed", "-i", f"s|^# allowed_executables = \\[\\]$|allowed_executables = {ALLOWED}|",
                  "/etc/unitvisor/unitvisor.toml")
-    # 0.7.0's Install (as 0.6.0's): migrate as the postgres superuser over the local socket (004 creates roles). The
+    # 0.8.0's Install (as 0.6.0's; an empty database gets schema.sql): migrate as the postgres superuser over the local socket (004 creates roles). The
     # database's owner, the role both hosts log in as here, becomes a member of unitvisor_admin: the
     # single-role deployment that every release keeps working.
     superuser = ("runuser", "-u", "postgres", "--", "unitvisor", "--dsn",
