@@ -10,8 +10,6 @@ retry_on refused `exit:75`.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,8 +24,8 @@ from supervisor.model import Attempt
 from supervisor.outcomes import Outcome, failure_verdict
 from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
-from tests.integration.conftest import TEST_SUBMITTER, connected, ensure_login_role, register, silence
-from tests.integration.test_sql_api_example import normalised
+from tests.integration.conftest import connected, register, silence
+from tests.integration.test_sql_api_example import assert_example_prints_its_out
 from tests.unit.test_failure_rules import ENDINGS, POLICIES, run
 
 pytestmark = pytest.mark.usefixtures("as_bound_roles")
@@ -230,19 +228,8 @@ EXAMPLE = REPO / "docs" / "examples" / "failure_rules.sql"
 
 def test_the_documented_example_runs_and_prints_what_the_docs_show(postgres: Postgres,
                                                                     conn: psycopg.Connection) -> None:
-    """docs/examples/failure_rules.sql with the real psql, as a submitter: its output must be
-    failure_rules.out (run ids aside), as test_sql_api_example does for sql_api.sql."""
-    ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env.update(PGHOST="127.0.0.1", PGPORT=str(postgres.port), PGDATABASE=conn.info.dbname, PGUSER=TEST_SUBMITTER)
-    result = subprocess.run([str(postgres.bindir / "psql"), "-X", "-f", str(EXAMPLE.relative_to(REPO))],
-                            env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    actual = normalised(result.stdout) + "-- stderr:\n" + normalised(result.stderr)
-    expected = EXAMPLE.with_suffix(".out")
-    if os.environ.get("UNITVISOR_REGENERATE_EXAMPLES"):
-        expected.write_text(actual)
-    assert actual == expected.read_text()
+    """docs/examples/failure_rules.sql, as test_sql_api_example does for sql_api.sql."""
+    assert_example_prints_its_out(postgres, conn.info.dbname, EXAMPLE)
     assert conn.execute("SELECT state FROM unitvisor.runs").fetchall() == [("cancelled",)]
 
 

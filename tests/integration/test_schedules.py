@@ -10,9 +10,7 @@ Every test here fails on the schema before 028 (the functions are new). Time is 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -26,7 +24,8 @@ from supervisor import store
 from tests.conftest import TEMPLATE_DB, throwaway_database
 from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
-from tests.integration.conftest import TEST_SUBMITTER, ensure_login_role, register, run_concurrently
+from tests.integration.conftest import register, run_concurrently
+from tests.integration.test_sql_api_example import assert_example_prints_its_out
 
 RUN = '{"argv": ["/bin/true"]}'
 
@@ -563,22 +562,12 @@ def test_two_hosts_racing_for_due_schedules_submit_each_due_time_once(conn: psyc
 
 
 SCRIPT = REPO / "docs" / "examples" / "schedules.sql"
-EXPECTED = REPO / "docs" / "examples" / "schedules.out"
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def test_the_documented_schedules_example_runs_and_prints_what_the_docs_show(
         postgres: Postgres, conn: psycopg.Connection) -> None:
-    ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env.update(PGHOST="127.0.0.1", PGPORT=str(postgres.port), PGDATABASE=conn.info.dbname, PGUSER=TEST_SUBMITTER)
-    result = subprocess.run([str(postgres.bindir / "psql"), "-X", "-f", str(SCRIPT.relative_to(REPO))],
-                            env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    actual = UUID_RE.sub("<run id>", result.stdout) + "-- stderr:\n" + UUID_RE.sub("<run id>", result.stderr)
-    if os.environ.get("UNITVISOR_REGENERATE_EXAMPLES"):
-        EXPECTED.write_text(actual)
-    assert actual == EXPECTED.read_text()
+    assert_example_prints_its_out(postgres, conn.info.dbname, SCRIPT)
     assert conn.execute("SELECT count(*) FROM unitvisor.schedules").fetchone()[0] == 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import psycopg
 
@@ -16,16 +17,7 @@ from tests.harness.postgres import Postgres
 from tests.integration.conftest import TEST_SUBMITTER, ensure_login_role
 
 SCRIPT = REPO / "docs" / "examples" / "sql_api.sql"
-EXPECTED = REPO / "docs" / "examples" / "sql_api.out"
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def run_example(postgres: Postgres, dbname: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env.update(PGHOST="127.0.0.1", PGPORT=str(postgres.port), PGDATABASE=dbname, PGUSER=TEST_SUBMITTER)
-    # Relative to the repository, so that psql's "psql:<file>:<line>:" prefix is the same everywhere.
-    return subprocess.run([str(postgres.bindir / "psql"), "-X", "-f", str(SCRIPT.relative_to(REPO))],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
 def normalised(text: str) -> str:
@@ -33,17 +25,29 @@ def normalised(text: str) -> str:
     return re.sub(r"server process with PID \d+", "server process with PID <pid>", text)
 
 
-def test_the_documented_psql_example_runs_and_prints_what_the_docs_show(
-        postgres: Postgres, conn: psycopg.Connection) -> None:
+def assert_example_prints_its_out(postgres: Postgres, dbname: str, script: Path) -> None:
+    """A docs/examples/*.sql script, run with the real psql as a unitvisor_submitter login role, prints
+    the .out beside it (run ids and process ids aside); UNITVISOR_REGENERATE_EXAMPLES=1 writes the .out
+    instead. Every documented example is checked by this one function."""
     ensure_login_role(postgres, TEST_SUBMITTER, store.SUBMITTER_ROLE)
-    result = run_example(postgres, conn.info.dbname)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env.update(PGHOST="127.0.0.1", PGPORT=str(postgres.port), PGDATABASE=dbname, PGUSER=TEST_SUBMITTER)
+    # Relative to the repository, so that psql's "psql:<file>:<line>:" prefix is the same everywhere.
+    result = subprocess.run([str(postgres.bindir / "psql"), "-X", "-f", str(script.relative_to(REPO))],
+                            env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    # stdout and stderr apart: psql writes the refusal to stderr, and the two pipes do not interleave
+    # stdout and stderr apart: psql writes a refusal to stderr, and the two pipes do not interleave
     # in a fixed order.
     actual = normalised(result.stdout) + "-- stderr:\n" + normalised(result.stderr)
+    expected = script.with_suffix(".out")
     if os.environ.get("UNITVISOR_REGENERATE_EXAMPLES"):
-        EXPECTED.write_text(actual)
-    assert actual == EXPECTED.read_text()
+        expected.write_text(actual)
+    assert actual == expected.read_text()
+
+
+def test_the_documented_psql_example_runs_and_prints_what_the_docs_show(
+        postgres: Postgres, conn: psycopg.Connection) -> None:
+    assert_example_prints_its_out(postgres, conn.info.dbname, SCRIPT)
     # And what it did is what the database holds: three runs, cancelled, the last one held and released.
     assert conn.execute("SELECT state, labels, concurrency_key, held_at FROM unitvisor.runs ORDER BY created_at"
                         ).fetchall() == [("cancelled", {"team": "docs", "pipeline": "nightly"}, None, None),

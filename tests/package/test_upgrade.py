@@ -123,9 +123,10 @@ def test_two_hosts_run_the_previous_release(fleet: Fleet, request: pytest.Fixtur
         host.run("sh", "-c", "umask 077 && cat > /etc/unitvisor/dsn", input=dsn + "\n")
         host.run("sed", "-i", f"s|^# allowed_executables = \\[\\]$|allowed_executables = {ALLOWED}|",
                  "/etc/unitvisor/unitvisor.toml")
-    # 0.8.0's Install (as 0.6.0's; an empty database gets schema.sql): migrate as the postgres superuser over the local socket (004 creates roles). The
-    # database's owner, the role both hosts log in as here, becomes a member of unitvisor_admin: the
-    # single-role deployment that every release keeps working.
+    # 0.8.0's Install (as 0.6.0's; an empty database gets schema.sql): migrate as the postgres superuser
+    # over the local socket (004 creates roles). The database's owner, the role both hosts log in as
+    # here, becomes a member of unitvisor_admin: the single-role deployment that every release keeps
+    # working.
     superuser = ("runuser", "-u", "postgres", "--", "unitvisor", "--dsn",
                  f"host=/var/run/postgresql port={fleet.db.pg_port} dbname=unitvisor")
     assert fleet.hosts[0].run(*superuser, "migrate", timeout=120).stdout.strip() == \
