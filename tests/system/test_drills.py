@@ -69,7 +69,7 @@ def test_restart_with_twenty_runs_active_interrupts_none(host: Host) -> None:
 def test_host_reboot_loses_running_runs_and_respawns_by_policy(host: Host) -> None:
     host.start()
     retried = host.submit("--max-attempts", "2", "--", "/bin/sleep", "300")
-    single = host.submit("--", "/bin/sleep", "300")
+    single = host.submit("--count-lost", "--", "/bin/sleep", "300")  # lost counts: one attempt, no respawn (027)
     ended = host.submit("--", *host.gated("reboot", exit_code=9))
     for run_id in (retried, single, ended):
         wait_for(lambda r=run_id: running(host, r), what="runs to be running")

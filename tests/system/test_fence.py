@@ -52,7 +52,8 @@ def running_run(member: Member, dsn: str) -> tuple[str, str]:
     """A run in flight on the host: (run id, its unit)."""
     member.host.start(configure=False)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        run_id = str(submit_many(conn, ["/bin/sleep", "300"], 1, max_attempts=1)[0])
+        # count_lost: the lost attempt ends the run (027), which is what settled_lost_once_back waits for.
+        run_id = str(submit_many(conn, ["/bin/sleep", "300"], 1, max_attempts=1, count_lost=True)[0])
     data = member.host.wait_run(run_id, states=("running",), timeout=60)
     unit = data["attempts"][0]["unit"]
     wait_for(lambda: unit_running(member, unit), timeout=30, what=f"{unit} to run")

@@ -59,7 +59,7 @@ def test_reconcile_by_hand_beside_the_claiming_daemon_stops_no_run(host: Host) -
 def test_a_changed_host_id_leaves_the_old_ids_runs_alone_until_that_id_is_declared_dead(host: Host) -> None:
     host.configure(config=CONFIG.format(host_id="old-id"))
     host.start()
-    run_id = host.submit("--", "/bin/sleep", "300")
+    run_id = host.submit("--count-lost", "--", "/bin/sleep", "300")  # lost ends it (027): one attempt to look at
     unit = f"unitvisor-run-{run_id}-1.service"
     wait_for(lambda: host.show(run_id)["state"] == "running", what="the run to run under the old id")
     host.configure(config=CONFIG.format(host_id="new-id"))

@@ -91,7 +91,7 @@ def test_a_success_while_the_daemon_is_down_survives_a_reboot(host: Host) -> Non
 
 def test_a_run_stopped_by_the_hosts_shutdown_is_not_a_success(host: Host) -> None:
     host.start()
-    run_id = host.submit("--", *host.gated("never"))  # killed by the shutdown's SIGTERM: Result=success
+    run_id = host.submit("--count-lost", "--", *host.gated("never"))  # killed by the shutdown's SIGTERM: Result=success
     wait_for(lambda: running(host, run_id), what="the run to be running")
     host.stop()
     unit = unit_of(run_id)
