@@ -4,14 +4,8 @@ attempts left. One booted host, both runs at once: seconds once the host is up."
 
 from __future__ import annotations
 
-import psycopg
-
 from tests.harness.host import Host
-
-
-def submit_sql(host: Host, sql: str) -> str:
-    with psycopg.connect(host.dsn, autocommit=True) as conn:
-        return str(conn.execute(sql).fetchone()[0])
+from tests.system.test_retry_adopt import submit_sql
 
 
 def test_exit_75_is_retried_and_exit_3_fails_at_once(host: Host) -> None:
