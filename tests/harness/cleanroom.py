@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.harness.commands import run_in_session
 from tests.harness.postgres import free_port
 from tests.harness.testbed import Testbed, TestbedError
 
@@ -205,8 +206,8 @@ def release_deb(repo: Path, commit: str, log: Callable[[str], None] = print) -> 
             subprocess.run(["tar", "-C", str(src), "-xf", "-"], input=archive, check=True)
             built = Path(tmp) / "out"
             env = {**os.environ, "OUT": str(built), "DEB_BUILD_OPTIONS": "nocheck"}
-            result = subprocess.run([str(src / "packaging" / "build-deb")], capture_output=True, text=True, env=env,
-                                    timeout=1200, check=False)
+            # In a session of its own: a timeout kills dpkg-buildpackage with build-deb.
+            result = run_in_session([str(src / "packaging" / "build-deb")], 1200, env)
             if result.returncode != 0:
                 raise CleanroomError(f"building the release {full[:12]} exited {result.returncode}:\n"
                                      f"{result.stderr[-3000:]}")
