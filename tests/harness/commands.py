@@ -17,6 +17,10 @@ import signal
 import subprocess
 
 
+class CommandFailed(RuntimeError):
+    """A command of a build exited with a status other than 0."""
+
+
 def run_in_session(cmd: list[str], timeout: float,
                    env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `cmd` to its end in a session of its own, its output captured as text. Past `timeout`
@@ -34,3 +38,11 @@ def run_in_session(cmd: list[str], timeout: float,
             raise
     return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
 
+
+def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
+    """Run a command of a build (run_in_session); an exit other than 0 raises CommandFailed with the
+    command and the last 30 lines of its output, where a build says what went wrong."""
+    result = run_in_session(cmd, timeout, env)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
+        raise CommandFailed(f"{' '.join(cmd)} exited {result.returncode}:\n{tail}")
