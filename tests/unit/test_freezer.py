@@ -3,6 +3,7 @@ database, a refusal included (a cgroup v1 host), with the database and systemd m
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import UTC, datetime
 from unittest import mock
@@ -65,3 +66,32 @@ def test_a_unit_gone_is_a_refusal_and_systemd_out_of_reach_leaves_the_request_pe
     with pytest.raises(SystemdUnavailable):
         freezer.act_on_requests(mock.Mock(), FENCE, systemd)
     st.record_freeze.assert_not_called()
+
+
+# -- a cancel wins over a freeze ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("wanted", "answer"), [
+    ("frozen", ("thawed", freezer.CANCELLED_FREEZE)),  # refused: the unit is being stopped
+    ("thawed", ("thawed", None)),  # done: systemd thaws the unit to stop it
+])
+def test_a_request_on_a_run_being_cancelled_is_answered_for_the_stop(wanted, answer) -> None:
+    assert freezer.answer_for_cancelled(wanted) == answer
+
+
+def test_requests_on_runs_being_cancelled_are_answered_without_systemd_and_not_counted_as_refusals(st, mocker) -> None:
+    said = mocker.patch.object(freezer, "event")
+    freeze, thaw, other = request("frozen"), request("thawed"), request("frozen")
+    st.freeze_requests.return_value = [freeze, thaw, other]
+    systemd = mock.Mock()
+    systemd.freeze.return_value = True
+    heard: list[str] = []
+    assert freezer.act_on_requests(mock.Mock(), FENCE, systemd, heard.append,
+                                   cancelling={freeze.run_id, thaw.run_id}) == 3
+    assert answers(st) == [("thawed", freezer.CANCELLED_FREEZE), ("thawed", None), ("frozen", None)]
+    # Only the run that is not being cancelled reached systemd.
+    systemd.freeze.assert_called_once_with(other.unit_name)
+    systemd.thaw.assert_not_called()
+    assert heard == ["thawed", "frozen"]  # the refusal of a cancelled run's freeze is no alert
+    [refusal] = [c for c in said.call_args_list if c.args[0] == "freeze-refused"]
+    assert refusal.kwargs["level"] == logging.INFO and refusal.kwargs["detail"] == freezer.CANCELLED_FREEZE
