@@ -13,6 +13,11 @@ src/core/unit.c), so its stop signal is delivered and its stop timeout counts as
 or thaw request still pending on a run being cancelled is answered without asking systemd
 (answer_for_cancelled): freezing a unit that is being stopped would at best be refused ("pending job")
 and counted as a refusal to alert on, and thawing it is what its stop does anyway.
+
+A frozen run's runtime clock counts on (decided: README, Hold and freeze): FreezeUnit and ThawUnit
+change no property of the unit, and nothing here moves its RuntimeMaxSec= deadline. systemd's own
+runtime stop does not thaw the unit, though, so a frozen run is not ended at its deadline; the docs
+tell operators to thaw or cancel a frozen run before then.
 """
 
 from __future__ import annotations
