@@ -17,7 +17,8 @@ and counted as a refusal to alert on, and thawing it is what its stop does anywa
 A frozen run's runtime clock counts on (decided: README, Hold and freeze): FreezeUnit and ThawUnit
 change no property of the unit, and nothing here moves its RuntimeMaxSec= deadline. systemd's own
 runtime stop does not thaw the unit, though, so a frozen run is not ended at its deadline; the docs
-tell operators to thaw or cancel a frozen run before then.
+tell operators to thaw or cancel a frozen run before then, and a cancel after it stops the unit with a
+job of its own, which thaws it (reconciler.decide).
 """
 
 from __future__ import annotations
