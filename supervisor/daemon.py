@@ -480,10 +480,14 @@ class Daemon:
             self.timers.claim = now + self.settings.daemon.poll_interval
             upkeep = probe.upkeep and now >= self.timers.upkeep
         if wake_cancel:
-            self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, cancel_requested=True))
+            cancelling = store.open_attempts(self.conn, self.host_id, cancel_requested=True)
+            self._reconcile_attempts(cancelling)
             # Freeze and thaw requests come on the same channel (and the same heartbeat flag): schema 030.
+            # After the cancels, and those of the runs just stopped answered without systemd: a cancel
+            # wins over a freeze (systemd thaws a frozen unit to stop it; freezer.py).
             freezer.act_on_requests(self.conn, self.fence, self.systemd,
-                                    lambda result: self.metrics.freezes.labels(result).inc())
+                                    lambda result: self.metrics.freezes.labels(result).inc(),
+                                    cancelling={attempt.run_id for _, attempt in cancelling})
         if wake_claim:
             self._claim_and_spawn()
         # After this host's own claim, never before it (issue 23): the fleet's upkeep on a busy database

@@ -19,7 +19,9 @@ over every answer of the journal, in tests/unit/test_journal_unreadable.py):
 | not started, cancel requested      | no unit                     | SETTLE as cancelled, start nothing       |
 | any                                | unit, process still running | ADOPT (record start and invocation id)   |
 | any, cancel requested              | unit, process still running | STOP it; it settles as cancelled         |
-| any, cancel requested              | unit, stopping              | NOTHING: the stop is on its way          |
+| any, cancel requested              | unit, stopping with a job   | NOTHING: the stop is on its way          |
+| any, cancel requested              | unit, stopping by itself    | STOP it all the same: a stop job thaws a |
+|                                    | (no job: its runtime limit) | frozen unit, systemd's own stop does not |
 | any                                | unit, ended                 | SETTLE with the unit's outcome, release  |
 | started                            | no unit (reboot, reset, a   | GONE: cancelled if requested, else the   |
 |                                    | clean end collected while   | journal's outcome, else lost; WAIT while |
@@ -140,8 +142,16 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
         return Decision(Action.SETTLE, name, f"unit ended: {outcome.reason}", outcome, unit.invocation_id or None,
                         unit)
     if cancelled:
-        if unit.active_state == "deactivating":
+        if unit.active_state == "deactivating" and unit.job_pending:
             return Decision(Action.NOTHING, name, "stopping after a cancel request")
+        if unit.active_state == "deactivating":
+            # systemd stops it on its own, without a job: its RuntimeMaxSec= ran out. A frozen unit is not
+            # thawed for that stop (service_dispatch_timer() calls service_enter_stop(), not unit_stop()),
+            # so its processes never see the stop signal and it stays stopping. A StopUnit is a job, and
+            # systemd thaws a unit before a job acts on it (systemctl(1), freeze): the cancel ends it.
+            # For a unit that is not frozen it changes nothing: the stop under way goes on.
+            return Decision(Action.STOP, name, "cancel requested while systemd stops the unit on its own",
+                            invocation_id=unit.invocation_id or None, unit=unit)
         return Decision(Action.STOP, name, "cancel requested", invocation_id=unit.invocation_id or None, unit=unit)
     if attempt.started_at is None or (unit.invocation_id and not attempt.invocation_id):
         return Decision(Action.ADOPT, name, "unit is running; adopted", invocation_id=unit.invocation_id or None,

@@ -124,8 +124,9 @@ def freeze(ctx: Context, run_id: str, timeout: float | None, as_json: bool) -> N
     """Freeze a running run where it is (systemd's FreezeUnit: the cgroup freezer), until `thaw`.
 
     The run's host does it (this command may run anywhere): it waits for the host's answer. A frozen
-    run keeps its slot on its host and its memory, and is not ended by its --runtime while frozen
-    (README, Hold and freeze). A host that cannot freeze (cgroup v1) refuses, and this says so (exit 1).
+    run keeps its slot on its host and its memory. Its --runtime clock counts on while it is frozen,
+    but it is not ended by it while frozen: thaw or cancel it before its --runtime is over (README,
+    Hold and freeze). A host that cannot freeze (cgroup v1) refuses, and this says so (exit 1).
 
     \b
     Example:

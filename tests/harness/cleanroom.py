@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.harness.commands import run, run_in_session
 from tests.harness.postgres import free_port
 from tests.harness.testbed import Testbed, TestbedError
 
@@ -124,13 +125,13 @@ def ensure_image(log: Callable[[str], None] = print) -> Path:
 def _build(path: Path) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
-        _run(["debootstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", SUITE, str(tmp), mirror()],
-             timeout=1800)
+        run(["debootstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", SUITE, str(tmp), mirror()],
+            timeout=1800)
         # The package lists, so that `apt-get install ./unitvisor_*.deb` in a container can resolve
         # the dependencies without an `apt-get update` each time.
         shutil.copy("/etc/resolv.conf", tmp / "etc/resolv.conf")
         (tmp / "etc/apt/apt.conf.d/80unitvisor-tests").write_text('Acquire::Retries "3";\n')
-        _run(["chroot", str(tmp), "apt-get", "-q", "update"], timeout=600, env=CHROOT_ENV)
+        run(["chroot", str(tmp), "apt-get", "-q", "update"], timeout=600, env=CHROOT_ENV)
         _stop_processes_under(tmp)
         if _mounts_under(tmp):
             raise CleanroomError(f"mounts left under {tmp} after debootstrap: {_mounts_under(tmp)}")
@@ -176,13 +177,6 @@ def _stop_processes_under(path: Path) -> None:
                 os.kill(int(pid_dir.name), signal.SIGKILL)
 
 
-def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
-        raise CleanroomError(f"{' '.join(cmd)} exited {result.returncode}:\n{tail}")
-
-
 def release_deb(repo: Path, commit: str, log: Callable[[str], None] = print) -> Path:
     """The .deb of an earlier release: `git archive COMMIT` built by that commit's own
     packaging/build-deb, the way it was released. Cached in CACHE/release-debs/<full commit id>: a
@@ -205,8 +199,8 @@ def release_deb(repo: Path, commit: str, log: Callable[[str], None] = print) -> 
             subprocess.run(["tar", "-C", str(src), "-xf", "-"], input=archive, check=True)
             built = Path(tmp) / "out"
             env = {**os.environ, "OUT": str(built), "DEB_BUILD_OPTIONS": "nocheck"}
-            result = subprocess.run([str(src / "packaging" / "build-deb")], capture_output=True, text=True, env=env,
-                                    timeout=1200, check=False)
+            # In a session of its own: a timeout kills dpkg-buildpackage with build-deb.
+            result = run_in_session([str(src / "packaging" / "build-deb")], 1200, env)
             if result.returncode != 0:
                 raise CleanroomError(f"building the release {full[:12]} exited {result.returncode}:\n"
                                      f"{result.stderr[-3000:]}")

@@ -17,15 +17,13 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-# The clean room's helpers: the mirror apt uses, and what a maintainer script left running in a chroot.
+# The clean room's helpers: the mirror apt uses, and what a maintainer script left running in a chroot;
+# and the one way of running a build's commands (tests/harness/commands.py), the clean room's too.
 from tests.harness.cleanroom import _stop_processes_under, mirror
+from tests.harness.commands import run
 
 RECIPE = 1
 CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
-
-
-class RootfsError(RuntimeError):
-    pass
 
 
 def key(suite: str, include: Sequence[str], packages: Sequence[str]) -> list[object]:
@@ -71,10 +69,3 @@ def chroot_mounts(root: Path) -> Iterator[None]:
         for target in reversed(mounted):
             subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
 
-
-def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
-    """Run a command of the build; a failure raises with the last 30 lines of its output."""
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
-        raise RootfsError(f"{' '.join(cmd)} exited {result.returncode}:\n{tail}")

@@ -37,7 +37,7 @@ from pathlib import Path
 # build at a time.
 from tests.harness import rootfs
 from tests.harness.cleanroom import CACHE, _discard, built_once
-from tests.harness.rootfs import run as _run
+from tests.harness.commands import run
 
 SUITE = "trixie"
 # debootstrap's own set: systemd as PID 1, the bus, udev (the agent's virtio port is a device unit).
@@ -104,9 +104,9 @@ def _build(path: Path) -> None:
         shutil.copy(_newest(root / "boot", "vmlinuz-*"), out / "vmlinuz")
         shutil.copy(_newest(root / "boot", "initrd.img-*"), out / "initrd.img")
         raw = work / "base.raw"
-        _run(["truncate", "-s", IMAGE_SIZE, str(raw)], timeout=60)
-        _run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(raw)], timeout=600)
-        _run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(out / "base.qcow2")], timeout=600)
+        run(["truncate", "-s", IMAGE_SIZE, str(raw)], timeout=60)
+        run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(raw)], timeout=600)
+        run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(out / "base.qcow2")], timeout=600)
         (out / "base.qcow2").chmod(0o444)
         if path.exists():
             shutil.rmtree(path)
@@ -162,8 +162,8 @@ class Guest:
     def boot(self, timeout: float = 600) -> None:
         image = ensure_image()
         overlay = self.dir / "overlay.qcow2"
-        _run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image / "base.qcow2"),
-              str(overlay)], timeout=60)
+        run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image / "base.qcow2"),
+             str(overlay)], timeout=60)
         agent = self.dir / "qga.sock"
         cmd = [
             "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(self.cpus),

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import _unavailable
+from tests.harness.commands import run_in_session
 from tests.harness.host import REPO
 
 SHARED = REPO / "build" / "deb"
@@ -31,6 +32,8 @@ SHARED = REPO / "build" / "deb"
 # across the whole build, and the same file would deadlock build-deb against its caller.
 SESSION_LOCK = ".session-lock"
 BUILT_FROM = ".built-from.json"
+# A build takes one to two minutes of the 2-core machine; one that runs past this is stuck.
+BUILD_TIMEOUT = 1200
 
 
 def source_hash(repo: Path = REPO) -> str:
@@ -71,10 +74,13 @@ def reusable(shared: Path, sources: str) -> Path | None:
     return None
 
 
-def build_shared(shared: Path, sources: str, build: list[str], env: dict[str, str], dest: Path) -> tuple[Path, bool]:
+def build_shared(shared: Path, sources: str, build: list[str], env: dict[str, str], dest: Path,
+                 timeout: float = BUILD_TIMEOUT) -> tuple[Path, bool]:
     """A copy in `dest` of the .deb built from `sources`, built by `build` unless `shared` already has
     it; and whether this call built it. Under an flock of `shared`, so that sessions at once build it
-    once, and copied before the lock is released, so that no other build replaces it half-read."""
+    once, and copied before the lock is released, so that no other build replaces it half-read. A
+    build past `timeout` seconds fails the session, its whole process tree killed (run_in_session:
+    dpkg-buildpackage and the tests it runs, not only build-deb)."""
     shared.mkdir(parents=True, exist_ok=True)
     with open(shared / SESSION_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -82,8 +88,11 @@ def build_shared(shared: Path, sources: str, build: list[str], env: dict[str, st
         if found is not None:
             return Path(shutil.copy2(found, dest)), False
         (shared / BUILT_FROM).unlink(missing_ok=True)
-        result = subprocess.run(build, env={**env, "OUT": str(shared)}, capture_output=True, text=True,
-                                timeout=1200, check=False)
+        try:
+            result = run_in_session(build, timeout, {**env, "OUT": str(shared)})
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"packaging/build-deb did not finish in {timeout:g}s; it was killed with what it started",
+                        pytrace=False)
         if result.returncode != 0:
             pytest.fail(f"packaging/build-deb exited {result.returncode}:\n{result.stderr[-5000:]}", pytrace=False)
         path = Path(result.stdout.strip().splitlines()[-1])

@@ -10,13 +10,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import uuid
+from datetime import UTC, datetime
 from unittest import mock
 
 import psycopg
 import pytest
 
 from supervisor import daemon as daemon_mod
-from supervisor import store
+from supervisor import freezer, store
 from supervisor.config import HostSettings, MetricsSettings, RunSettings, Settings
 from supervisor.daemon import Daemon, Timers
 
@@ -478,3 +480,28 @@ def test_a_stop_with_runs_in_flight_warns_what_becomes_of_them(make, clock, mock
     [stopping] = [c for c in daemon_mod.event.call_args_list if c.args[0] == "stopping"]
     assert stopping.kwargs["level"] == logging.WARNING
     assert "3 run(s) in flight keep running" in stopping.kwargs["detail"] and said in stopping.kwargs["detail"]
+
+
+def test_a_freeze_pending_on_a_run_being_cancelled_is_answered_without_freezing(make, clock, mocker):
+    """One pass after a cancel's notification: the run is stopped (the reconciler), and the freeze
+    still asked for on it is answered by the freezer without FreezeUnit (freezer.answer_for_cancelled)."""
+    d = make()
+    d.fence = store.Fence("h1", 7)
+    d.reconciler = mock.MagicMock(in_flight=0, settled=0)
+    d.timers = Timers(claim=clock.now + 60, reconcile=clock.now + 60)
+    d.watcher.drain.return_value = (set(), False)
+    note = mock.Mock(relname=store.CANCEL_CHANNEL.encode(), extra=b"")
+    d.conn = mock.Mock(fileno=mock.Mock(return_value=-1),
+                       pgconn=mock.Mock(notifies=mock.Mock(side_effect=[note, None, None, None])))
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    run_id = uuid.uuid4()
+    mocker.patch.object(daemon_mod.store, "open_attempts", return_value=[(mock.Mock(), mock.Mock(run_id=run_id))])
+    mocker.patch.object(daemon_mod.store, "claim", return_value=[])
+    mocker.patch.object(daemon_mod.store, "freeze_requests", return_value=[
+        store.FreezeRequest(run_id, 1, "unitvisor-run-x-1.service", "frozen", datetime(2026, 12, 2, tzinfo=UTC))])
+    record = mocker.patch.object(daemon_mod.store, "record_freeze", return_value=True)
+    d._iteration()
+    d.reconciler.isolated.assert_called_once()  # the stop of the cancelled run
+    d.systemd.freeze.assert_not_called()
+    [answer] = record.call_args_list
+    assert answer.args[3:] == ("thawed", freezer.CANCELLED_FREEZE)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,15 @@ n=$(wc -l <"$COUNT")
 mkdir -p "$OUT"
 echo "build $n" >"$OUT/unitvisor_1.0_all.deb"
 echo "$OUT/unitvisor_1.0_all.deb"
+"""
+
+
+# A build that hangs in a child of its own, as build-deb does in dpkg-buildpackage: the child's pid is
+# written where the test reads it.
+HANGING_BUILD = """#!/bin/sh
+sleep 300 &
+echo $! >"$CHILD"
+wait
 """
 
 
@@ -85,6 +95,32 @@ def test_two_sessions_at_once_build_once(tmp_path: Path) -> None:
     assert builds(count) == 1
     assert sorted(built for _, built in results) == [False, True]
     assert {path.read_text() for path, _ in results} == {"build 1\n"}
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs: a zombie waiting for its parent to reap it does not."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_build_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
+    script = tmp_path / "build-deb"
+    script.write_text(HANGING_BUILD)
+    script.chmod(0o755)
+    child_file = tmp_path / "child"
+    env = {"PATH": "/usr/bin:/bin", "CHILD": str(child_file)}
+    started = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match=r"did not finish in 1s; it was killed with what it started"):
+        build_shared(tmp_path / "shared", "a", [str(script)], env, dest(tmp_path, "s1"), timeout=1)
+    assert time.monotonic() - started < 30  # not left waiting for the child's pipe
+    child = int(child_file.read_text())
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child), "build-deb's child outlived the build's timeout"
 
 
 # Marked package: it needs git, which the trixie chroot's pass (tests/unit, without package tests) has

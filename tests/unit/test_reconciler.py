@@ -143,14 +143,26 @@ def test_stop_without_invocation_id():
 def test_unit_in_transition_is_treated_as_running(state):
     assert decide(make_run(), make_attempt(), unit(**state)).action is Action.ADOPT
     assert decide(make_run(), make_attempt(started=True, invocation_id=INV), unit(**state)).action is Action.NOTHING
-    stopping = state["active"] == "deactivating"
-    expected = Action.NOTHING if stopping else Action.STOP
-    assert decide(make_run(cancelled=True), make_attempt(started=True), unit(**state)).action is expected
+    # A unit stopping by itself (no job: its runtime limit) is stopped all the same (below).
+    assert decide(make_run(cancelled=True), make_attempt(started=True), unit(**state)).action is Action.STOP
 
 
 def test_cancelled_unit_already_stopping_is_left_to_its_stop_job():
-    d = decide(make_run(cancelled=True), make_attempt(started=True), unit(active="deactivating", sub="stop-sigterm"))
+    d = decide(make_run(cancelled=True), make_attempt(started=True),
+               unit(active="deactivating", sub="stop-sigterm", job=True))
     assert d == Decision(Action.NOTHING, NAME, "stopping after a cancel request")
+
+
+def test_cancelled_unit_that_systemd_stops_on_its_own_is_stopped_with_a_job():
+    """No job: systemd's own stop at RuntimeMaxSec=, which does not thaw a frozen unit (a frozen run
+    past its runtime stays stopping, README, Hold and freeze). The cancel's StopUnit is a job, and a job
+    thaws the unit first; the next pass sees the job and leaves it (above)."""
+    u = unit(active="deactivating", sub="stop-sigterm")
+    d = decide(make_run(cancelled=True), make_attempt(started=True, invocation_id=INV), u)
+    assert d == Decision(Action.STOP, NAME, "cancel requested while systemd stops the unit on its own",
+                         invocation_id=INV, unit=u)
+    # Not cancelled, it is left to systemd's stop, as before.
+    assert decide(make_run(), make_attempt(started=True, invocation_id=INV), u).action is Action.NOTHING
 
 
 # -- unit ended -------------------------------------------------------------------------------------
