@@ -1361,40 +1361,45 @@ def claim_river_jobs(conn: Connection, fence: Fence, schema: str, queues: Sequen
     error rolls the whole claim back (RiverMisconfigured)."""
     spec_name = sql.Identifier(*spec_function.split("."))
     claimed: list[RiverClaim] = []
-    with _fencing(), conn.transaction():
-        rows = conn.execute(sql.SQL("""
-            WITH locked AS (
-                SELECT j.id FROM {job} j
-                WHERE j.state = 'available' AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
-                  AND j.scheduled_at <= now()
-                  AND NOT EXISTS (SELECT 1 FROM {queue} q WHERE q.name = j.queue AND q.paused_at IS NOT NULL)
-                ORDER BY j.priority, j.scheduled_at, j.id
-                LIMIT %(limit)s
-                FOR UPDATE SKIP LOCKED)
-            UPDATE {job} j SET state = 'running', attempt = j.attempt + 1, attempted_at = now(),
-                attempted_by = (coalesce(j.attempted_by, '{{}}') || %(client)s::text)
-                    [greatest(1, coalesce(array_length(j.attempted_by, 1), 0) + 2 - %(keep)s):]
-            FROM locked WHERE j.id = locked.id
-            RETURNING j.id, j.attempt, j.args, j.kind""").format(
-                job=_river(schema, "river_job"), queue=_river(schema, "river_queue")),
-            {"queues": list(queues), "kinds": list(kinds), "limit": limit, "client": client,
-             "keep": river.ATTEMPTED_BY_MAX}).fetchall()
-        for job_id, attempt, args, kind in sorted(rows, key=lambda row: row[0]):
-            try:
-                with conn.transaction():
-                    run_id = conn.execute(sql.SQL(
-                        "SELECT unitvisor.submit_river_run(%s, %s, {}(%s::jsonb, %s::text, %s::bigint), %s)").format(
-                            spec_name), (fence.host_id, fence.epoch, Jsonb(args), kind, job_id, job_id)).fetchone()[0]
-                claimed.append(RiverClaim(job_id, attempt, run_id, None))
-            except psycopg.Error as exc:
-                if exc.sqlstate == FENCED_SQLSTATE or not river.refuses_job(exc.sqlstate):
-                    if exc.sqlstate and exc.sqlstate != FENCED_SQLSTATE:
-                        raise RiverMisconfigured(f"River job {job_id} ({kind}): {one_line(exc)}") from None
-                    raise
-                refused = exc.diag.message_primary or one_line(exc)
-                finish_river_job(conn, schema, job_id, attempt, river.Finish.DISCARDED,
-                                 river.attempt_error(now(), attempt, refused))
-                claimed.append(RiverClaim(job_id, attempt, None, refused))
+    try:
+        with _fencing(), conn.transaction():
+            rows = conn.execute(sql.SQL("""
+                WITH locked AS (
+                    SELECT j.id FROM {job} j
+                    WHERE j.state = 'available' AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+                      AND j.scheduled_at <= now()
+                      AND NOT EXISTS (SELECT 1 FROM {queue} q WHERE q.name = j.queue AND q.paused_at IS NOT NULL)
+                    ORDER BY j.priority, j.scheduled_at, j.id
+                    LIMIT %(limit)s
+                    FOR UPDATE SKIP LOCKED)
+                UPDATE {job} j SET state = 'running', attempt = j.attempt + 1, attempted_at = now(),
+                    attempted_by = (coalesce(j.attempted_by, '{{}}') || %(client)s::text)
+                        [greatest(1, coalesce(array_length(j.attempted_by, 1), 0) + 2 - %(keep)s):]
+                FROM locked WHERE j.id = locked.id
+                RETURNING j.id, j.attempt, j.args, j.kind""").format(
+                    job=_river(schema, "river_job"), queue=_river(schema, "river_queue")),
+                {"queues": list(queues), "kinds": list(kinds), "limit": limit, "client": client,
+                 "keep": river.ATTEMPTED_BY_MAX}).fetchall()
+            for job_id, attempt, args, kind in sorted(rows, key=lambda row: row[0]):
+                try:
+                    with conn.transaction():
+                        run_id = conn.execute(sql.SQL(
+                            "SELECT unitvisor.submit_river_run(%s, %s, {}(%s::jsonb, %s::text, %s::bigint), %s)"
+                        ).format(spec_name), (fence.host_id, fence.epoch, Jsonb(args), kind, job_id,
+                                              job_id)).fetchone()[0]
+                    claimed.append(RiverClaim(job_id, attempt, run_id, None))
+                except psycopg.Error as exc:
+                    if exc.sqlstate == FENCED_SQLSTATE or not river.refuses_job(exc.sqlstate):
+                        raise
+                    refused = exc.diag.message_primary or one_line(exc)
+                    finish_river_job(conn, schema, job_id, attempt, river.Finish.DISCARDED,
+                                     river.attempt_error(now(), attempt, refused))
+                    claimed.append(RiverClaim(job_id, attempt, None, refused))
+    except psycopg.Error as exc:
+        # Rolled back: nothing claimed. A configuration error is said as one (every job stays available).
+        if exc.sqlstate and exc.sqlstate != FENCED_SQLSTATE and not river.refuses_job(exc.sqlstate):
+            raise RiverMisconfigured(f"River source: {one_line(exc)}") from None
+        raise
     return claimed
 
 
