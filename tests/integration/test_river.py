@@ -19,9 +19,11 @@ from psycopg import sql
 from supervisor import river, riversource, store, unitspec
 from supervisor.config import RiverSettings
 from supervisor.outcomes import Outcome
+from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
 from tests.integration import river_schema
 from tests.integration.conftest import bind_host_role, register, session_as, wait_notifies
+from tests.integration.test_sql_api_example import assert_example_prints_its_out
 
 SETTINGS = RiverSettings(schema="river", queues=("spawn",), kinds=("tm_spawn_run",),
                          spec_function="platform.unitvisor_spec")
@@ -350,3 +352,11 @@ def test_two_hosts_claiming_one_queue_claim_each_job_once(conn, postgres, platfo
     assert conn.execute("SELECT count(*), count(DISTINCT river_job_id) FROM unitvisor.runs").fetchone() == (40, 40)
     by = dict(conn.execute("SELECT id, attempted_by[1] FROM river.river_job").fetchall())
     assert {j for j in jobs if by[j] == "unitvisor:h1"} == set(taken["h1"])
+
+
+# -- docs/river.md's psql example ---------------------------------------------------------------------------
+
+
+def test_the_documented_psql_example_runs_and_prints_what_the_docs_show(conn, postgres) -> None:
+    assert_example_prints_its_out(postgres, conn.info.dbname, REPO / "docs" / "examples" / "river.sql")
+    assert conn.execute("SELECT state, river_job_id FROM unitvisor.runs").fetchall() == [("cancelled", 42)]
