@@ -825,7 +825,12 @@ class Daemon:
             self._river_trouble(str(exc))
             return False
         self._river_trouble("")
-        return any(one.run_id is not None for one in claimed)
+        made = any(one.run_id is not None for one in claimed)
+        if made:
+            # The River jobs are running and their runs queued, none started: the crash the reconciler's
+            # finish repairs when the daemon is back (tests/system/test_river.py).
+            faults.point("after-river-claim")
+        return made
 
     def _unfenceable(self) -> bool:
         """Whether no other host can have fenced this one yet, so that the units of a batch may be

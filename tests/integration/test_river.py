@@ -48,11 +48,15 @@ GRANT EXECUTE ON FUNCTION platform.unitvisor_spec(jsonb, text, bigint) TO unitvi
 def platform(request: pytest.FixtureRequest, conn: psycopg.Connection) -> int:
     """River's tables at each supported version, and the platform's schema beside them."""
     river_schema.create(conn, "river", request.param)
+    create_platform(conn)
+    return request.param
+
+
+def create_platform(conn: psycopg.Connection) -> None:
     with conn.transaction():
         for statement in PLATFORM.split(";\n"):
             if statement.strip():
                 conn.execute(statement)
-    return request.param
 
 
 def spawn(conn: psycopg.Connection, argv: list[str] | None = None, *, queue: str = "spawn",
