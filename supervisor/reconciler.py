@@ -420,7 +420,16 @@ class Reconciler:
         (or a run started by another host) finishes the job at the latest one pass later."""
         if not self.river_ready:
             return []
-        return riversource.finish_held(self.conn, self.fence, self.settings.river)
+        try:
+            return riversource.finish_held(self.conn, self.fence, self.settings.river)
+        except psycopg.Error as exc:
+            # River's tables are the platform's: a grant taken away or a table changed under us must not
+            # stop this host's own runs (the pass it ends is theirs too). Said, and tried again next time;
+            # a lost connection is the loop's to handle.
+            if isinstance(exc, store.CONNECTION_LOST):
+                raise
+            event("river-finish-failed", level=logging.WARNING, host=self.host_id, detail=store.one_line(exc))
+            return []
 
     def write_output_tails(self) -> int:
         """Keep the output tails read since the last call with their attempts, in one statement. A

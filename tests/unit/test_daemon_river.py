@@ -8,11 +8,14 @@ import dataclasses
 import uuid
 from unittest import mock
 
+import psycopg
 import pytest
 
 from supervisor import daemon as daemon_mod
 from supervisor import pressure, riversource, store
 from supervisor.config import RiverSettings
+from supervisor.reconciler import Reconciler
+from supervisor.systemd import Systemd
 from tests.unit.test_daemon import boundaries, events, make, make_settings, psi, statuses  # noqa: F401 (fixtures)
 
 RIVER = RiverSettings(schema="platform", queues=("spawn",), kinds=("tm_spawn_run",), spec_function="p.spec")
@@ -131,3 +134,32 @@ def test_a_misconfigured_platform_is_said_and_tried_again(served, mocker, events
     mocker.patch.object(riversource, "claim", return_value=[])
     served._river_claim()
     assert served.river_problem == ""
+
+
+# -- the reconciler's finish: River's tables never stop this host's own work ------------------------------
+
+
+def river_reconciler(ready: bool = True) -> Reconciler:
+    rec = Reconciler(river_settings(), store.Fence("h1", 4), mock.Mock(), mock.Mock(spec=Systemd))
+    rec.river_ready = ready
+    return rec
+
+
+def test_the_finish_is_skipped_while_river_is_not_ready(mocker) -> None:
+    finish = mocker.patch.object(riversource, "finish_held")
+    assert river_reconciler(ready=False).finish_river_jobs() == []
+    finish.assert_not_called()
+
+
+def test_a_river_error_in_the_finish_is_said_and_contained(mocker) -> None:
+    said = mocker.patch("supervisor.reconciler.event")
+    mocker.patch.object(riversource, "finish_held", side_effect=psycopg.errors.InsufficientPrivilege("no"))
+    assert river_reconciler().finish_river_jobs() == []
+    assert said.call_args.args[0] == "river-finish-failed"
+
+
+@pytest.mark.parametrize("lost", [store.Fenced("epoch over"), store.CONNECTION_LOST[1]("gone")])
+def test_a_lost_connection_or_a_fence_is_the_loops(mocker, lost) -> None:
+    mocker.patch.object(riversource, "finish_held", side_effect=lost)
+    with pytest.raises(type(lost)):
+        river_reconciler().finish_river_jobs()
