@@ -34,11 +34,15 @@ ENDED = frozenset({"succeeded", "failed", "cancelled", "expired"})
 ATTEMPTED_BY_MAX = 100
 
 
+# attempted_by's entry of a unitvisor host: this prefix and its host id.
+CLIENT_PREFIX = "unitvisor:"
+
+
 def client_id(host_id: str) -> str:
     """What this host writes into a claimed job's attempted_by: stable across restarts (River's own
     client id changes on every start), so that a daemon that comes back finds the jobs it holds by the
-    last entry of attempted_by."""
-    return f"unitvisor:{host_id}"
+    last entry of attempted_by, and a live host finds those of a host declared dead."""
+    return f"{CLIENT_PREFIX}{host_id}"
 
 
 def insert_channel(schema: str) -> str:

@@ -1405,13 +1405,17 @@ def claim_river_jobs(conn: Connection, fence: Fence, schema: str, queues: Sequen
 
 def held_river_jobs(conn: Connection, schema: str, queues: Sequence[str], kinds: Sequence[str],
                     client: str, limit: int = 1000) -> list[river.HeldJob]:
-    """The River jobs this host holds: running, of its queues and kinds, claimed last by `client`."""
+    """The River jobs this host holds: running, of its queues and kinds, claimed last by `client`; and
+    those claimed last by a host declared dead (unitvisor.hosts), which nobody else would finish: every
+    live host's pass looks at them, and the finish's guard (state and attempt) lets one write."""
     rows = conn.execute(sql.SQL("""
         SELECT j.id, j.attempt, j.metadata ? 'cancel_attempted_at' FROM {job} j
-        WHERE j.state = 'running' AND j.queue = ANY(%s) AND j.kind = ANY(%s)
-          AND j.attempted_by[array_length(j.attempted_by, 1)] = %s
-        ORDER BY j.id LIMIT %s""").format(job=_river(schema, "river_job")),
-        (list(queues), list(kinds), client, limit)).fetchall()
+        WHERE j.state = 'running' AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+          AND j.attempted_by[array_length(j.attempted_by, 1)] = ANY(
+              %(client)s::text || ARRAY(SELECT %(prefix)s || h.id FROM unitvisor.hosts h WHERE h.state = 'dead'))
+        ORDER BY j.id LIMIT %(limit)s""").format(job=_river(schema, "river_job")),
+        {"queues": list(queues), "kinds": list(kinds), "client": client, "prefix": river.CLIENT_PREFIX,
+         "limit": limit}).fetchall()
     return [river.HeldJob(*row) for row in rows]
 
 

@@ -364,3 +364,16 @@ def test_two_hosts_claiming_one_queue_claim_each_job_once(conn, postgres, platfo
 def test_the_documented_psql_example_runs_and_prints_what_the_docs_show(conn, postgres) -> None:
     assert_example_prints_its_out(postgres, conn.info.dbname, REPO / "docs" / "examples" / "river.sql")
     assert conn.execute("SELECT state, river_job_id FROM unitvisor.runs").fetchall() == [("cancelled", 42)]
+
+
+def test_the_jobs_of_a_host_declared_dead_are_finished_by_a_live_one(conn, postgres, platform, dsn) -> None:
+    _, job_id = spawn(conn)
+    with store.connect(dsn) as c1:
+        claim(c1, postgres, register(c1, "h1"))
+    conn.execute("UPDATE unitvisor.hosts SET state = 'dead', dead_reason = 'test' WHERE id = 'h1'")
+    fence = register(conn, "h2")
+    assert finish(conn, postgres, fence) == []  # held by the dead host, its run not started yet
+    start_unit(conn, fence)  # the fleet places the run elsewhere
+    [done] = finish(conn, postgres, fence)
+    assert (done.job_id, done.state) == (job_id, river.Finish.COMPLETED)
+    assert river_schema.job(conn, job_id)["attempted_by"] == ["unitvisor:h1"]  # River's record of who claimed
