@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import psycopg
+
 from supervisor import river, store
 from supervisor.config import RiverSettings
 from supervisor.log import event
@@ -28,8 +30,17 @@ class Finished:
 
 
 def check_schema(conn: store.Connection, settings: RiverSettings) -> str | None:
-    """Why River's schema cannot be served (None: it can): read once a connection, before any claim."""
-    return river.version_problem(settings.schema, store.river_versions(conn, settings.schema))
+    """Why River's schema cannot be served (None: it can): read once a connection, before any claim. A
+    table this role may not read is a problem said as one, never an error that would keep the daemon
+    from its own runs; a lost connection is the caller's."""
+    try:
+        versions = store.river_versions(conn, settings.schema)
+    except psycopg.Error as exc:
+        if isinstance(exc, store.CONNECTION_LOST):
+            raise
+        return (f"[river] schema {settings.schema}: cannot read {settings.schema}.river_migration: "
+                f"{store.one_line(exc)} (docs/river.md, Privileges)")
+    return river.version_problem(settings.schema, versions)
 
 
 def claim(conn: store.Connection, fence: store.Fence, settings: RiverSettings, limit: int,

@@ -377,3 +377,11 @@ def test_the_jobs_of_a_host_declared_dead_are_finished_by_a_live_one(conn, postg
     [done] = finish(conn, postgres, fence)
     assert (done.job_id, done.state) == (job_id, river.Finish.COMPLETED)
     assert river_schema.job(conn, job_id)["attempted_by"] == ["unitvisor:h1"]  # River's record of who claimed
+
+
+def test_a_river_schema_the_role_may_not_read_is_a_problem_not_an_error(conn, postgres, platform) -> None:
+    conn.execute("REVOKE SELECT ON river.river_migration FROM unitvisor_host")
+    register(conn, "h1")
+    with as_host(conn, postgres, "h1"):
+        problem = riversource.check_schema(conn, SETTINGS)
+    assert problem is not None and "cannot read river.river_migration: permission denied" in problem
