@@ -492,6 +492,8 @@ CREATE TABLE unitvisor.runs (
     -- has no spawn job, so no claim looks at it (hold_run).
     held_at             timestamptz,
     held_by             text,
+    -- The River job this run was made from (034; NULL: submitted otherwise). River's ids are bigserial.
+    river_job_id        bigint CONSTRAINT runs_river_job_id_valid CHECK (river_job_id > 0),
 
     -- Every argument of submit_run is checked by the trigger runs_arguments_valid (below): the bounds,
     -- the forms and why each is refused are in run_argument_problem (above), and only there.
@@ -520,6 +522,8 @@ CREATE INDEX runs_start_deadline_idx ON unitvisor.runs (start_deadline)
 -- Retention: old finished runs, oldest first, without reading a live run's entry (live runs have no
 -- finished_at). README's Upgrade names it: an operator may build it CONCURRENTLY beforehand.
 CREATE INDEX runs_finished_idx ON unitvisor.runs (finished_at) WHERE finished_at IS NOT NULL;
+-- One run per River job (034): a second claim of the same job cannot make a second run.
+CREATE UNIQUE INDEX runs_river_job_id_once ON unitvisor.runs (river_job_id) WHERE river_job_id IS NOT NULL;
 
 -- Every run submitted takes the next number at its INSERT (runs.seq).
 CREATE SEQUENCE unitvisor.run_seq AS bigint;
@@ -854,7 +858,7 @@ $$;
 --   SELECT unitvisor.submit_run(ARRAY['/usr/bin/env', 'echo', 'hi'], memory_max => 268435456);
 -- As 017's, with its checks replaced by one call of run_argument_problem (022), and a NULL where the
 -- column has none reported from the column's refusal; hold last (030): a run submitted held is queued
--- without a spawn job.
+-- without a spawn job; river_job_id last (034): the River job the run was made from.
 CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
     environment           jsonb   DEFAULT '{}'::jsonb,
@@ -887,7 +891,9 @@ CREATE FUNCTION unitvisor.submit_run(
     count_lost            boolean DEFAULT false,
     max_lost_attempts     integer DEFAULT 3,
     -- 030: hold (held at once: queued, never claimed until release_run).
-    hold                  boolean DEFAULT false
+    hold                  boolean DEFAULT false,
+    -- 034: the River job this run was made from (River source, docs/river.md); one run per job.
+    river_job_id          bigint  DEFAULT NULL
 ) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- Bare names in the statements are runs' columns (ON CONFLICT's idempotency_key); the arguments are
@@ -928,6 +934,14 @@ BEGIN
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = problem.constraint_name;
     END IF;
 
+    -- 034: River's ids are bigserial, from 1. Checked here, where the argument is named (the column's
+    -- CHECK, runs_river_job_id_valid, is the backstop for a write that does not come through here).
+    IF submit_run.river_job_id <= 0 THEN
+        RAISE EXCEPTION 'river_job_id: must be a River job''s id (a positive bigint), or NULL (none)'
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
+                  CONSTRAINT = 'runs_river_job_id_valid';
+    END IF;
+
     -- Sizes, once every argument has its form (so that a name it echoes is a valid name): one helper
     -- holds every bound, so that a later submit_run calls it instead of repeating them.
     PERFORM unitvisor.check_run_sizes(submit_run.argv, env, submit_run.working_directory, submit_run.host_pin,
@@ -958,7 +972,7 @@ BEGIN
             retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
             concurrency_key, not_before, start_deadline, memory_high,
             stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts,
-            held_at, held_by)
+            held_at, held_by, river_job_id)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
@@ -968,7 +982,8 @@ BEGIN
             submit_run.memory_high,
             run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
             fail_rules, submit_run.count_lost, submit_run.max_lost_attempts,
-            CASE WHEN submit_run.hold THEN now() END, CASE WHEN submit_run.hold THEN session_user END)
+            CASE WHEN submit_run.hold THEN now() END, CASE WHEN submit_run.hold THEN session_user END,
+            submit_run.river_job_id)
         -- Another submit with the same key committed since the look-up above (this waited for it):
         -- insert nothing, and return its run below.
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -3620,6 +3635,86 @@ BEGIN
     END LOOP;
 END $$;
 
+-- == the River source (034) ==========================================================================
+--
+-- A daemon with [river] configured makes River jobs into runs (docs/river.md); the statements on River's
+-- own tables are in supervisor/store.py (River's schema is the daemon's configuration).
+
+-- The run a River job becomes: `spec` is what the platform's spec function returned (submit_run's argument
+-- names, as submit_run_spec takes them), river_job_id the job's id. Fenced: only a live daemon of this
+-- epoch makes runs. Raises, each error naming what it refuses, when:
+-- * the spec is refused by submit_run_spec or submit_run (an unknown key, a bad value);
+-- * the spec sets river_job_id itself (the link is unitvisor's, never the platform's to forge);
+-- * its idempotency_key names a run another submit made (that run is not this job's);
+-- * no live host accepts the run (fleet_refusal's words): a run no host can place would wait for ever
+--   while its River job looks done.
+-- The daemon calls it in a savepoint of its claim's transaction, and on an error discards the River job
+-- with the message as its error.
+CREATE FUNCTION unitvisor.submit_river_run(host_id text, host_epoch bigint, spec jsonb, river_job_id bigint)
+RETURNS uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    new_id uuid;
+    made unitvisor.runs;
+    refusal text;
+BEGIN
+    PERFORM unitvisor.check_fence(submit_river_run.host_id, submit_river_run.host_epoch);
+    IF spec IS NULL OR jsonb_typeof(spec) <> 'object' THEN
+        RAISE EXCEPTION 'spec: the spec function must return a JSON object of submit_run''s argument names, not %',
+            coalesce(jsonb_typeof(spec), 'NULL') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF spec ? 'river_job_id' THEN
+        RAISE EXCEPTION 'river_job_id: set by unitvisor from the River job, not by the spec function'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    new_id := unitvisor.submit_run_spec(spec || jsonb_build_object('river_job_id', submit_river_run.river_job_id));
+    SELECT * INTO STRICT made FROM unitvisor.runs r WHERE r.id = new_id;
+    IF made.river_job_id IS DISTINCT FROM submit_river_run.river_job_id THEN
+        RAISE EXCEPTION 'idempotency_key: names run %, which another submit made; a River job makes its own run',
+            new_id USING ERRCODE = 'unique_violation';
+    END IF;
+    refusal := unitvisor.fleet_refusal(made);
+    IF refusal IS NOT NULL THEN
+        RAISE EXCEPTION 'placement: the run cannot be placed: %', refusal USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    RETURN new_id;
+END $$;
+
+-- The runs linked to the River jobs river_job_ids (at most 1000 a call), for the daemon that holds
+-- those jobs: each run's state, whether any attempt of it started (its unit was started: the River job
+-- is then completed), and when it ended without starting, why (its last event's reason: the River job's
+-- error). A job without a run has no row. Fenced.
+CREATE FUNCTION unitvisor.river_runs(host_id text, host_epoch bigint, river_job_ids bigint[])
+RETURNS TABLE (river_job_id bigint, run_id uuid, state text, started boolean, reason text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(river_runs.host_id, river_runs.host_epoch);
+    RETURN QUERY
+    SELECT r.river_job_id, r.id, r.state,
+           EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.started_at IS NOT NULL),
+           (SELECT e.reason FROM unitvisor.run_events e WHERE e.run_id = r.id ORDER BY e.id DESC LIMIT 1)
+    FROM unitvisor.runs r
+    WHERE r.river_job_id = ANY (river_runs.river_job_ids[1:1000]);
+END $$;
+
+-- A River cancel of a job this host holds: cancel its run, as cancel_run does (a queued run ends
+-- cancelled at once; a starting or running one is stopped by its host). Fenced. state: the run's state
+-- (NULL: no run for that job); changed: whether this call asked for the cancel.
+CREATE FUNCTION unitvisor.cancel_river_run(host_id text, host_epoch bigint, river_job_id bigint,
+                                           OUT state text, OUT changed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    linked uuid;
+BEGIN
+    PERFORM unitvisor.check_fence(cancel_river_run.host_id, cancel_river_run.host_epoch);
+    SELECT r.id INTO linked FROM unitvisor.runs r WHERE r.river_job_id = cancel_river_run.river_job_id;
+    IF linked IS NULL THEN
+        changed := false;
+        RETURN;
+    END IF;
+    SELECT c.state, c.changed INTO cancel_river_run.state, cancel_river_run.changed FROM unitvisor.cancel_run(linked) c;
+END $$;
+
 -- == row-level security =============================================================================
 --
 -- The admin (the owner) sees every row; the submitter too, through its own policies; a host sees the
@@ -3720,7 +3815,10 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.set_host_pressure(text,bigint,text,text,jsonb,text),
     unitvisor.set_host_state(text,text),
     unitvisor.submit_due_schedules(text,bigint,integer,interval),
-    unitvisor.unit_owners(text[])
+    unitvisor.unit_owners(text[]),
+    unitvisor.submit_river_run(text,bigint,jsonb,bigint),
+    unitvisor.river_runs(text,bigint,bigint[]),
+    unitvisor.cancel_river_run(text,bigint,bigint)
     TO unitvisor_host;
 
 -- The submitter: its API (docs/sql-api.md).
@@ -3734,7 +3832,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.drop_schedule(text),
     unitvisor.pause_schedule(text,boolean),
     unitvisor.submit_run_spec(jsonb),
-    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer,boolean),
+    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer,boolean,bigint),
     unitvisor.thaw_run(uuid)
     TO unitvisor_submitter;
 
@@ -3770,4 +3868,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('027_failure_rules'),
     ('028_schedules'),
     ('029_heartbeat_cost'),
-    ('030_hold_freeze');
+    ('030_hold_freeze'),
+    ('034_river');

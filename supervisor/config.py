@@ -229,6 +229,34 @@ class RetentionSettings:
     interval: float = 600.0
 
 
+# [river]: an identifier as PostgreSQL folds an unquoted one (lower case, at most 63 bytes), for River's
+# schema and the two parts of the spec function's name; River's own queue and kind names are 1 to 127
+# characters (its queue_length and kind_length constraints).
+_SQL_NAME = r"[a-z_][a-z0-9_$]{0,62}"
+_SQL_NAME_RE = re.compile(rf"^{_SQL_NAME}\Z")
+_QUALIFIED_NAME_RE = re.compile(rf"^{_SQL_NAME}\.{_SQL_NAME}\Z")
+RIVER_NAME_MAX = 127
+
+
+@dataclass(frozen=True)
+class RiverSettings:
+    """A River source (docs/river.md): claim the River jobs of `kinds` in `queues` of River's tables in
+    `schema` and make each a run with the platform's `spec_function`. Off while `schema` is empty."""
+
+    # The schema River's tables are in ("public" when River was migrated without a schema).
+    schema: str = ""
+    # River queues and job kinds to serve: a job must be in one of the queues and of one of the kinds.
+    queues: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    # The platform's function, schema-qualified: spec(job_args jsonb, job_kind text, job_id bigint)
+    # RETURNS jsonb, submit_run's argument names as keys.
+    spec_function: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.schema)
+
+
 @dataclass(frozen=True)
 class Settings:
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
@@ -239,6 +267,7 @@ class Settings:
     fleet: FleetSettings = field(default_factory=FleetSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    river: RiverSettings = field(default_factory=RiverSettings)
     source: str = "defaults"
 
     @property
@@ -387,6 +416,7 @@ def _validate(settings: Settings) -> None:
     _validate_sandbox(settings.runs)
     _validate_fleet(settings)
     _validate_retention(settings.retention)
+    _validate_river(settings.river)
     parse_listen(settings.metrics.listen)
 
 
@@ -479,6 +509,30 @@ def _validate_retention(retention: RetentionSettings) -> None:
                           f"{RETENTION_MAX_BATCH}): one batch is one transaction, which must stay short")
 
 
+def _validate_river(river: RiverSettings) -> None:
+    """[river]: all of it or none of it; names the database will take as they are written."""
+    given = {f.name for f in fields(RiverSettings) if getattr(river, f.name) != getattr(RiverSettings(), f.name)}
+    if not given:
+        return
+    for key in ("schema", "queues", "kinds", "spec_function"):
+        if key not in given:
+            raise ConfigError(f"[river] {key}: required when [river] is set (docs/river.md)")
+    if not _SQL_NAME_RE.match(river.schema):
+        raise ConfigError(f"[river] schema: {river.schema!r} is not a lower-case SQL name (letters, digits, _; "
+                          "at most 63 characters)")
+    if not _QUALIFIED_NAME_RE.match(river.spec_function):
+        raise ConfigError(f"[river] spec_function: {river.spec_function!r} is not a schema-qualified lower-case "
+                          'function name, such as "platform.unitvisor_spec"')
+    for key in ("queues", "kinds"):
+        names = getattr(river, key)
+        for name in names:
+            if not 0 < len(name) <= RIVER_NAME_MAX or not name.isprintable():
+                raise ConfigError(f"[river] {key}: {name[:40]!r} is not a River {key[:-1]} name "
+                                  f"(1 to {RIVER_NAME_MAX} printable characters)")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"[river] {key}: a name is listed twice")
+
+
 _SECTIONS = {
     "database": DatabaseSettings,
     "host": HostSettings,
@@ -488,6 +542,7 @@ _SECTIONS = {
     "fleet": FleetSettings,
     "metrics": MetricsSettings,
     "retention": RetentionSettings,
+    "river": RiverSettings,
 }
 
 

@@ -25,7 +25,20 @@ from types import FrameType
 import psycopg
 import sdnotify
 
-from supervisor import __version__, faults, fence, fleet, freezer, heartbeat, pressure, stopsignals, store, unitspec
+from supervisor import (
+    __version__,
+    faults,
+    fence,
+    fleet,
+    freezer,
+    heartbeat,
+    pressure,
+    river,
+    riversource,
+    stopsignals,
+    store,
+    unitspec,
+)
 from supervisor.config import UNIT_PREFIX, ConfigError, Settings, machine_id
 from supervisor.guard import Guard, GuardedConnection
 from supervisor.journal import Journal, TailReader
@@ -58,6 +71,10 @@ STALL_AFTER = 20.0
 # get the rest of the time. A batch of 1000 runs takes about 0.1 s (docs/benchmarks.md, History), so a
 # million runs take about 10 minutes; 0 would keep this daemon pruning for most of its loop.
 RETENTION_PAUSE = 0.5
+# What the loop notes for River's notifications (beside the channels of unitvisor's own): a River insert
+# into a served queue (claim River jobs now), a River cancel (finish the held jobs now).
+RIVER_CLAIM = "river:claim"
+RIVER_FINISH = "river:finish"
 # Seconds between two reads of the slice's pressure files (supervisor/pressure.py). The kernel
 # recomputes avg10 every 2 s, so reading more often sees the same figure; less often, a host goes on
 # claiming for longer into a stall. Reading three small files costs no statement: the host row is
@@ -146,6 +163,9 @@ class Daemon:
         self.slowed_until = 0.0
         self.reconciler: Reconciler | None = None
         self.problem = ""  # what is wrong right now, for STATUS=
+        # Why the River source ([river]) is not served or not claiming (its schema refused at connect, or
+        # the platform's grants or spec function wrong), for STATUS= and said once in the journal.
+        self.river_problem = ""
         self.backoff = 1.0
         self.error_backoff = 1.0
         watchdog_usec = _watchdog_usec()
@@ -212,6 +232,7 @@ class Daemon:
                 self.reconciler.tick = self._feed_watchdog
                 self.reconciler.metrics = self.metrics
                 self.reconciler.output_tails = self.output_tails
+                self.reconciler.river_ready = self.settings.river.enabled and not self.river_problem
                 if not self._guard(self._reconcile):
                     continue
                 if not ready:
@@ -273,6 +294,7 @@ class Daemon:
                     raise store.DatabaseError(
                         f"the database schema is not current (missing {', '.join(pending)}): run `unitvisor migrate`")
                 self._register()
+                self._check_river()
                 event("database-connected", host=self.host_id, db=store.dsn_location(self.dsn),
                       epoch=self.fence.epoch if self.fence else None)
             if not self.systemd.connected or not self.watcher.connected:
@@ -345,6 +367,26 @@ class Daemon:
                   epoch=registration.epoch, state=registration.state, settled_lost=settled,
                   detail=f"{registration.detail}; settled the {settled} attempt(s) it had open as lost "
                          "(their runs move on by their own policy)")
+
+    def _check_river(self) -> None:
+        """At every connect, before any claim: whether River's schema is one this unitvisor knows. A
+        version it does not know is refused (said, and in STATUS=), never guessed at: the host's own
+        runs go on; River's jobs wait for a unitvisor that knows it. Served: LISTEN on River's insert
+        and control channels (hints; the poll is the backstop)."""
+        river_settings = self.settings.river
+        if not river_settings.enabled:
+            return
+        assert self.conn is not None
+        problem = riversource.check_schema(self.conn, river_settings)
+        self._river_trouble(problem or "")
+        if problem is None:
+            store.listen(self.conn, river.insert_channel(river_settings.schema),
+                         river.control_channel(river_settings.schema))
+
+    def _river_trouble(self, problem: str) -> None:
+        if problem and problem != self.river_problem:
+            event("river-refused", level=logging.ERROR, host=self.host_id, detail=problem)
+        self.river_problem = problem
 
     def _renewed(self, sent: float, sent_boot: float) -> bool:
         """The heartbeat sent at monotonic `sent` (boottime `sent_boot`) was committed: renew the
@@ -449,6 +491,7 @@ class Daemon:
         if db_fd in readable:
             self._drain_notifications(receive=True)
         wake_claim, wake_cancel = store.SPAWN_CHANNEL in self.notified, store.CANCEL_CHANNEL in self.notified
+        wake_river, wake_finish = RIVER_CLAIM in self.notified, RIVER_FINISH in self.notified
         self.notified.clear()
         changed, reloaded = self.watcher.drain()
         if reloaded:
@@ -479,6 +522,7 @@ class Daemon:
             wake_claim, wake_cancel = wake_claim or probe.claimable, wake_cancel or probe.cancels
             self.timers.claim = now + self.settings.daemon.poll_interval
             upkeep = probe.upkeep and now >= self.timers.upkeep
+            wake_river = True  # River's inserts notify at most one a 100 ms per queue and client: polled too
         if wake_cancel:
             cancelling = store.open_attempts(self.conn, self.host_id, cancel_requested=True)
             self._reconcile_attempts(cancelling)
@@ -488,8 +532,12 @@ class Daemon:
             freezer.act_on_requests(self.conn, self.fence, self.systemd,
                                     lambda result: self.metrics.freezes.labels(result).inc(),
                                     cancelling={attempt.run_id for _, attempt in cancelling})
+        if wake_river and self._river_claim():
+            wake_claim = wake_finish = True  # this host may start the runs just made: claim them now
         if wake_claim:
             self._claim_and_spawn()
+        if wake_finish or (wake_claim and self.reconciler.river_ready):
+            self.reconciler.finish_river_jobs()
         # After this host's own claim, never before it (issue 23): the fleet's upkeep on a busy database
         # may take up to the statement_timeout, and a failure in it is contained there.
         if upkeep:
@@ -647,6 +695,9 @@ class Daemon:
         that names other hosts (sql/migrations/010_wake_targets.sql), or one that comes while the host is draining
         or has every slot taken, when its claim could take nothing. Ignoring a hint is safe: the probe
         of every poll interval, and the claim after each run that ends, find what it was about."""
+        if self.settings.river.enabled and channel.startswith(f"{self.settings.river.schema}.river_"):
+            self._heard_river(channel, payload)
+            return
         if channel == store.SPAWN_CHANNEL:
             targets = store.spawn_hint_targets(payload)
             if targets is not None and self.host_id not in targets:
@@ -656,6 +707,15 @@ class Daemon:
             if self.reconciler is not None and self.reconciler.in_flight >= self.settings.host.max_runs:
                 return
         self.notified.add(channel)
+
+    def _heard_river(self, channel: str, payload: str) -> None:
+        """River's notifications, as hints: an insert into a queue this host serves wakes the River claim;
+        a cancel wakes the finish (which reads every held job's metadata, so the job id is not needed)."""
+        schema = self.settings.river.schema
+        if channel == river.insert_channel(schema) and river.insert_queue(payload) in self.settings.river.queues:
+            self.notified.add(RIVER_CLAIM)
+        elif channel == river.control_channel(schema) and river.control_cancel(payload) is not None:
+            self.notified.add(RIVER_FINISH)
 
     def _drain_notifications(self, receive: bool) -> None:
         """Take the NOTIFYs queued on the idle connection into `notified`, without blocking; with
@@ -689,6 +749,8 @@ class Daemon:
         if self.admission.state in (pressure.SLOWED, pressure.STOPPED) or (
                 self.admission.state == pressure.OFF and self.settings.host.pressure_resources):
             text += f"; {self.admission.detail}"
+        if self.river_problem:
+            text += f"; River source: {self.river_problem}"
         if self.fenced:
             text += "; runs stopped by unitvisor-fence (stop_runs_when_cut_off), being settled"
         if self.problem:
@@ -750,6 +812,29 @@ class Daemon:
                 self.reconciler.mark_created(created)
             if len(claimed) < take or admission.state == pressure.SLOWED:
                 return
+
+    def _river_claim(self) -> bool:
+        """Claim River jobs into runs ([river]), when this host would claim its own jobs at all (active,
+        root, not stopped by pressure) and has free slots; True when it made any run. A configuration
+        error of the platform's (grants, the spec function) is said once, and tried again each poll."""
+        assert self.conn is not None and self.fence is not None
+        if (not self.reconciler.river_ready or self.host_state != "active" or self.stopping or not self.is_root
+                or self.admission.state == pressure.STOPPED):
+            return False
+        free = self.settings.host.max_runs - self.reconciler.in_flight
+        try:
+            claimed = riversource.claim(self.conn, self.fence, self.settings.river,
+                                        min(self.settings.daemon.claim_batch, free))
+        except store.RiverMisconfigured as exc:
+            self._river_trouble(str(exc))
+            return False
+        self._river_trouble("")
+        made = any(one.run_id is not None for one in claimed)
+        if made:
+            # The River jobs are running and their runs queued, none started: the crash the reconciler's
+            # finish repairs when the daemon is back (tests/system/test_river.py).
+            faults.point("after-river-claim")
+        return made
 
     def _unfenceable(self) -> bool:
         """Whether no other host can have fenced this one yet, so that the units of a batch may be

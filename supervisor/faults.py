@@ -13,7 +13,8 @@ import os
 import signal
 import time
 
-POINTS = ("after-claim", "after-environment-file", "after-start", "before-outcome", "mid-reconcile")
+POINTS = ("after-claim", "after-environment-file", "after-start", "before-outcome", "mid-reconcile",
+          "after-river-claim")
 
 
 def point(name: str) -> None:

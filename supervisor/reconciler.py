@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from supervisor import faults, fence, fleet, outcomes, runenv, stopsignals, store, taskspeak, unitspec
+from supervisor import faults, fence, fleet, outcomes, riversource, runenv, stopsignals, store, taskspeak, unitspec
 from supervisor.config import Settings, cut_off_after
 from supervisor.journal import History, Journal, TailReader, Unreadable
 from supervisor.log import event
@@ -328,6 +328,9 @@ class Reconciler:
         # found by a pass (after a restart, from the unit's own start time); dropped once sent, or when
         # the attempt settles. The daemon's, which its loop's timer reads; a pass run by hand has its own.
         self.warnings = warnings if warnings is not None else stopsignals.Schedule()
+        # Whether this host serves a River source whose schema it checked at connect (the daemon sets it):
+        # then every pass finishes the River jobs it holds (finish_river_jobs).
+        self.river_ready = False
 
     # -- planning ---------------------------------------------------------------------------------
 
@@ -418,7 +421,25 @@ class Reconciler:
         self.sweep_environment_files()
         self.sweep_tasks_peaks()
         self.write_output_tails()
+        self.finish_river_jobs()
         return done
+
+    def finish_river_jobs(self) -> list[riversource.Finished]:
+        """Finish the River jobs this host holds whose runs moved on (riversource.finish_held): after
+        each River claim, and in every pass, so that a daemon killed between a claim and its finish
+        (or a run started by another host) finishes the job at the latest one pass later."""
+        if not self.river_ready:
+            return []
+        try:
+            return riversource.finish_held(self.conn, self.fence, self.settings.river)
+        except psycopg.Error as exc:
+            # River's tables are the platform's: a grant taken away or a table changed under us must not
+            # stop this host's own runs (the pass it ends is theirs too). Said, and tried again next time;
+            # a lost connection is the loop's to handle.
+            if isinstance(exc, store.CONNECTION_LOST):
+                raise
+            event("river-finish-failed", level=logging.WARNING, host=self.host_id, detail=store.one_line(exc))
+            return []
 
     def write_output_tails(self) -> int:
         """Keep the output tails read since the last call with their attempts, in one statement. A

@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
+from supervisor import river
 from supervisor.model import Accounting, Attempt, OutcomeRecord, Pruned, Run, RunStatus
 from supervisor.outcomes import Outcome
 
@@ -1310,6 +1311,142 @@ def record_output_tails(conn: Connection, fence: Fence, tails: Sequence[tuple[uu
             "SELECT unitvisor.record_output_tails(%s, %s, %s::uuid[], %s::integer[], %s::text[])",
             (fence.host_id, fence.epoch, [t[0] for t in tails], [t[1] for t in tails],
              [t[2] for t in tails])).fetchone()[0]
+
+
+# -- the River source (schema 034, supervisor/river.py, docs/river.md) --------------------------------
+#
+# River's tables live in the platform's schema, named by [river] schema: that name is an identifier
+# composed with psycopg.sql (never formatted as text), as is the spec function's; every value is a
+# parameter.
+
+
+class RiverMisconfigured(DatabaseError):
+    """A claim of River jobs failed on the platform's configuration (river.refuses_job): nothing was
+    claimed, and every job stays available."""
+
+
+@dataclass(frozen=True)
+class RiverClaim:
+    """A River job claimed: the run it became, or why it was discarded instead."""
+
+    job_id: int
+    attempt: int
+    run_id: uuid.UUID | None
+    refused: str | None
+
+
+def _river(schema: str, table: str) -> sql.Composable:
+    return sql.Identifier(schema, table)
+
+
+def river_versions(conn: Connection, schema: str) -> list[int] | None:
+    """The main line's versions in <schema>.river_migration; None when River's table is not there."""
+    with conn.transaction():
+        exists = conn.execute("SELECT to_regclass(format('%%I.river_migration', %s::text)) IS NOT NULL",
+                              (schema,)).fetchone()[0]
+        if not exists:
+            return None
+        rows = conn.execute(sql.SQL("SELECT version FROM {} WHERE line = 'main' ORDER BY version").format(
+            _river(schema, "river_migration"))).fetchall()
+    return [row[0] for row in rows]
+
+
+def claim_river_jobs(conn: Connection, fence: Fence, schema: str, queues: Sequence[str], kinds: Sequence[str],
+                     spec_function: str, client: str, limit: int, now: Callable[[], datetime]) -> list[RiverClaim]:
+    """Claim up to `limit` available River jobs of `queues` and `kinds` as River's producer does (due,
+    queue not paused, by priority, scheduled_at, id; FOR UPDATE SKIP LOCKED; running, attempt + 1,
+    attempted_at, `client` appended to attempted_by), and make each a run in the same transaction: the
+    platform's spec function's result given to unitvisor.submit_river_run. A job whose run is refused is
+    discarded in the same transaction with River's error element (`now()` stamps it). A configuration
+    error rolls the whole claim back (RiverMisconfigured)."""
+    spec_name = sql.Identifier(*spec_function.split("."))
+    claimed: list[RiverClaim] = []
+    try:
+        with _fencing(), conn.transaction():
+            rows = conn.execute(sql.SQL("""
+                WITH locked AS (
+                    SELECT j.id FROM {job} j
+                    WHERE j.state = 'available' AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+                      AND j.scheduled_at <= now()
+                      AND NOT EXISTS (SELECT 1 FROM {queue} q WHERE q.name = j.queue AND q.paused_at IS NOT NULL)
+                    ORDER BY j.priority, j.scheduled_at, j.id
+                    LIMIT %(limit)s
+                    FOR UPDATE SKIP LOCKED)
+                UPDATE {job} j SET state = 'running', attempt = j.attempt + 1, attempted_at = now(),
+                    attempted_by = (coalesce(j.attempted_by, '{{}}') || %(client)s::text)
+                        [greatest(1, coalesce(array_length(j.attempted_by, 1), 0) + 2 - %(keep)s):]
+                FROM locked WHERE j.id = locked.id
+                RETURNING j.id, j.attempt, j.args, j.kind""").format(
+                    job=_river(schema, "river_job"), queue=_river(schema, "river_queue")),
+                {"queues": list(queues), "kinds": list(kinds), "limit": limit, "client": client,
+                 "keep": river.ATTEMPTED_BY_MAX}).fetchall()
+            for job_id, attempt, args, kind in sorted(rows, key=lambda row: row[0]):
+                try:
+                    with conn.transaction():
+                        run_id = conn.execute(sql.SQL(
+                            "SELECT unitvisor.submit_river_run(%s, %s, {}(%s::jsonb, %s::text, %s::bigint), %s)"
+                        ).format(spec_name), (fence.host_id, fence.epoch, Jsonb(args), kind, job_id,
+                                              job_id)).fetchone()[0]
+                    claimed.append(RiverClaim(job_id, attempt, run_id, None))
+                except psycopg.Error as exc:
+                    if exc.sqlstate == FENCED_SQLSTATE or not river.refuses_job(exc.sqlstate):
+                        raise
+                    refused = exc.diag.message_primary or one_line(exc)
+                    finish_river_job(conn, schema, job_id, attempt, river.Finish.DISCARDED,
+                                     river.attempt_error(now(), attempt, refused))
+                    claimed.append(RiverClaim(job_id, attempt, None, refused))
+    except psycopg.Error as exc:
+        # Rolled back: nothing claimed. A configuration error is said as one (every job stays available).
+        if exc.sqlstate and exc.sqlstate != FENCED_SQLSTATE and not river.refuses_job(exc.sqlstate):
+            raise RiverMisconfigured(f"River source: {one_line(exc)}") from None
+        raise
+    return claimed
+
+
+def held_river_jobs(conn: Connection, schema: str, queues: Sequence[str], kinds: Sequence[str],
+                    client: str, limit: int = 1000) -> list[river.HeldJob]:
+    """The River jobs this host holds: running, of its queues and kinds, claimed last by `client`; and
+    those claimed last by a host declared dead (unitvisor.hosts), which nobody else would finish: every
+    live host's pass looks at them, and the finish's guard (state and attempt) lets one write."""
+    rows = conn.execute(sql.SQL("""
+        SELECT j.id, j.attempt, j.metadata ? 'cancel_attempted_at' FROM {job} j
+        WHERE j.state = 'running' AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+          AND j.attempted_by[array_length(j.attempted_by, 1)] = ANY(
+              %(client)s::text || ARRAY(SELECT %(prefix)s || h.id FROM unitvisor.hosts h WHERE h.state = 'dead'))
+        ORDER BY j.id LIMIT %(limit)s""").format(job=_river(schema, "river_job")),
+        {"queues": list(queues), "kinds": list(kinds), "client": client, "prefix": river.CLIENT_PREFIX,
+         "limit": limit}).fetchall()
+    return [river.HeldJob(*row) for row in rows]
+
+
+def river_runs(conn: Connection, fence: Fence, job_ids: Sequence[int]) -> dict[int, river.LinkedRun]:
+    """The runs made from these River jobs (unitvisor.river_runs), by job id."""
+    with _fencing():
+        rows = conn.execute("SELECT river_job_id, run_id, state, started, reason FROM unitvisor.river_runs(%s, %s, %s)",
+                            (fence.host_id, fence.epoch, list(job_ids))).fetchall()
+    return {row[0]: river.LinkedRun(str(row[1]), row[2], row[3], row[4]) for row in rows}
+
+
+def finish_river_job(conn: Connection, schema: str, job_id: int, attempt: int, state: river.Finish,
+                     error: dict[str, Any] | None) -> bool:
+    """Finish a held River job in `state` with `error` appended to its errors (None: none), as River's
+    completer does: only while it is still running, and (stricter than River) still at the attempt this
+    host claimed, so that a job River's rescuer took back and another client claimed again is left
+    alone. False: it was not (it is someone else's now, or was finished already)."""
+    return conn.execute(sql.SQL("""
+        UPDATE {job} j SET state = %s::text::{state}, finalized_at = now(),
+            errors = CASE WHEN %s::jsonb IS NULL THEN j.errors ELSE array_append(j.errors, %s::jsonb) END
+        WHERE j.id = %s AND j.state = 'running' AND j.attempt = %s""").format(
+            job=_river(schema, "river_job"), state=_river(schema, "river_job_state")),
+        (state.value, Jsonb(error) if error else None, Jsonb(error) if error else None, job_id, attempt)).rowcount == 1
+
+
+def cancel_river_run(conn: Connection, fence: Fence, job_id: int) -> Transition:
+    """Cancel the run made from a River job (unitvisor.cancel_river_run), as cancel_run does."""
+    with _fencing():
+        state, changed = conn.execute("SELECT state, changed FROM unitvisor.cancel_river_run(%s, %s, %s)",
+                                      (fence.host_id, fence.epoch, job_id)).fetchone()
+    return Transition(state, changed)
 
 
 def listen(conn: Connection, *channels: str) -> None:

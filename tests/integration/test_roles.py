@@ -495,7 +495,8 @@ HOST_FUNCTIONS = {
     "cron_next", "submit_due_schedules",  # 028: schedules (a host reads no schedule, it submits the due ones)
     "mark_warned",  # 026: graceful stop
     "failure_verdict",  # 027: failure rules
-    "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze"}  # 030: hold and freeze
+    "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze",  # 030: hold and freeze
+    "submit_river_run", "river_runs", "cancel_river_run"}  # 034: the River source
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
                        "refusals_now",

@@ -145,7 +145,7 @@ def test_unknown_section():
     with pytest.raises(ConfigError) as info:
         parse("[hosts]\nmax_runs = 3\n", "u.toml")
     assert str(info.value) == ("u.toml: unknown section [hosts] "
-                               "(known: database, host, daemon, systemd, runs, fleet, metrics, retention)")
+                               "(known: database, host, daemon, systemd, runs, fleet, metrics, retention, river)")
 
 
 def test_unknown_top_level_key_is_an_unknown_section():
