@@ -2057,7 +2057,7 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
             'name: must be 1 to 63 letters, digits, ".", "_" and "-", starting and ending with a letter or digit'
         WHEN selector IS NULL OR NOT unitvisor.labels_are_valid(selector) THEN
             'selector: must be a JSON object of labels as a run''s (at most 64 key -> string pairs); '
-            || 'a run falls under the limit when its labels hold every pair ({} : every run)'
+            || 'a run falls under the limit when its labels hold every pair ({}: every run)'
         WHEN max_live IS NULL OR max_live NOT BETWEEN 0 AND 1000000 THEN
             format('max_live: %s is out of range (0 to 1000000; 0 lets no run of the limit start)',
                    coalesce(max_live::text, 'NULL'))

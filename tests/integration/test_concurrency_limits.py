@@ -14,7 +14,10 @@ import pytest
 from supervisor import store, unitspec
 from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
+from tests.harness.host import REPO
+from tests.harness.postgres import Postgres
 from tests.integration.conftest import age_jobs, fence_of, register, run_concurrently
+from tests.integration.test_sql_api_example import assert_example_prints_its_out
 
 pytestmark = pytest.mark.usefixtures("as_bound_roles")
 
@@ -321,3 +324,13 @@ def test_cli_submit_with_a_concurrency_limit_and_show(conn: psycopg.Connection, 
     assert refused.returncode == 1 and "concurrency_limit: needs concurrency_key" in refused.stderr
     usage = cli("submit", "--concurrency-key", "k", "--concurrency-limit", "0", "--", "/bin/true", dsn=dsn)
     assert usage.returncode == 2 and "--concurrency-limit" in usage.stderr
+
+
+# -- the documented example ---------------------------------------------------------------------------
+
+
+def test_the_documented_limits_example_runs_and_prints_what_the_docs_show(
+        postgres: Postgres, conn: psycopg.Connection) -> None:
+    assert_example_prints_its_out(postgres, conn.info.dbname, REPO / "docs" / "examples" / "limits.sql")
+    assert store.list_limits(conn) == []
+    assert conn.execute("SELECT state, concurrency_limit FROM unitvisor.runs").fetchall() == [("cancelled", 3)] * 2
