@@ -475,8 +475,8 @@ CREATE TABLE unitvisor.runs (
     -- and hearing of it) finds the run it made instead of making another. Unique among all runs of
     -- the database, for as long as the run exists: a control plane sharing the database prefixes its keys.
     idempotency_key     text,
-    -- Runs that share a key never run at the same time anywhere in the fleet; the later ones wait, in
-    -- submission order.
+    -- Runs that share a key never run at the same time anywhere in the fleet, beyond their
+    -- concurrency_limit (032; 1 by default); the later ones wait, in submission order.
     concurrency_key     text,
     -- The run's first start is not before this time.
     not_before          timestamptz,
@@ -2010,8 +2010,9 @@ LANGUAGE sql STABLE AS $$
                      AND unitvisor.host_refusal(h, r) IS NULL)
 $$;
 
--- concurrency_blocker as in 006, in submission order by seq: a run of its key that is starting or
--- running, else the queued run of its key submitted just before it. Runs numbered NULL (submitted
+-- concurrency_blocker as in 006, in submission order by seq: once as many runs of its key are live as
+-- the smallest concurrency_limit among r's and theirs (032), the live run with that limit (the earliest
+-- submitted of them), else the queued run of its key submitted just before it. Runs numbered NULL (submitted
 -- before this migration) come before every numbered run, and among themselves by created_at, then id.
 CREATE FUNCTION unitvisor.concurrency_blocker(r unitvisor.runs) RETURNS uuid
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -2291,7 +2292,8 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
        AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.started_at IS NOT NULL)
 $$;
 
--- explain_waiting as in 012 (the same reasons, events and result), with three changes:
+-- explain_waiting as in 012 (the same reasons, events and result; since 032 the key's blocker in
+-- key_blocker_text's words, and a full named limit's, limit_text), with three changes:
 -- * fleet_refusal is computed once per kind of run, not once per run: two runs with the same argv[0],
 --   user, environment, memory_max and pin are refused by the same hosts for the same reasons
 --   (host_refusal reads nothing else of a run). 1,000 runs of one rollout cost one fleet_refusal.
@@ -2394,7 +2396,9 @@ $$;
 --   every claim. The check stays on the head (and again under the key's lock, as in 006).
 -- * `busy` (the open attempts of the live hosts that can start units) is the sum of their counts in
 --   host_open_attempts: one row per host, not one per open attempt of the fleet.
--- The rest is 013's, line for line.
+-- The rest is 013's, line for line, but the named limits (032): a run about to be claimed is passed
+-- over when a limit it falls under is full (claim_limits, after the key's check), and the limit is
+-- remembered as full for the rest of the claim.
 CREATE FUNCTION unitvisor.claim_jobs(
     host_id text, host_epoch bigint, batch integer, unit_format text,
     starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')

@@ -6,39 +6,16 @@ limit is reached (two at once); a run held back says which limit in its wait rea
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from tests.conftest import _unavailable
-from tests.harness import testbed as testbed_mod
-from tests.harness.fleet import Fleet, fleet_config, submit_many
-from tests.harness.host import Host, wait_for
+from tests.harness.fleet import submit_many
+from tests.harness.host import wait_for
+from tests.system.test_lifecycle import HOSTS, sql, two_hosts
 
-HOSTS = ("fleet-1", "fleet-2")
 LIMIT = 2
-
-
-@contextlib.contextmanager
-def two_hosts(dsn: str) -> Iterator[list[Host]]:
-    """Two hosts polling every second, started, under test bed names of their own."""
-    reason = testbed_mod.available()
-    if reason:
-        _unavailable(reason)
-    testbed_mod.cleanup_stale()
-    with Fleet(dsn, size=2, prefix="uv-limits", configs={h: fleet_config(h) for h in HOSTS}) as fleet:
-        for host in fleet.hosts:
-            host.start(configure=False)
-        yield fleet.hosts
-
-
-def sql(dsn: str, query: str, params: object = None) -> list[tuple]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
 
 
 def submit(dsn: str, count: int, **args: object) -> list[str]:
@@ -59,7 +36,7 @@ def most_live_at_once(dsn: str, run_ids: list[str]) -> tuple[int, set[str]]:
 
 
 def test_a_limit_of_two_is_never_passed_across_two_hosts(dsn: str) -> None:
-    with two_hosts(dsn) as hosts:
+    with two_hosts(dsn, prefix="uv-limits") as hosts:
         sql(dsn, "SELECT unitvisor.set_limit('batch', '{\"team\": \"batch\"}', %s)", (LIMIT,))
         named = submit(dsn, 8, labels=Jsonb({"team": "batch"}))
         # A run held back names the limit (explain_waiting, after two poll intervals) and the CLI counts it.
