@@ -81,7 +81,10 @@ CREATE FUNCTION unitvisor.run_argument_problem(
     runtime_max_sec bigint, max_attempts integer, retry_backoff_sec integer, retry_backoff_max_sec integer,
     retry_on text[], labels jsonb, idempotency_key text, concurrency_key text, not_before timestamptz,
     start_deadline timestamptz, stop_signal text, stop_timeout integer, warn_before integer,
-    warn_signal text, fail_on text[], count_lost boolean, max_lost_attempts integer, concurrency_limit integer,
+    warn_signal text, fail_on text[], count_lost boolean, max_lost_attempts integer,
+    -- 032; defaulted (NULL passes), so that a submit_run of another migration that passes the 26
+    -- arguments before it still finds this function (the column's trigger checks the row all the same).
+    concurrency_limit integer DEFAULT NULL,
     OUT constraint_name text, OUT message text, OUT hint text)
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE

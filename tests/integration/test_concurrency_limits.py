@@ -334,3 +334,12 @@ def test_the_documented_limits_example_runs_and_prints_what_the_docs_show(
     assert_example_prints_its_out(postgres, conn.info.dbname, REPO / "docs" / "examples" / "limits.sql")
     assert store.list_limits(conn) == []
     assert conn.execute("SELECT state, concurrency_limit FROM unitvisor.runs").fetchall() == [("cancelled", 3)] * 2
+
+
+def test_run_argument_problem_still_takes_the_arguments_before_concurrency_limit(conn: psycopg.Connection) -> None:
+    """concurrency_limit is its last argument, defaulted: a submit_run written before 032 (another
+    migration's, merged beside this one) that passes the 26 before it still finds the function."""
+    twenty_six = ", ".join(["ARRAY['/bin/true']", "'{}'::jsonb"] + ["NULL"] * 24)
+    assert conn.execute(f"SELECT (unitvisor.run_argument_problem({twenty_six})).message").fetchone()[0] is None
+    assert conn.execute(f"SELECT (unitvisor.run_argument_problem({twenty_six}, 0)).message").fetchone()[0] == (
+        "concurrency_limit: 0 is out of range (1 to 10000)")
