@@ -236,6 +236,9 @@ CREATE FUNCTION unitvisor.run_argument_problem(
     retry_on text[], labels jsonb, idempotency_key text, concurrency_key text, not_before timestamptz,
     start_deadline timestamptz, stop_signal text, stop_timeout integer, warn_before integer,
     warn_signal text, fail_on text[], count_lost boolean, max_lost_attempts integer,
+    -- 032; defaulted (NULL passes), so that a submit_run of another migration that passes the 26
+    -- arguments before it still finds this function (the column's trigger checks the row all the same).
+    concurrency_limit integer DEFAULT NULL,
     OUT constraint_name text, OUT message text, OUT hint text)
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -391,6 +394,18 @@ BEGIN
         constraint_name := 'runs_max_lost_attempts_valid';
         message := format('max_lost_attempts: %s is out of range (1 to 1000)', max_lost_attempts);
     END IF;
+    IF message IS NOT NULL THEN
+        RETURN;
+    END IF;
+    -- Concurrency limits (032): how many runs of its concurrency_key may be live at once, this one among
+    -- them. More than one needs a key: without one, there is nothing to count the others by.
+    IF concurrency_limit NOT BETWEEN 1 AND 10000 THEN
+        constraint_name := 'runs_concurrency_limit_valid';
+        message := format('concurrency_limit: %s is out of range (1 to 10000)', concurrency_limit);
+    ELSIF concurrency_limit > 1 AND concurrency_key IS NULL THEN
+        constraint_name := 'runs_concurrency_limit_valid';
+        message := 'concurrency_limit: needs concurrency_key (the limit counts the live runs of one key)';
+    END IF;
 END $$;
 
 -- The eighteen constraints become one trigger that asks run_argument_problem, and raises what submit_run
@@ -409,7 +424,8 @@ BEGIN
         NEW.memory_max, NEW.memory_high, NEW.cpu_quota_percent, NEW.tasks_max, NEW.io_weight, NEW.runtime_max_sec,
         NEW.max_attempts, NEW.retry_backoff_sec, NEW.retry_backoff_max_sec, NEW.retry_on, NEW.labels,
         NEW.idempotency_key, NEW.concurrency_key, NEW.not_before, NEW.start_deadline, NEW.stop_signal,
-        NEW.stop_timeout, NEW.warn_before, NEW.warn_signal, NEW.fail_on, NEW.count_lost, NEW.max_lost_attempts);
+        NEW.stop_timeout, NEW.warn_before, NEW.warn_signal, NEW.fail_on, NEW.count_lost, NEW.max_lost_attempts,
+        NEW.concurrency_limit);
     IF problem.hint IS NOT NULL THEN
         RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
@@ -462,8 +478,8 @@ CREATE TABLE unitvisor.runs (
     -- and hearing of it) finds the run it made instead of making another. Unique among all runs of
     -- the database, for as long as the run exists: a control plane sharing the database prefixes its keys.
     idempotency_key     text,
-    -- Runs that share a key never run at the same time anywhere in the fleet; the later ones wait, in
-    -- submission order.
+    -- Runs that share a key never run at the same time anywhere in the fleet, beyond their
+    -- concurrency_limit (032; 1 by default); the later ones wait, in submission order.
     concurrency_key     text,
     -- The run's first start is not before this time.
     not_before          timestamptz,
@@ -492,6 +508,9 @@ CREATE TABLE unitvisor.runs (
     -- has no spawn job, so no claim looks at it (hold_run).
     held_at             timestamptz,
     held_by             text,
+    -- How many runs of its concurrency_key may be live at once, this one among them (032; 1: one at a
+    -- time). Runs of one key with different limits: concurrency_blocker says which applies.
+    concurrency_limit   integer NOT NULL DEFAULT 1,
     -- The River job this run was made from (034; NULL: submitted otherwise). River's ids are bigserial.
     river_job_id        bigint CONSTRAINT runs_river_job_id_valid CHECK (river_job_id > 0),
 
@@ -507,10 +526,18 @@ CREATE INDEX runs_created_idx ON unitvisor.runs (created_at);
 CREATE UNIQUE INDEX runs_idempotency_key_idx ON unitvisor.runs (idempotency_key) WHERE idempotency_key IS NOT NULL;
 -- runs_with_labels' containment (@>): jsonb_path_ops is smaller and faster for @>, the only operator used.
 CREATE INDEX runs_labels_idx ON unitvisor.runs USING gin (labels jsonb_path_ops);
--- The last line of defence of "one live run per key": whatever the claim's lock and checks miss, two
--- runs of one key can never be starting or running at once. Also the claim's look-up of a live run.
-CREATE UNIQUE INDEX runs_one_live_per_key_idx ON unitvisor.runs (concurrency_key)
+-- The live runs of a key with their limits (concurrency_blocker): since 032 a key may have several.
+CREATE INDEX runs_live_key_idx ON unitvisor.runs (concurrency_key, concurrency_limit)
     WHERE state IN ('starting', 'running') AND concurrency_key IS NOT NULL;
+-- The last line of defence of "one live run per key" for the runs that ask for it (concurrency_limit
+-- 1, the default): whatever the claim's lock and checks miss, such a run never shares its key while
+-- it is live. (A key's runs with larger limits are held to them by the claim alone, under the key's lock.)
+CREATE UNIQUE INDEX runs_one_live_per_key_idx ON unitvisor.runs (concurrency_key)
+    WHERE state IN ('starting', 'running') AND concurrency_key IS NOT NULL AND concurrency_limit = 1;
+-- A named limit's count of its live runs (claim_limits, limit_status): containment among live runs
+-- only, so that a count reads the live runs that match, never the history.
+CREATE INDEX runs_live_labels_idx ON unitvisor.runs USING gin (labels jsonb_path_ops)
+    WHERE state IN ('starting', 'running');
 -- The claim's look-up of an earlier queued run of the same key (runs numbered NULL): a backward range
 -- scan that stops at the first row.
 CREATE INDEX runs_queued_key_idx ON unitvisor.runs (concurrency_key, created_at, id)
@@ -799,6 +826,18 @@ CREATE TABLE unitvisor.schedules (
     created_at timestamptz NOT NULL DEFAULT now(),
     created_by text NOT NULL DEFAULT session_user
 );
+
+-- Named fleet-wide limits (032): at most max_live runs whose labels hold every pair of selector are live
+-- (starting or running) at once, across all hosts. Written only by set_limit and drop_limit, which
+-- check every argument (limit_argument_problem); a claim counts each limit's live runs under the
+-- limit's lock (claim_limits), so there is no counter here to drift.
+CREATE TABLE unitvisor.limits (
+    name     text PRIMARY KEY,
+    selector jsonb NOT NULL,
+    max_live integer NOT NULL,
+    set_at   timestamptz NOT NULL DEFAULT now(),
+    set_by   text NOT NULL DEFAULT session_user
+);
 -- What the heartbeat's upkeep flag and submit_due_schedules look for: due, not paused.
 CREATE INDEX schedules_due ON unitvisor.schedules (next_due) WHERE NOT paused;
 
@@ -892,6 +931,8 @@ CREATE FUNCTION unitvisor.submit_run(
     max_lost_attempts     integer DEFAULT 3,
     -- 030: hold (held at once: queued, never claimed until release_run).
     hold                  boolean DEFAULT false,
+    -- 032: how many runs of its concurrency_key may be live at once (1: one at a time, as before).
+    concurrency_limit     integer DEFAULT 1,
     -- 034: the River job this run was made from (River source, docs/river.md); one run per job.
     river_job_id          bigint  DEFAULT NULL
 ) RETURNS uuid
@@ -924,7 +965,8 @@ BEGIN
         submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec, retry_rules, run_labels,
         submit_run.idempotency_key, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline,
         run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
-        fail_rules, submit_run.count_lost, submit_run.max_lost_attempts);
+        fail_rules, submit_run.count_lost, submit_run.max_lost_attempts,
+        submit_run.concurrency_limit);
     IF problem.hint IS NOT NULL THEN
         RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
@@ -972,7 +1014,7 @@ BEGIN
             retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
             concurrency_key, not_before, start_deadline, memory_high,
             stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts,
-            held_at, held_by, river_job_id)
+            held_at, held_by, concurrency_limit, river_job_id)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
@@ -983,7 +1025,7 @@ BEGIN
             run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
             fail_rules, submit_run.count_lost, submit_run.max_lost_attempts,
             CASE WHEN submit_run.hold THEN now() END, CASE WHEN submit_run.hold THEN session_user END,
-            submit_run.river_job_id)
+            submit_run.concurrency_limit, submit_run.river_job_id)
         -- Another submit with the same key committed since the look-up above (this waited for it):
         -- insert nothing, and return its run below.
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -1384,8 +1426,8 @@ CREATE FUNCTION unitvisor.waited_for(r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(
         'its release: ' || unitvisor.held_text(r),
-        (SELECT 'run ' || b.id || ' (' || b.state || ') with the same concurrency key'
-         FROM unitvisor.runs b WHERE b.id = unitvisor.concurrency_blocker(r)),
+        unitvisor.key_blocker_text(r),
+        unitvisor.limit_text(r),
         unitvisor.fleet_refusal(r),
         (SELECT format('%s attempt(s), none of which started; the last: %s', count(*),
                        (SELECT coalesce(l.outcome, 'open') || coalesce(' (' || l.reason || ')', '')
@@ -1985,15 +2027,19 @@ LANGUAGE sql STABLE AS $$
                      AND unitvisor.host_refusal(h, r) IS NULL)
 $$;
 
--- concurrency_blocker as in 006, in submission order by seq: a run of its key that is starting or
--- running, else the queued run of its key submitted just before it. Runs numbered NULL (submitted
+-- concurrency_blocker as in 006, in submission order by seq: once as many runs of its key are live as
+-- the smallest concurrency_limit among r's and theirs (032), the live run with that limit (the earliest
+-- submitted of them), else the queued run of its key submitted just before it. Runs numbered NULL (submitted
 -- before this migration) come before every numbered run, and among themselves by created_at, then id.
 CREATE FUNCTION unitvisor.concurrency_blocker(r unitvisor.runs) RETURNS uuid
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE WHEN r.concurrency_key IS NOT NULL THEN coalesce(
-        (SELECT k.id FROM unitvisor.runs k
-         WHERE k.concurrency_key = r.concurrency_key AND k.state IN ('starting', 'running') AND k.id <> r.id
-         LIMIT 1),
+        (SELECT l.id FROM (
+             SELECT k.id, k.seq, k.concurrency_limit, count(*) OVER () AS live, min(k.concurrency_limit) OVER () AS tightest
+             FROM unitvisor.runs k
+             WHERE k.concurrency_key = r.concurrency_key AND k.state IN ('starting', 'running') AND k.id <> r.id) l
+         WHERE l.live >= least(r.concurrency_limit, l.tightest)
+         ORDER BY l.concurrency_limit, l.seq NULLS FIRST, l.id LIMIT 1),
         (SELECT k.id FROM unitvisor.runs k
          WHERE k.concurrency_key = r.concurrency_key AND k.state = 'queued' AND k.seq < r.seq
          ORDER BY k.seq DESC LIMIT 1),
@@ -2002,6 +2048,119 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
            AND (r.seq IS NOT NULL OR (k.created_at, k.id) < (r.created_at, r.id))
          ORDER BY k.created_at DESC, k.id DESC LIMIT 1)) END
 $$;
+
+-- concurrency_blocker's run in words, for a wait reason (NULL: r waits for no run of its key): its
+-- state, a held run's hold (a run behind a held head waits for its release), and with a limit above
+-- one how many of the key's runs are live.
+CREATE FUNCTION unitvisor.key_blocker_text(r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT format('run %s (%s) with the same concurrency key', b.id,
+                  CASE WHEN b.state = 'queued' AND b.held_at IS NOT NULL THEN 'queued, held by ' || b.held_by
+                       ELSE b.state END)
+           || CASE WHEN b.state IN ('starting', 'running') AND least(r.concurrency_limit, b.concurrency_limit) > 1
+                   THEN format(', %s of %s live',
+                               (SELECT count(*) FROM unitvisor.runs k
+                                WHERE k.concurrency_key = r.concurrency_key AND k.state IN ('starting', 'running')),
+                               least(r.concurrency_limit, b.concurrency_limit))
+                   ELSE '' END
+    FROM unitvisor.runs b WHERE r.concurrency_key IS NOT NULL AND b.id = unitvisor.concurrency_blocker(r)
+$$;
+
+-- Every check of a named limit's arguments (set_limit): the first refused, in a message that names it;
+-- NULL when all pass.
+CREATE FUNCTION unitvisor.limit_argument_problem(name text, selector jsonb, max_live integer) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE
+        WHEN name IS NULL OR name !~ '^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$' THEN
+            'name: must be 1 to 63 letters, digits, ".", "_" and "-", starting and ending with a letter or digit'
+        WHEN selector IS NULL OR NOT unitvisor.labels_are_valid(selector) THEN
+            'selector: must be a JSON object of labels as a run''s (at most 64 key -> string pairs); '
+            || 'a run falls under the limit when its labels hold every pair ({}: every run)'
+        WHEN max_live IS NULL OR max_live NOT BETWEEN 0 AND 1000000 THEN
+            format('max_live: %s is out of range (0 to 1000000; 0 lets no run of the limit start)',
+                   coalesce(max_live::text, 'NULL'))
+        END
+$$;
+
+-- Create or change a named limit: at most max_live runs whose labels hold every pair of selector are
+-- live at once in the fleet. A limit lowered below its live count stops nothing: its runs finish, and
+-- no new one starts until fewer than max_live are live. created: false when the limit existed (changed).
+CREATE FUNCTION unitvisor.set_limit(name text, selector jsonb, max_live integer) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    problem text := unitvisor.limit_argument_problem(set_limit.name, set_limit.selector, set_limit.max_live);
+    created boolean;
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'limits',
+                  CONSTRAINT = 'limits_' || split_part(problem, ':', 1) || '_valid';
+    END IF;
+    INSERT INTO unitvisor.limits AS l (name, selector, max_live)
+    VALUES (set_limit.name, set_limit.selector, set_limit.max_live)
+    ON CONFLICT ON CONSTRAINT limits_pkey DO UPDATE
+        SET selector = excluded.selector, max_live = excluded.max_live, set_at = now(), set_by = session_user
+    RETURNING (l.xmax::text = '0') INTO created;
+    RETURN created;
+END $$;
+
+-- Drop a named limit: its runs are held back by it no more. False: there was no such limit.
+CREATE FUNCTION unitvisor.drop_limit(name text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM unitvisor.limits l WHERE l.name = drop_limit.name;
+    RETURN FOUND;
+END $$;
+
+-- Every named limit with its live runs now, by name: the CLI's `unitvisor limits` and the daemon's
+-- metrics. Counted over every run (a host's role sees only some: SECURITY DEFINER), and only the count.
+CREATE FUNCTION unitvisor.limit_status()
+RETURNS TABLE (name text, selector jsonb, max_live integer, live bigint, set_at timestamptz, set_by text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT l.name, l.selector, l.max_live,
+           (SELECT count(*) FROM unitvisor.runs x WHERE x.state IN ('starting', 'running') AND x.labels @> l.selector),
+           l.set_at, l.set_by
+    FROM unitvisor.limits l ORDER BY l.name
+$$;
+
+-- The first named limit (by name) that holds r back now, in words ("limit batch: 20 of 20 live"), or
+-- NULL: for wait reasons (explain_waiting) and an expired run's (waited_for).
+CREATE FUNCTION unitvisor.limit_text(r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT format('limit %s: %s of %s live', s.name, s.live, s.max_live)
+    FROM (SELECT l.name, l.max_live,
+                 (SELECT count(*) FROM unitvisor.runs x
+                  WHERE x.state IN ('starting', 'running') AND x.labels @> l.selector AND x.id <> r.id) AS live
+          FROM unitvisor.limits l WHERE r.labels @> l.selector) s
+    WHERE s.live >= s.max_live ORDER BY s.name LIMIT 1
+$$;
+
+-- The claim's decision on the named limits r falls under: NULL when each has room for it, else the name
+-- of the first (by name) that has none, or whose lock another claim holds (that claim decides for the
+-- limit now: this one passes r over). Each limit's transaction-level advisory lock, then its count from
+-- a snapshot taken after it (READ COMMITTED, a VOLATILE function: each statement sees every claim of
+-- the limit that committed, and none is in progress), as the claim does for a concurrency key (006).
+-- The locks are tried in name order and never waited for, so two claims cannot deadlock on them. Cost:
+-- a look at the limits table, and per limit of the run at most max_live index entries of live runs,
+-- for a run about to be claimed only; nothing when no limit matches.
+CREATE FUNCTION unitvisor.claim_limits(r unitvisor.runs) RETURNS text
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    lim record;
+BEGIN
+    FOR lim IN SELECT l.name, l.selector, l.max_live FROM unitvisor.limits l
+               WHERE r.labels @> l.selector ORDER BY l.name LOOP
+        IF NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-limit:' || lim.name, 0)) THEN
+            RETURN lim.name;
+        END IF;
+        IF (SELECT count(*) FROM (SELECT 1 FROM unitvisor.runs x
+                                  WHERE x.state IN ('starting', 'running') AND x.labels @> lim.selector
+                                  LIMIT lim.max_live) c) >= lim.max_live THEN
+            RETURN lim.name;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
 
 -- The kind of a run: what host_refusal reads of it (besides the host), so that one answer holds for
 -- every run of a kind. Environment names only (sorted), never their values, which may be secrets.
@@ -2150,7 +2309,8 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
        AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.started_at IS NOT NULL)
 $$;
 
--- explain_waiting as in 012 (the same reasons, events and result), with three changes:
+-- explain_waiting as in 012 (the same reasons, events and result; since 032 the key's blocker in
+-- key_blocker_text's words, and a full named limit's, limit_text), with three changes:
 -- * fleet_refusal is computed once per kind of run, not once per run: two runs with the same argv[0],
 --   user, environment, memory_max and pin are refused by the same hosts for the same reasons
 --   (host_refusal reads nothing else of a run). 1,000 runs of one rollout cost one fleet_refusal.
@@ -2199,10 +2359,8 @@ BEGIN
         FROM (SELECT DISTINCT ON (d.kind) d.kind, d.run FROM due d ORDER BY d.kind) k
     ),
     waiting AS MATERIALIZED (
-        SELECT (d.run).id AS id, nullif(concat_ws('; ', (
-                   SELECT 'waits for run ' || b.id || ' (' || b.state || ') with the same concurrency key'
-                   FROM unitvisor.runs b WHERE (d.run).concurrency_key IS NOT NULL
-                                           AND b.id = unitvisor.concurrency_blocker(d.run)), k.refused), '') AS reason
+        SELECT (d.run).id AS id, nullif(concat_ws('; ', 'waits for ' || unitvisor.key_blocker_text(d.run),
+                                                  unitvisor.limit_text(d.run), k.refused), '') AS reason
         FROM due d JOIN kinds k ON k.kind = d.kind
     ),
     -- A reason that appears or changes; ON CONFLICT sees a concurrent pass's committed row, so two
@@ -2255,7 +2413,9 @@ $$;
 --   every claim. The check stays on the head (and again under the key's lock, as in 006).
 -- * `busy` (the open attempts of the live hosts that can start units) is the sum of their counts in
 --   host_open_attempts: one row per host, not one per open attempt of the fleet.
--- The rest is 013's, line for line.
+-- The rest is 013's, line for line, but the named limits (032): a run about to be claimed is passed
+-- over when a limit it falls under is full (claim_limits, after the key's check), and the limit is
+-- remembered as full for the rest of the claim.
 CREATE FUNCTION unitvisor.claim_jobs(
     host_id text, host_epoch bigint, batch integer, unit_format text,
     starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')
@@ -2280,6 +2440,9 @@ DECLARE
     accepted jsonb := '{}';
     contested boolean;
     heads bigint[];
+    -- 032: the selectors of the named limits this claim found full (or being decided by another claim).
+    saturated jsonb[] := '{}';
+    full_limit text;
     -- (A bound cursor, planned for its first rows: sql/009_claim_cost.sql.) Still one walk of
     -- spawn_jobs_available_idx in claim order, as 013's: a job of a key that is not its key's head is
     -- passed over on the job's own row (its concurrency_key column), before the join to its run and
@@ -2341,6 +2504,8 @@ BEGIN
                 refusals := unitvisor.claim_memo(refusals, job.kind, false);
             END IF;
         END IF;
+        -- A named limit found full by this claim (032): its runs are passed over without counting again.
+        CONTINUE WHEN job.run_state = 'queued' AND (job.run).labels @> ANY (saturated);
         looked := looked + 1;
         IF job.run_state <> 'queued' THEN
             PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.id = job.id AND j.state = 'available'
@@ -2371,6 +2536,12 @@ BEGIN
             -- The key's lock, then the decision again from a snapshot taken after it (006).
             CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-concurrency-key:' || job.concurrency_key, 0));
             CONTINUE WHEN (SELECT unitvisor.concurrency_blocker(r) FROM unitvisor.runs r WHERE r.id = job.run_id) IS NOT NULL;
+        END IF;
+        -- The named limits the run falls under (032), each under its lock (claim_limits).
+        full_limit := unitvisor.claim_limits(job.run);
+        IF full_limit IS NOT NULL THEN
+            saturated := saturated || (SELECT l.selector FROM unitvisor.limits l WHERE l.name = full_limit);
+            CONTINUE;
         END IF;
         PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.id = job.id AND j.state = 'available' FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;  -- another claim has it, or took it since this loop's query began
@@ -3124,7 +3295,8 @@ CREATE TRIGGER runs_arguments_valid
     BEFORE INSERT OR UPDATE OF argv, environment, working_directory, run_user, memory_max, memory_high,
         cpu_quota_percent, tasks_max, io_weight, runtime_max_sec, max_attempts, retry_backoff_sec,
         retry_backoff_max_sec, retry_on, labels, idempotency_key, concurrency_key, not_before, start_deadline,
-        stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts
+        stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts,
+        concurrency_limit
     ON unitvisor.runs
     FOR EACH ROW EXECUTE FUNCTION unitvisor.refuse_invalid_arguments();
 
@@ -3765,6 +3937,7 @@ GRANT SELECT ON unitvisor.schema_migrations, unitvisor.runs, unitvisor.attempts,
     unitvisor.run_waits, unitvisor.hosts TO unitvisor_submitter, unitvisor_host;
 GRANT SELECT ON unitvisor.spawn_jobs TO unitvisor_submitter;
 GRANT SELECT ON unitvisor.schedules TO unitvisor_submitter;
+GRANT SELECT ON unitvisor.limits TO unitvisor_submitter;
 
 -- Both: who they are, and why a run waits (a policy's functions run with the privileges of the role that queries).
 GRANT EXECUTE ON FUNCTION
@@ -3774,6 +3947,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.freeze_text(unitvisor.attempts),
     unitvisor.held_text(unitvisor.runs),
     unitvisor.host_in_flight(text),
+    unitvisor.limit_status(),
     unitvisor.max_rows_bound(integer),
     unitvisor.my_host_id(),
     unitvisor.next_attempt_at(uuid),
@@ -3824,15 +3998,17 @@ GRANT EXECUTE ON FUNCTION
 -- The submitter: its API (docs/sql-api.md).
 GRANT EXECUTE ON FUNCTION
     unitvisor.cancel_run(uuid),
+    unitvisor.drop_limit(text),
     unitvisor.freeze_run(uuid),
     unitvisor.hold_run(uuid),
     unitvisor.release_run(uuid),
     unitvisor.resume_run(uuid),
+    unitvisor.set_limit(text,jsonb,integer),
     unitvisor.create_schedule(text,text,text,jsonb,text,text),
     unitvisor.drop_schedule(text),
     unitvisor.pause_schedule(text,boolean),
     unitvisor.submit_run_spec(jsonb),
-    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer,boolean,bigint),
+    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer,boolean,integer,bigint),
     unitvisor.thaw_run(uuid)
     TO unitvisor_submitter;
 
@@ -3869,4 +4045,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('028_schedules'),
     ('029_heartbeat_cost'),
     ('030_hold_freeze'),
+    ('032_concurrency_limits'),
     ('034_river');

@@ -158,6 +158,8 @@ class Daemon:
         # Open until the first read (before any claim): a start under no pressure says nothing of it.
         self.admission = pressure.Admission(pressure.OPEN, None)
         self.pressure_figures: dict[str, float] = {}
+        # The fleet's named limits for the metrics (schema 032), read once a reconcile pass.
+        self.limit_figures: dict[str, tuple[int, int]] = {}
         self.reported: tuple[str, str | None, dict[str, float]] | None = None
         self.reported_at = 0.0
         self.slowed_until = 0.0
@@ -607,6 +609,8 @@ class Daemon:
         self.reconciler.reconcile_pass()
         self._forget_fenced_settled_elsewhere()
         self.metrics.reconciled(time.monotonic() - began)
+        # Once a pass, not a poll: a count per limit, for a gauge a user alerts on over minutes.
+        self.limit_figures = self.reconciler.limit_figures()
         self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
 
     def _forget_fenced_settled_elsewhere(self) -> None:
@@ -763,7 +767,8 @@ class Daemon:
         return State(in_flight=reconciler.in_flight if reconciler else 0, database_up=connected,
                      systemd_up=self.systemd.connected and self.watcher.connected,
                      host_state=self.host_state if connected and self.fence else "unregistered",
-                     admission=self.admission.state, pressure=dict(self.pressure_figures))
+                     admission=self.admission.state, pressure=dict(self.pressure_figures),
+                     limits=dict(self.limit_figures))
 
     # -- work -------------------------------------------------------------------------------------
 

@@ -64,6 +64,8 @@ class State:
     host_state: str = "unregistered"
     admission: str = pressure.OPEN  # what a daemon that has not read its pressure yet does
     pressure: dict[str, float] = field(default_factory=dict)  # avg10 of `some`, percent, by resource
+    # The fleet's named limits (schema 032) as the last reconcile pass read them: name -> (live, max_live).
+    limits: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class _StateCollector:
@@ -95,7 +97,17 @@ class _StateCollector:
         stall = GaugeMetricFamily("unitvisor_slice_pressure_ratio", "avg10 of `some` in the runs' slice's PSI "
                                   "file, by resource: the share of the last 10 s in which a task of the slice "
                                   "waited for it (absent while admission by pressure is off)", labels=["resource"])
+        # Fleet-wide figures, the same on every daemon (unitvisor.limit_status): one series per limit the
+        # operator set, so the label stays bounded by what the operator made.
+        limit_live = GaugeMetricFamily("unitvisor_limit_live", "Runs live (starting or running) in the fleet "
+                                       "under each named limit, as this daemon's last reconcile pass counted them",
+                                       labels=["limit"])
+        limit_max = GaugeMetricFamily("unitvisor_limit_max", "Each named limit's maximum of live runs (max_live)",
+                                      labels=["limit"])
         if state is not None:
+            for name, (live, most) in sorted(state.limits.items()):
+                limit_live.add_metric([name], live)
+                limit_max.add_metric([name], most)
             for name in pressure.STATES:
                 admission.add_metric([name], 1 if name == state.admission else 0)
             for resource, figure in sorted(state.pressure.items()):
@@ -107,7 +119,7 @@ class _StateCollector:
             # label stays bounded by the database's own constraint on host states.
             for name in dict.fromkeys((*HOST_STATES, state.host_state)):
                 host.add_metric([name], 1 if name == state.host_state else 0)
-        yield from (in_flight, database, systemd, host, admission, stall)
+        yield from (in_flight, database, systemd, host, admission, stall, limit_live, limit_max)
 
 
 class Metrics:

@@ -57,6 +57,8 @@ class Run:
     fail_on: list[str] | None = None
     count_lost: bool = False
     max_lost_attempts: int = 3
+    # How many runs of its concurrency_key may be live at once, this one among them (schema 032).
+    concurrency_limit: int = 1
     # Its attempts settled `lost` so far (not a column: counted from attempts when the run is read).
     lost_attempts: int = 0
 

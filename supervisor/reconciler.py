@@ -975,6 +975,10 @@ class Reconciler:
                 refused=sum(1 for t in turns if t.result.startswith("refused")))
         return turns
 
+    def limit_figures(self) -> dict[str, tuple[int, int]]:
+        """The fleet's named limits (schema 032) for the metrics: name -> (runs live now, max_live)."""
+        return {r["name"]: (r["live"], r["max_live"]) for r in store.list_limits(self.conn)}
+
     def explain_waiting(self) -> int:
         """Say why runs wait that no live host accepts (in unitvisor.run_waits, and one event each), a
         batch of them per pass (the next pass goes on where this one stopped)."""

@@ -510,6 +510,8 @@ _SUBMIT_ARGS = {
     "fail_on": "text[]", "count_lost": "boolean", "max_lost_attempts": "integer",
     # schema 030: submitted held (never claimed until released)
     "hold": "boolean",
+    # schema 032: how many runs of its concurrency_key may be live at once (1: one at a time)
+    "concurrency_limit": "integer",
 }
 _JSON_ARGS = ("environment", "labels")
 
@@ -1062,6 +1064,28 @@ def list_schedules(conn: Connection) -> list[dict[str, Any]]:
                       s.missed, s.run, s.created_at, s.created_by
                FROM unitvisor.schedules s LEFT JOIN unitvisor.runs r ON r.id = s.last_run_id
                ORDER BY s.name""").fetchall()
+
+
+def set_limit(conn: Connection, name: str, selector: dict[str, str], max_live: int) -> bool:
+    """Create or change a named limit (sql/migrations/032_concurrency_limits.sql): at most `max_live` runs
+    whose labels hold every pair of `selector` live at once in the fleet. True: created; False: changed.
+    An argument the database refuses is a DatabaseError whose message names it."""
+    try:
+        return conn.execute("SELECT unitvisor.set_limit(%s, %s, %s)", (name, Jsonb(selector), max_live)).fetchone()[0]
+    except psycopg.errors.CheckViolation as exc:
+        raise DatabaseError(f"the database refused the limit: {exc.diag.message_primary or one_line(exc)}") from None
+
+
+def drop_limit(conn: Connection, name: str) -> bool:
+    """Drop a named limit; False when there was none of that name."""
+    return conn.execute("SELECT unitvisor.drop_limit(%s)", (name,)).fetchone()[0]
+
+
+def list_limits(conn: Connection) -> list[dict[str, Any]]:
+    """Every named limit with its live runs now, by name (unitvisor.limit_status)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute("SELECT name, selector, max_live, live, set_at, set_by FROM unitvisor.limit_status()"
+                           ).fetchall()
 
 
 def renew_heartbeat(conn: Connection, fence: Fence) -> str | None:

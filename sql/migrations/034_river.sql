@@ -30,10 +30,10 @@ CREATE UNIQUE INDEX runs_river_job_id_once ON unitvisor.runs (river_job_id) WHER
 
 -- -- submit_run: river_job_id -------------------------------------------------------------------------
 --
--- As in 030, with river_job_id last and defaulted.
-DROP FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer, bigint,
-    integer, text, integer, integer, integer, text[], boolean, text, jsonb, text, timestamptz, timestamptz, bigint,
-    text, integer, integer, text, text[], boolean, integer, boolean);
+-- As in 032, with river_job_id last and defaulted.
+DROP FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer,
+    bigint, integer, text, integer, integer, integer, text[], boolean, text, jsonb, text, timestamptz,
+    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, integer);
 CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
     environment           jsonb   DEFAULT '{}'::jsonb,
@@ -67,6 +67,8 @@ CREATE FUNCTION unitvisor.submit_run(
     max_lost_attempts     integer DEFAULT 3,
     -- 030: hold (held at once: queued, never claimed until release_run).
     hold                  boolean DEFAULT false,
+    -- 032: how many runs of its concurrency_key may be live at once (1: one at a time, as before).
+    concurrency_limit     integer DEFAULT 1,
     -- 034: the River job this run was made from (River source, docs/river.md); one run per job.
     river_job_id          bigint  DEFAULT NULL
 ) RETURNS uuid
@@ -99,7 +101,8 @@ BEGIN
         submit_run.retry_backoff_sec, submit_run.retry_backoff_max_sec, retry_rules, run_labels,
         submit_run.idempotency_key, submit_run.concurrency_key, submit_run.not_before, submit_run.start_deadline,
         run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
-        fail_rules, submit_run.count_lost, submit_run.max_lost_attempts);
+        fail_rules, submit_run.count_lost, submit_run.max_lost_attempts,
+        submit_run.concurrency_limit);
     IF problem.hint IS NOT NULL THEN
         RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs',
@@ -147,7 +150,7 @@ BEGIN
             retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
             concurrency_key, not_before, start_deadline, memory_high,
             stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts,
-            held_at, held_by, river_job_id)
+            held_at, held_by, concurrency_limit, river_job_id)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
@@ -158,7 +161,7 @@ BEGIN
             run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
             fail_rules, submit_run.count_lost, submit_run.max_lost_attempts,
             CASE WHEN submit_run.hold THEN now() END, CASE WHEN submit_run.hold THEN session_user END,
-            submit_run.river_job_id)
+            submit_run.concurrency_limit, submit_run.river_job_id)
         -- Another submit with the same key committed since the look-up above (this waited for it):
         -- insert nothing, and return its run below.
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -192,10 +195,10 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer,
     bigint, integer, text, integer, integer, integer, text[], boolean, text, jsonb, text, timestamptz,
-    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, bigint) FROM PUBLIC;
+    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, integer, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer,
     bigint, integer, text, integer, integer, integer, text[], boolean, text, jsonb, text, timestamptz,
-    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, bigint) TO unitvisor_submitter;
+    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, integer, bigint) TO unitvisor_submitter;
 
 -- -- the River source's functions ---------------------------------------------------------------------
 

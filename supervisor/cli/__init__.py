@@ -4,7 +4,8 @@ Conventions (as systemctl and git): tables for people, --json for scripts; exit 
 failure, 2 on bad usage; errors on stderr in one line, no traceback unless --debug.
 
 The commands live by concern: runs.py (submit, show, runs, cancel, resume, logs, wait), hosts.py
-(hosts, hosts add, hosts forget, drain, undrain), schedules.py (schedules), operations.py (reconcile,
+(hosts, hosts add, hosts forget, drain, undrain), schedules.py (schedules), limits.py (limits, limits set,
+limits drop), operations.py (reconcile,
 doctor, prune, migrate, daemon, fence, version); app.py holds the group and the Context they share, params.py the option
 types, output.py tables, colours and JSON. This module puts them together and turns every failure
 into one line and an exit status (main).
@@ -21,10 +22,11 @@ import psycopg
 from supervisor import store
 
 # Importing the command modules registers their commands on the group.
-from supervisor.cli import hold, hosts, operations, runs, schedules
+from supervisor.cli import hold, hosts, limits, operations, runs, schedules
 from supervisor.cli.app import WAIT_UNKNOWN, CouldNotTell, Failure, Unreachable, add_global_options, cli, invocation
 
-__all__ = ["WAIT_UNKNOWN", "CouldNotTell", "Failure", "Unreachable", "cli", "hold", "hosts", "main", "operations",
+__all__ = ["WAIT_UNKNOWN", "CouldNotTell", "Failure", "Unreachable", "cli", "hold", "hosts", "limits", "main",
+           "operations",
            "runs", "schedules"]
 
 # Last, once every command exists: each gets its hidden copies of the group's options (app.py).
@@ -69,7 +71,7 @@ _HOST_DSN = "its DSN goes in /etc/unitvisor/dsn"
 _NEEDED_ROLE = {
     "submit": (_SUBMITTER, _PASS_DSN), "cancel": (_SUBMITTER, _PASS_DSN), "resume": (_SUBMITTER, _PASS_DSN),
     "hold": (_SUBMITTER, _PASS_DSN), "release": (_SUBMITTER, _PASS_DSN), "freeze": (_SUBMITTER, _PASS_DSN),
-    "thaw": (_SUBMITTER, _PASS_DSN),
+    "thaw": (_SUBMITTER, _PASS_DSN), "limits set": (_SUBMITTER, _PASS_DSN), "limits drop": (_SUBMITTER, _PASS_DSN),
     "drain": (_ADMIN, _PASS_DSN), "undrain": (_ADMIN, _PASS_DSN), "prune": (_ADMIN, _PASS_DSN),
     "hosts forget": (_MAY_CREATE_ROLES, _AS_POSTGRES), "hosts add": (_MAY_CREATE_ROLES, _AS_POSTGRES),
     "migrate": ("a role that may create roles (a superuser, or CREATEROLE) for migration 004, then unitvisor_admin",

@@ -106,8 +106,8 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
         "id": str(run.id), "state": run.state, "argv": run.argv, "environment": run.environment,
         "working_directory": run.working_directory, "user": run.run_user, "host_pin": run.host_pin,
         "priority": run.priority, "private_network": run.private_network, "labels": run.labels,
-        "concurrency_key": run.concurrency_key, "not_before": iso(run.not_before),
-        "start_deadline": iso(run.start_deadline),
+        "concurrency_key": run.concurrency_key, "concurrency_limit": run.concurrency_limit,
+        "not_before": iso(run.not_before), "start_deadline": iso(run.start_deadline),
         "limits": {key: data[key] for key in
                    ("memory_max", "memory_high", "cpu_quota_percent", "tasks_max", "io_weight", "runtime_max_sec")},
         # Graceful stop (schema 026): the signal in effect (TERM unless the run names one); stop_timeout

@@ -84,6 +84,10 @@ from supervisor.quantities import format_duration, format_size, parse_duration, 
 @click.option("--concurrency-key", metavar="KEY", callback=concurrency_key,
               help="Never run beside another run with this KEY, on any host: runs with one KEY start one at a "
                    "time, in the order they were submitted.")
+@click.option("--concurrency-limit", type=click.IntRange(1, 10000), metavar="N",
+              help="Let N runs of its --concurrency-key run at once (still started in submission order) "
+                   "[default: 1]. Runs of one key that ask for different limits: the smallest among the "
+                   "starting run's and the live runs' applies.")
 @click.option("--not-before", metavar="TIME", callback=time_or_duration,
               help="Start no earlier than TIME: ISO 8601 (2026-12-01T03:00Z; without an offset, local time) or "
                    "+DURATION from now by the database's clock (+10m).")
@@ -134,6 +138,8 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         "private_network": options["private_network"] or None,
         "labels": options["labels"] or None, "idempotency_key": options["idempotency_key"],
         "concurrency_key": options["concurrency_key"],
+        # Only when asked: a database before schema 032 then still takes the run.
+        "concurrency_limit": options["concurrency_limit"],
         **failure_fields(options),  # issue 25: only those asked for
         # Only when asked: a database before schema 030 then still takes the run.
         "hold": options["hold"] or None,
@@ -263,6 +269,8 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     start = [f"{name} {data[key]}" for name, key in (("concurrency key", "concurrency_key"),
                                                      ("not before", "not_before"),
                                                      ("start deadline", "start_deadline")) if data[key]]
+    if start and run.concurrency_limit > 1:  # schema 032: more than one at a time
+        start[0] += f" (at most {run.concurrency_limit} live)"
     if start:
         lines.append(f"  start:     {'; '.join(start)}")
     rules = rules_line(run)

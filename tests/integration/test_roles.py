@@ -496,6 +496,7 @@ HOST_FUNCTIONS = {
     "mark_warned",  # 026: graceful stop
     "failure_verdict",  # 027: failure rules
     "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze",  # 030: hold and freeze
+    "limit_status",  # 032: named limits (the daemon's metrics read them)
     "submit_river_run", "river_runs", "cancel_river_run"}  # 034: the River source
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
@@ -503,13 +504,14 @@ SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run
                        "cron_next", "create_schedule", "drop_schedule", "pause_schedule", "submit_run_spec",  # 028
                        "failure_verdict",  # 027
                        "freeze_pending", "freeze_text", "held_text", "hold_run", "release_run", "freeze_run",
-                       "thaw_run"}  # 030
+                       "thaw_run",  # 030
+                       "limit_status", "set_limit", "drop_limit"}  # 032: named limits
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 
 @pytest.mark.parametrize(("role", "functions", "tables"), [
     (store.HOST_ROLE, HOST_FUNCTIONS, {(t, "SELECT") for t in READ}),
-    (store.SUBMITTER_ROLE, SUBMITTER_FUNCTIONS, {(t, "SELECT") for t in READ | {"spawn_jobs", "schedules"}}),
+    (store.SUBMITTER_ROLE, SUBMITTER_FUNCTIONS, {(t, "SELECT") for t in READ | {"spawn_jobs", "schedules", "limits"}}),
 ])
 def test_each_role_holds_exactly_its_privileges(conn: psycopg.Connection, role: str, functions: set[str],
                                                 tables: set[tuple[str, str]]) -> None:

@@ -30,6 +30,7 @@ ARG_TYPES = {
     "memory_high": "bigint",
     "stop_signal": "text", "stop_timeout": "integer", "warn_before": "integer", "warn_signal": "text",  # schema 026
     "fail_on": "text[]", "count_lost": "boolean", "max_lost_attempts": "integer",  # schema 27
+    "concurrency_limit": "integer",  # schema 32
 }
 
 
@@ -329,6 +330,10 @@ REFUSALS = [
                  "fail_on: exit:3 is in retry_on too", id="fail-on-and-retry-on"),
     pytest.param({"max_lost_attempts": 0}, "runs_max_lost_attempts_valid",
                  "max_lost_attempts: 0 is out of range (1 to 1000)", id="max-lost-attempts"),
+    pytest.param({"concurrency_key": "k", "concurrency_limit": 0}, "runs_concurrency_limit_valid",
+                 "concurrency_limit: 0 is out of range (1 to 10000)", id="concurrency-limit"),
+    pytest.param({"concurrency_limit": 2}, "runs_concurrency_limit_valid",
+                 "concurrency_limit: needs concurrency_key", id="concurrency-limit-without-key"),
     pytest.param({"labels": {"team": 1}}, "runs_labels_valid", "labels: must be a JSON object", id="labels-number"),
     pytest.param({"labels": {"-bad": "x"}}, "runs_labels_valid", "labels: must be a JSON object", id="labels-key"),
     pytest.param({"labels": {"k": "x" * 256}}, "runs_labels_valid", "labels: must be a JSON object",
@@ -412,7 +417,8 @@ def test_a_refused_argument_gets_one_clear_message_without_the_row(conn: psycopg
     assert_nothing_written(conn)
 
 
-@pytest.mark.parametrize("argument", ["max_attempts", "priority", "retry_backoff_sec", "retry_backoff_max_sec"])
+@pytest.mark.parametrize("argument", ["max_attempts", "priority", "retry_backoff_sec", "retry_backoff_max_sec",
+                                      "concurrency_limit"])
 def test_an_explicit_null_for_a_not_null_column_names_the_argument(conn: psycopg.Connection, argument: str) -> None:
     with pytest.raises(psycopg.errors.NotNullViolation) as info:
         call_submit(conn, environment={"TOKEN": SECRET}, **{argument: None})

@@ -20,14 +20,14 @@ HOSTS = ("fleet-1", "fleet-2")
 
 
 @contextlib.contextmanager
-def two_hosts(dsn: str) -> Iterator[list[Host]]:
-    """Two hosts polling every second, started; under test bed names of their own, so that they never
-    meet another test session's fleet on this machine."""
+def two_hosts(dsn: str, prefix: str = "uv-lifecycle") -> Iterator[list[Host]]:
+    """Two hosts polling every second, started; under test bed names of their own (`prefix`: one per
+    test module), so that they never meet another test session's fleet on this machine."""
     reason = testbed_mod.available()
     if reason:
         _unavailable(reason)
     testbed_mod.cleanup_stale()
-    with Fleet(dsn, size=2, prefix="uv-lifecycle", configs={h: fleet_config(h) for h in HOSTS}) as fleet:
+    with Fleet(dsn, size=2, prefix=prefix, configs={h: fleet_config(h) for h in HOSTS}) as fleet:
         for host in fleet.hosts:
             host.start(configure=False)
         yield fleet.hosts

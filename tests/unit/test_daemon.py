@@ -820,6 +820,15 @@ def test_a_reconcile_pass_reads_what_the_fence_stopped_first_and_forgets_what_a_
     assert d.fenced == {"unitvisor-run-a-1.service"} and fence.fenced_units() == {"unitvisor-run-a-1.service"}
 
 
+def test_a_reconcile_pass_reads_the_named_limits_for_the_metrics(make, mocker):
+    d = make()
+    d.reconciler = mock.Mock()
+    d.reconciler.limit_figures.return_value = {"batch": (3, 20)}
+    mocker.patch.object(store, "open_attempts")
+    d._reconcile()
+    assert d._metrics_state().limits == {"batch": (3, 20)}
+
+
 def test_a_reconcile_pass_with_nothing_fenced_asks_nothing_more(make, mocker):
     d = make()
     d.reconciler = mock.Mock()

@@ -131,6 +131,16 @@ def test_state_is_read_at_scrape_time():
         "active": 0, "draining": 1, "unregistered": 0}
 
 
+def test_named_limits_are_read_at_scrape_time_one_series_per_limit():
+    state = State()
+    m = Metrics(lambda: state)
+    assert not [k for k in samples(m) if k[0] in ("unitvisor_limit_live", "unitvisor_limit_max")]
+    state = State(limits={"batch": (20, 20), "gpu": (1, 4)})
+    assert value(m, "unitvisor_limit_live", limit="batch") == 20
+    assert value(m, "unitvisor_limit_max", limit="batch") == 20
+    assert (value(m, "unitvisor_limit_live", limit="gpu"), value(m, "unitvisor_limit_max", limit="gpu")) == (1, 4)
+
+
 def test_admission_and_the_slices_pressure_are_read_at_scrape_time():
     state = State()
     m = Metrics(lambda: state)
@@ -202,13 +212,15 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_stop_warnings", "unitvisor_stop_kills",  # graceful stop (schema 026)
         "unitvisor_runs_ended_by_rule",  # failure rules (schema 027)
         "unitvisor_freezes",  # hold and freeze (schema 030)
+        "unitvisor_limit_live", "unitvisor_limit_max",  # concurrency limits (schema 032)
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}
     # Only bounded labels: no run id, no unit name anywhere in a scrape.
     assert str(pair(1)[0].id) not in text and "unitvisor-run-" not in text
     label_names = {key for f in families.values() for s in f.samples for key in s.labels}
-    assert label_names <= {"outcome", "state", "version", "le", "table", "reason", "rule", "result"}
+    # `limit`: the operator's own limit names (schema 032), as many as it set.
+    assert label_names <= {"outcome", "state", "version", "le", "table", "reason", "rule", "result", "limit"}
 
 
 def test_runs_ended_by_a_failure_rule_are_counted_by_rule():
