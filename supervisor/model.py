@@ -57,6 +57,10 @@ class Run:
     fail_on: list[str] | None = None
     count_lost: bool = False
     max_lost_attempts: int = 3
+    # Placement (schema 033): labels every host that runs it must have; whether a retry prefers another
+    # host than its last attempt's (None: after a lost attempt only; True: after any failure; False: never).
+    host_labels: dict[str, str] = field(default_factory=dict)
+    avoid_failed_host: bool | None = None
     # Its attempts settled `lost` so far (not a column: counted from attempts when the run is read).
     lost_attempts: int = 0
 

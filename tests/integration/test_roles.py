@@ -495,14 +495,16 @@ HOST_FUNCTIONS = {
     "cron_next", "submit_due_schedules",  # 028: schedules (a host reads no schedule, it submits the due ones)
     "mark_warned",  # 026: graceful stop
     "failure_verdict",  # 027: failure rules
-    "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze"}  # 030: hold and freeze
+    "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze",  # 030: hold and freeze
+    "host_labels", "register_host_labels"}  # 033: placement
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
                        "refusals_now",
                        "cron_next", "create_schedule", "drop_schedule", "pause_schedule", "submit_run_spec",  # 028
                        "failure_verdict",  # 027
                        "freeze_pending", "freeze_text", "held_text", "hold_run", "release_run", "freeze_run",
-                       "thaw_run"}  # 030
+                       "thaw_run",  # 030
+                       "host_labels"}  # 033
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 
