@@ -222,10 +222,8 @@ BEGIN
     NEW.kind := unitvisor.run_kind(run);
     -- 033: the host the run's last attempt failed on, when its avoid_failed_host says to prefer another.
     -- Read here, once per job (one probe of the attempts' key), so that the claim reads it on the job's row.
-    NEW.avoid_host := (SELECT a.host_id FROM unitvisor.attempts a
-                       WHERE a.run_id = NEW.run_id
-                         AND a.attempt = (SELECT max(l.attempt) FROM unitvisor.attempts l WHERE l.run_id = NEW.run_id)
-                         AND unitvisor.avoids_host(run.avoid_failed_host, a.outcome));
+    NEW.avoid_host := (SELECT CASE WHEN unitvisor.avoids_host(run.avoid_failed_host, a.outcome) THEN a.host_id END
+                       FROM unitvisor.attempts a WHERE a.run_id = NEW.run_id ORDER BY a.attempt DESC LIMIT 1);
     RETURN NEW;
 END $$;
 

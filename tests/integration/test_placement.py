@@ -6,6 +6,7 @@ only. Each refused value is named. Each test here failed before 033: submit_run 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import uuid
@@ -22,7 +23,7 @@ from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
 from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
-from tests.integration.conftest import CliResult, age_jobs, host_profile, silence
+from tests.integration.conftest import CliResult, age_jobs, host_profile, silence, wait_notifies
 from tests.integration.test_sql_api_example import assert_example_prints_its_out
 
 pytestmark = pytest.mark.usefixtures("as_bound_roles")
@@ -139,6 +140,21 @@ def test_runs_of_one_command_with_other_host_labels_are_judged_each_by_its_own(c
     assert store.get_run(conn, for_b).state == "queued"
 
 
+def test_a_run_without_host_labels_keeps_the_kind_it_had_before_033(conn: psycopg.Connection) -> None:
+    """Jobs queued before 033 keep their kind (spawn_jobs.kind, 020's formula): a run without host_labels
+    is of the kind it was; one with them is of another."""
+    plain = submit(conn, environment={"LANG": "C"})
+    labelled = submit(conn, environment={"LANG": "C"}, host_labels={"zone": "a"})
+    rows = dict(conn.execute(
+        """SELECT r.id, (unitvisor.run_kind(r), md5(jsonb_build_array(r.argv[1], r.run_user, r.memory_max, r.host_pin,
+                      (SELECT coalesce(jsonb_agg(e.name ORDER BY e.name), '[]')
+                       FROM jsonb_object_keys(r.environment) AS e(name)))::text))
+           FROM unitvisor.runs r""").fetchall())
+    kind, before_033 = rows[plain]
+    assert kind == before_033
+    assert rows[labelled][0] != kind
+
+
 def test_a_run_no_live_host_matches_waits_and_says_why(conn: psycopg.Connection) -> None:
     host(conn, "ha", zone="a")
     host(conn, "hb", zone="b", disk="ssd")
@@ -149,6 +165,23 @@ def test_a_run_no_live_host_matches_waits_and_says_why(conn: psycopg.Connection)
     assert store.explain_waiting(conn, timedelta(seconds=1)) == 1
     assert store.get_run(conn, run_id).wait_reason == said
     assert last_event(conn, run_id) == "waiting: " + said
+
+
+def test_a_run_with_host_labels_wakes_a_host_that_has_them(conn: psycopg.Connection, dsn: str,
+                                                          spawn_listener: psycopg.Connection) -> None:
+    """The submit's notification (note_spawn_jobs, notify_spawn_targets) names a host that matches, even
+    when the hosts with the most room, its first choices, do not."""
+    with contextlib.ExitStack() as stack:
+        conns = [conn] + [stack.enter_context(store.connect(dsn)) for _ in range(3)]
+        for each, (host_id, max_runs, labels) in zip(conns, (("h1", 9, {}), ("h2", 9, {}), ("h3", 2, {}),
+                                                              ("h4", 2, {"zone": "a"})), strict=True):
+            registration = store.register_host(each, dataclasses.replace(host_profile(host_id, max_runs=max_runs),
+                                                                         labels=labels))
+            assert registration.registered
+        submit(conn, host_labels={"zone": "a"})
+        [note] = wait_notifies(spawn_listener, timeout=2.0, count=100)
+        targets = store.spawn_hint_targets(note.payload)
+        assert targets is not None and "h4" in targets
 
 
 @pytest.mark.parametrize(("value", "sql_value"), [
