@@ -23,7 +23,7 @@
 -- the only live one that accepts the run it takes it at once (a fleet of one loses nothing), and when
 -- others accept it but none takes it (they are full) it takes it 60 s late. Its event says which. Not a
 -- refusal in host_refusal: a run that only its failed host accepts is not one "no live host accepts".
-
+--
 -- Expand only, for 0.9.0 daemons and CLIs: new columns (nullable, or NOT NULL with a constant default:
 -- no table rewrite), new functions, submit_run two more arguments, last and defaulted (DROP and CREATE:
 -- the signature changes; grants again). host_refusal, run_kind, note_spawn_jobs, describe_spawn_job,
