@@ -56,11 +56,14 @@ def test_a_run_goes_to_the_host_with_its_labels_and_one_no_host_matches_waits_sa
             data = one.wait_run(run_id, timeout=60)
             assert data["state"] == "succeeded", data
             assert [a["host"] for a in data["attempts"]] == [host_id]
-        # The fleet upkeep records why it waits (two poll intervals on), and it never starts.
-        wait_for(lambda: two.show(nowhere)["wait_reason"] == said, timeout=60, what="the run's reason for waiting")
+        # show says why at once (refusals_now); the fleet upkeep records it too, two poll intervals on, as
+        # an event and the reason `wait_reason` keeps. It never starts.
+        assert two.show(nowhere)["no_host_accepts"] == said
+        wait_for(lambda: any(e["reason"] == f"waiting: {said}" for e in two.show(nowhere)["events"]), timeout=60,
+                 what="the fleet upkeep to record why the run waits")
         data = two.show(nowhere)
         assert (data["state"], data["attempts"], data["host_labels"]) == ("queued", [], {"zone": "c", "pool": "batch"})
-        assert any(e["reason"] == f"waiting: {said}" for e in data["events"])
+        assert data["wait_reason"] == said
         one.cli("cancel", nowhere)
 
 
