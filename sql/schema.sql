@@ -437,6 +437,32 @@ BEGIN
     RETURN NEW;
 END $$;
 
+-- The check of placement's arguments, beside run_argument_problem (which it does not change): the first
+-- refused, as the constraint it is named by and its message; two NULLs when they pass. avoid_failed_host
+-- is any boolean, or NULL.
+CREATE FUNCTION unitvisor.placement_problem(host_labels jsonb, OUT constraint_name text, OUT message text)
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF host_labels IS NULL OR NOT unitvisor.labels_are_valid(host_labels) THEN
+        constraint_name := 'runs_host_labels_valid';
+        message := 'host_labels: must be a JSON object of at most 64 key -> string pairs, each as a label (a key of 1 to 63 letters, digits, ".", "_", "-" and "/", starting and ending with a letter or digit; a value of at most 255 characters, without control characters)';
+    END IF;
+END $$;
+
+-- placement_problem for a row written another way (an admin's UPDATE), as refuse_invalid_arguments.
+CREATE FUNCTION unitvisor.refuse_invalid_placement() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    problem record;
+BEGIN
+    problem := unitvisor.placement_problem(NEW.host_labels);
+    IF problem.message IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = problem.constraint_name;
+    END IF;
+    RETURN NEW;
+END $$;
+
 -- == tables =========================================================================================
 --
 -- Everything lives in the schema "unitvisor", so that it can share a database with the control plane
@@ -511,6 +537,10 @@ CREATE TABLE unitvisor.runs (
     -- How many runs of its concurrency_key may be live at once, this one among them (032; 1: one at a
     -- time). Runs of one key with different limits: concurrency_blocker says which applies.
     concurrency_limit   integer NOT NULL DEFAULT 1,
+    -- Placement (033): labels every host that runs it must have ('{}': any host), and whether a retry
+    -- prefers another host than its last attempt's (NULL: after a lost attempt only; avoids_host).
+    host_labels         jsonb NOT NULL DEFAULT '{}'::jsonb,
+    avoid_failed_host   boolean,
     -- The River job this run was made from (034; NULL: submitted otherwise). River's ids are bigserial.
     river_job_id        bigint CONSTRAINT runs_river_job_id_valid CHECK (river_job_id > 0),
 
@@ -656,6 +686,8 @@ CREATE TABLE unitvisor.spawn_jobs (
     -- heartbeat's and the claim's walks read the job's own row, not its run's (schema 20).
     concurrency_key text,
     kind          text,
+    -- The host this job's run should not go back to for a while (033, describe_spawn_job); NULL: none.
+    avoid_host    text,
     CONSTRAINT spawn_jobs_state_valid CHECK (state IN ('available', 'claimed', 'discarded')),
     CONSTRAINT spawn_jobs_claim_valid CHECK ((state = 'available') = (claimed_by IS NULL))
 );
@@ -746,6 +778,9 @@ CREATE TABLE unitvisor.hosts (
     -- it comes back draining at its next registration, which clears this. Kept if a stopped host with
     -- runs open is declared dead (drained_before_death says the same of a host draining at its death).
     left_draining  boolean NOT NULL DEFAULT false,
+    -- Its daemon's [host] labels (033), and when it registered them (host_labels: void before started_at).
+    labels         jsonb,
+    labels_at      timestamptz,
     CONSTRAINT hosts_state_valid CHECK (state IN ('active', 'draining', 'stopped', 'dead')),
     CONSTRAINT hosts_pressure_state_valid
         CHECK (pressure_state IS NULL OR pressure_state IN ('off', 'open', 'slowed', 'stopped'))
@@ -897,7 +932,8 @@ $$;
 --   SELECT unitvisor.submit_run(ARRAY['/usr/bin/env', 'echo', 'hi'], memory_max => 268435456);
 -- As 017's, with its checks replaced by one call of run_argument_problem (022), and a NULL where the
 -- column has none reported from the column's refusal; hold last (030): a run submitted held is queued
--- without a spawn job; river_job_id last (034): the River job the run was made from.
+-- without a spawn job; concurrency_limit (032), host_labels and avoid_failed_host (033: placement,
+-- placement_problem checks them), river_job_id (034: the River job the run was made from) last.
 CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
     environment           jsonb   DEFAULT '{}'::jsonb,
@@ -933,6 +969,10 @@ CREATE FUNCTION unitvisor.submit_run(
     hold                  boolean DEFAULT false,
     -- 032: how many runs of its concurrency_key may be live at once (1: one at a time, as before).
     concurrency_limit     integer DEFAULT 1,
+    -- 033: placement. Labels every host that runs it must have ([host] labels), and whether a retry
+    -- prefers another host than the one its last attempt failed on (NULL: after a lost attempt only).
+    host_labels           jsonb   DEFAULT '{}'::jsonb,
+    avoid_failed_host     boolean DEFAULT NULL,
     -- 034: the River job this run was made from (River source, docs/river.md); one run per job.
     river_job_id          bigint  DEFAULT NULL
 ) RETURNS uuid
@@ -953,6 +993,7 @@ DECLARE
     retry_rules text[] := unitvisor.normalised_failure_rules(submit_run.retry_on);
     fail_rules text[] := unitvisor.normalised_failure_rules(submit_run.fail_on);
     problem record;
+    placement record;
     refused_constraint text;
     refused_state text;
     refused_column text;
@@ -974,6 +1015,12 @@ BEGIN
     ELSIF problem.message IS NOT NULL THEN
         RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = problem.constraint_name;
+    END IF;
+    -- Placement's own check (033), beside run_argument_problem's: the table's trigger runs_placement_valid asks it too.
+    placement := unitvisor.placement_problem(coalesce(submit_run.host_labels, '{}'::jsonb));
+    IF placement.message IS NOT NULL THEN
+        RAISE EXCEPTION '%', placement.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = placement.constraint_name;
     END IF;
 
     -- 034: River's ids are bigserial, from 1. Checked here, where the argument is named (the column's
@@ -1014,7 +1061,7 @@ BEGIN
             retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
             concurrency_key, not_before, start_deadline, memory_high,
             stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts,
-            held_at, held_by, concurrency_limit, river_job_id)
+            held_at, held_by, concurrency_limit, host_labels, avoid_failed_host, river_job_id)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
@@ -1025,7 +1072,8 @@ BEGIN
             run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
             fail_rules, submit_run.count_lost, submit_run.max_lost_attempts,
             CASE WHEN submit_run.hold THEN now() END, CASE WHEN submit_run.hold THEN session_user END,
-            submit_run.concurrency_limit, submit_run.river_job_id)
+            submit_run.concurrency_limit, coalesce(submit_run.host_labels, '{}'::jsonb),
+            submit_run.avoid_failed_host, submit_run.river_job_id)
         -- Another submit with the same key committed since the look-up above (this waited for it):
         -- insert nothing, and return its run below.
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -1616,6 +1664,20 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
       AND unitvisor.check_fence(register_host_allowlist.host_id, register_host_allowlist.host_epoch)
 $$;
 
+-- What a daemon of this release registers right after register_host, in the same transaction
+-- (store.register_host), fenced like every host write: its [host] labels, checked as a run's labels are.
+CREATE FUNCTION unitvisor.register_host_labels(host_id text, host_epoch bigint, labels jsonb) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(register_host_labels.host_id, register_host_labels.host_epoch);
+    IF register_host_labels.labels IS NULL OR NOT unitvisor.labels_are_valid(register_host_labels.labels) THEN
+        RAISE EXCEPTION 'labels: must be a JSON object of at most 64 key -> string pairs, each as a run''s label'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE unitvisor.hosts h SET labels = register_host_labels.labels, labels_at = now()
+    WHERE h.id = register_host_labels.host_id;
+END $$;
+
 -- What a daemon reports when its admission changes (store.set_pressure), fenced like every host write.
 -- Not part of the heartbeat: a host stops claiming within a second or two of its figure crossing the
 -- line, not at its next poll interval, and an idle host, whose figures do not move, writes nothing.
@@ -1928,6 +1990,28 @@ END $$;
 
 -- == functions: which host may run which run ========================================================
 
+-- A host's labels while its current registration holds, '{}' otherwise (none registered, or registered
+-- by its previous daemon). Inlined (sql, no SET): host_refusal calls it per host.
+CREATE FUNCTION unitvisor.host_labels(h unitvisor.hosts) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN h.labels_at >= h.started_at THEN coalesce(h.labels, '{}'::jsonb) ELSE '{}'::jsonb END
+$$;
+
+-- Whether a run's retry avoids the host of a last attempt that ended with `outcome` (avoid_failed_host:
+-- NULL for lost only, true for every failure, false never).
+CREATE FUNCTION unitvisor.avoids_host(avoid_failed_host boolean, outcome text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN avoid_failed_host IS NULL THEN outcome = 'lost'
+                WHEN avoid_failed_host THEN outcome NOT IN ('success', 'cancelled')
+                ELSE false END
+$$;
+
+-- How long the host a retry avoids passes it over, after the retry is due, while another live host
+-- accepts it: longer than two poll intervals (every other live host has had its chance to claim it,
+-- and a woken one claims at once), short enough that a run whose other hosts are full loses a minute.
+CREATE FUNCTION unitvisor.avoid_failed_host_grace() RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$ SELECT interval '60 seconds' $$;
+
 -- As in 003, with one more reason, last so that a run a host would refuse anyway names that first: a
 -- host that claims nothing under pressure. Still the one function the claim, the probe (whose
 -- `claimable` is then false, so a stopped host is not woken to claim nothing) and the explanation of
@@ -1937,11 +2021,18 @@ END $$;
 -- A report older than the host's registration (hosts.started_at, stamped at every registration) is
 -- the previous daemon's: void, so that a daemon that died stopped, or one replaced by a 0.6.0 daemon
 -- that reports nothing, does not keep its host closed.
+-- Since 033 also the run's host_labels (migration 033 says why the failed host a retry avoids is not here).
 CREATE FUNCTION unitvisor.host_refusal(h unitvisor.hosts, r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN r.host_pin IS NOT NULL AND r.host_pin <> h.id THEN 'pinned to host ' || r.host_pin
         WHEN NOT h.can_start THEN 'cannot start units (' || coalesce(h.cannot_start_reason, 'unknown') || ')'
+        -- Placement (033): every one of the run's host_labels among the host's labels, one containment
+        -- on the two rows already read; the words name the pairs it lacks.
+        WHEN NOT unitvisor.host_labels(h) @> coalesce(r.host_labels, '{}')
+            THEN 'has no label ' || (SELECT string_agg(l.key || '=' || l.value, ', ' ORDER BY l.key)
+                                     FROM jsonb_each_text(r.host_labels) AS l(key, value)
+                                     WHERE NOT unitvisor.host_labels(h) @> jsonb_build_object(l.key, l.value))
         WHEN NOT EXISTS (SELECT 1 FROM unnest(h.executable_patterns) AS p(pattern) WHERE r.argv[1] ~ p.pattern)
             THEN 'executable ' || r.argv[1] || ' is not allowed'
         WHEN r.run_user IS NOT NULL AND r.run_user <> h.run_user AND NOT r.run_user = ANY (h.allowed_users)
@@ -2163,14 +2254,16 @@ BEGIN
 END $$;
 
 -- The kind of a run: what host_refusal reads of it (besides the host), so that one answer holds for
--- every run of a kind. Environment names only (sorted), never their values, which may be secrets.
+-- every run of a kind (since 033 its host_labels, when it has some). Environment names only (sorted), never their values, which may be secrets.
 CREATE FUNCTION unitvisor.run_kind(r unitvisor.runs) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT md5(jsonb_build_array(
+    SELECT md5((jsonb_build_array(
         r.argv[1], r.run_user, r.memory_max, r.host_pin,
         CASE WHEN jsonb_typeof(r.environment) = 'object'
              THEN (SELECT coalesce(jsonb_agg(e.name ORDER BY e.name), '[]') FROM jsonb_object_keys(r.environment) AS e(name))
-             ELSE r.environment END)::text)
+             ELSE r.environment END)
+        -- host_labels (033) only when the run has some: a run without keeps the kind it had before.
+        || CASE WHEN coalesce(r.host_labels, '{}') = '{}' THEN '[]'::jsonb ELSE jsonb_build_array(r.host_labels) END)::text)
 $$;
 
 -- The queued run of `key` that concurrency_blocker puts first (numbered NULL first, by created_at and
@@ -2321,6 +2414,7 @@ $$;
 --   one pass of 300,000 refusals that outlives the statement_timeout, is rolled back, and so never ends.
 --   A pass that reaches the end of the queue makes the next one start from the beginning.
 -- * plpgsql, to keep that place; the work is still one statement.
+-- Since 033 its kinds hold host_labels too (host_refusal reads them).
 CREATE FUNCTION unitvisor.explain_waiting(min_wait interval, max_runs integer DEFAULT 1000)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2339,7 +2433,7 @@ BEGIN
     FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h);
     WITH candidate AS MATERIALIZED (
         SELECT j.id AS job_id, j.scheduled_at, r AS run,
-               jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_pin) AS kind,
+               jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_pin, r.host_labels) AS kind,
                row_number() OVER (ORDER BY j.scheduled_at, j.id) AS pos
         FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now() - explain_waiting.min_wait AND r.state = 'queued'
@@ -2415,7 +2509,9 @@ $$;
 --   host_open_attempts: one row per host, not one per open attempt of the fleet.
 -- The rest is 013's, line for line, but the named limits (032): a run about to be claimed is passed
 -- over when a limit it falls under is full (claim_limits, after the key's check), and the limit is
--- remembered as full for the rest of the claim.
+-- remembered as full for the rest of the claim. Since 033: host_labels in its kinds, a job passed over by
+-- the host it avoids (avoid_host) while another live host accepts it, until avoid_failed_host_grace
+-- after it is due, and the event saying why it took it anyway.
 CREATE FUNCTION unitvisor.claim_jobs(
     host_id text, host_epoch bigint, batch integer, unit_format text,
     starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')
@@ -2450,8 +2546,8 @@ DECLARE
     -- planner sorted the whole queue for it, every claim of a burst.)
     jobs CURSOR FOR
         SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max, r.concurrency_key,
-               r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max)::text AS kind,
-               r AS run
+               r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_labels)::text AS kind,
+               r AS run, j.avoid_host
         FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now()
           AND (heads IS NULL OR j.concurrency_key IS NULL OR j.id = ANY (heads))
@@ -2503,6 +2599,14 @@ BEGIN
             ELSE
                 refusals := unitvisor.claim_memo(refusals, job.kind, false);
             END IF;
+            -- 033: the host its last attempt failed on passes it over while another live host would take
+            -- it, for avoid_failed_host_grace after it is due (also_accepted, remembered per kind as below).
+            IF job.avoid_host = me.id AND job.scheduled_at > now() - unitvisor.avoid_failed_host_grace() THEN
+                IF NOT accepted ? job.kind THEN
+                    accepted := unitvisor.claim_memo(accepted, job.kind, unitvisor.also_accepted(me, job.run));
+                END IF;
+                CONTINUE WHEN coalesce((accepted ->> job.kind)::boolean, unitvisor.also_accepted(me, job.run));
+            END IF;
         END IF;
         -- A named limit found full by this claim (032): its runs are passed over without counting again.
         CONTINUE WHEN job.run_state = 'queued' AND (job.run).labels @> ANY (saturated);
@@ -2552,7 +2656,12 @@ BEGIN
         UPDATE unitvisor.runs r SET state = 'starting', updated_at = now() WHERE r.id = job.run_id;
         DELETE FROM unitvisor.run_waits w WHERE w.run_id = job.run_id;
         INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
-        VALUES (job.run_id, next_attempt, claim_jobs.host_id, 'starting', 'claimed by host ' || claim_jobs.host_id);
+        VALUES (job.run_id, next_attempt, claim_jobs.host_id, 'starting', 'claimed by host ' || claim_jobs.host_id
+                || CASE WHEN job.avoid_host IS DISTINCT FROM claim_jobs.host_id THEN ''
+                        WHEN job.scheduled_at > now() - unitvisor.avoid_failed_host_grace()
+                        THEN ', where its last attempt failed: no other live host accepts it'
+                        ELSE format(', where its last attempt failed: no other host took it within %s s of its retry',
+                                    extract(epoch FROM unitvisor.avoid_failed_host_grace())::integer) END);
         INSERT INTO unitvisor.attempts AS a (run_id, attempt, host_id, unit_name)
         VALUES (job.run_id, next_attempt, claim_jobs.host_id, name)
         RETURNING a.run_id, a.attempt, a.unit_name, a.claimed_at
@@ -3180,7 +3289,10 @@ BEGIN
                                                                FROM jsonb_object_keys(
                                                                    CASE WHEN jsonb_typeof(r.environment) = 'object'
                                                                         THEN r.environment ELSE '{}' END) AS e(name)),
-                                               'memory_max', r.memory_max) AS k
+                                               'memory_max', r.memory_max,
+                                               -- 033: host_refusal reads them; fewer of them is accepted
+                                               -- by more hosts, as @> below assumes.
+                                               'host_labels', r.host_labels) AS k
             FROM new_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
             WHERE j.state = 'available' AND r.host_pin IS NULL
             LIMIT 33) x;
@@ -3246,13 +3358,20 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- Filled in from the run at every INSERT. SECURITY DEFINER: a submitter's session inserts through
+-- Filled in from the run at every INSERT (since 033 with avoid_host, from the run's last attempt). SECURITY DEFINER: a submitter's session inserts through
 -- submit_run (a definer already), but the trigger must read the run whoever inserts.
 CREATE FUNCTION unitvisor.describe_spawn_job() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    run unitvisor.runs;
 BEGIN
-    SELECT r.concurrency_key, unitvisor.run_kind(r) INTO NEW.concurrency_key, NEW.kind
-    FROM unitvisor.runs r WHERE r.id = NEW.run_id;
+    SELECT * INTO run FROM unitvisor.runs r WHERE r.id = NEW.run_id;
+    NEW.concurrency_key := run.concurrency_key;
+    NEW.kind := unitvisor.run_kind(run);
+    -- 033: the host the run's last attempt failed on, when its avoid_failed_host says to prefer another.
+    -- Read here, once per job (one probe of the attempts' key), so that the claim reads it on the job's row.
+    NEW.avoid_host := (SELECT CASE WHEN unitvisor.avoids_host(run.avoid_failed_host, a.outcome) THEN a.host_id END
+                       FROM unitvisor.attempts a WHERE a.run_id = NEW.run_id ORDER BY a.attempt DESC LIMIT 1);
     RETURN NEW;
 END $$;
 
@@ -3303,6 +3422,10 @@ CREATE TRIGGER runs_arguments_valid
 -- A normalised argv[0] at submit time (refuse_unnormalised_argv0 says why a trigger, not a CHECK).
 CREATE TRIGGER runs_argv0_normalised BEFORE INSERT OR UPDATE OF argv ON unitvisor.runs
     FOR EACH ROW EXECUTE FUNCTION unitvisor.refuse_unnormalised_argv0();
+
+-- Placement's arguments (033), checked as submit_run checks them (refuse_invalid_placement).
+CREATE TRIGGER runs_placement_valid BEFORE INSERT OR UPDATE OF host_labels ON unitvisor.runs
+    FOR EACH ROW EXECUTE FUNCTION unitvisor.refuse_invalid_placement();
 
 -- The completion signal on unitvisor_run_finished: one per run reaching a terminal state.
 CREATE TRIGGER runs_notify_finished AFTER UPDATE OF state ON unitvisor.runs
@@ -3947,6 +4070,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.freeze_text(unitvisor.attempts),
     unitvisor.held_text(unitvisor.runs),
     unitvisor.host_in_flight(text),
+    unitvisor.host_labels(unitvisor.hosts),
     unitvisor.limit_status(),
     unitvisor.max_rows_bound(integer),
     unitvisor.my_host_id(),
@@ -3985,6 +4109,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.register_host(text,text,text,integer,bigint,text,text,text[],text[],text,text[],boolean,text,double precision,double precision),
     unitvisor.register_host_allowlist(text,bigint,text[],text[],text[]),
     unitvisor.register_host_environment(text,bigint,text[],text[]),
+    unitvisor.register_host_labels(text,bigint,jsonb),
     unitvisor.renew_heartbeat(text,bigint),
     unitvisor.set_host_pressure(text,bigint,text,text,jsonb,text),
     unitvisor.set_host_state(text,text),
@@ -4008,7 +4133,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.drop_schedule(text),
     unitvisor.pause_schedule(text,boolean),
     unitvisor.submit_run_spec(jsonb),
-    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer,boolean,integer,bigint),
+    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer,boolean,integer,jsonb,boolean,bigint),
     unitvisor.thaw_run(uuid)
     TO unitvisor_submitter;
 
@@ -4046,4 +4171,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('029_heartbeat_cost'),
     ('030_hold_freeze'),
     ('032_concurrency_limits'),
+    ('033_placement'),
     ('034_river');

@@ -36,6 +36,9 @@ private_network` takes it from every run) |
 `runtime_max_sec`; `null`: no warning), `warn_signal` |
 | `max_attempts` | attempts in all |
 | `concurrency_key` | runs with the same key never run at the same time (`null`: none) |
+| `host_labels` | placement: labels every host that runs it must have (`{}`: any host) |
+| `avoid_failed_host` | whether a retry prefers another host than the one its last attempt failed on: \
+`null` after a lost attempt only (the default), `true` after any failed attempt, `false` never |
 | `not_before`, `start_deadline` | when the run may first start, and by when it must have (`null`: none) |
 | `cancel_requested_at`, `created_at`, `finished_at` | times |
 | `wait_reason` | while queued: why it has not started: its `not_before` still ahead, the run of its \
@@ -66,7 +69,8 @@ and a note on stderr says the list may be partial; the JSON on stdout stays a li
 `can_start`, `cannot_start_reason`, `allowed_executables`, `run_user`, `allowed_users`,
 `poll_interval_seconds`, `host_dead_after_seconds`, `dead_at`, `dead_reason`, `comes_back_draining`
 (a stopped or dead host whose next registration makes it `draining`: it was drained when it stopped
-or died, or drained while stopped), `conflict` (what a refused second daemon said, while it lasts).
+or died, or drained while stopped), `conflict` (what a refused second daemon said, while it lasts),
+`labels` (its `[host] labels`, `{}` for none: what a run's `host_labels` must be among).
 
 `unitvisor schedules --json`: a list of `name`, `cron`, `timezone`, `run` (the schedule's submit_run
 arguments), `overlap`, `catch_up`, `paused`, `next_due` (`null`: never again), `last_due`, `last_result`,

@@ -20,6 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from supervisor.envpolicy import DEFAULT_ALLOWED, NAME_PATTERN_RE, pattern_problem
+from supervisor.labels import labels_problem
 from supervisor.pressure import RESOURCES as PRESSURE_RESOURCES
 from supervisor.quantities import QuantityError, parse_duration, parse_size
 
@@ -63,6 +64,9 @@ class HostSettings:
     # default: a run held to its own `cpu` quota counts as CPU pressure of the whole slice, and so do
     # more busy runs than cores, which is a full host working, not a host in trouble.
     pressure_resources: tuple[str, ...] = ("memory", "io")
+    # Placement (schema 033): this host's labels, registered with it; a run whose host_labels are not
+    # all among them is never claimed here. Checked as a run's labels are (supervisor/labels.py).
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -344,6 +348,8 @@ def _convert(section: str, key: str, value: Any, default: Any) -> Any:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 100:
             raise ConfigError(f"{where}: expected a percentage above 0 and at most 100")
         return float(value)
+    if isinstance(default, dict):
+        return _labels(where, value)
     if isinstance(default, tuple):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of strings")
@@ -366,6 +372,16 @@ def _convert(section: str, key: str, value: Any, default: Any) -> Any:
     if key in _CHOICES and value not in _CHOICES[key]:
         raise ConfigError(f"{where}: expected one of {', '.join(sorted(_CHOICES[key]))}")
     return value
+
+
+def _labels(where: str, value: Any) -> dict[str, str]:
+    """A table of labels (`labels = { zone = "a" }`), each pair as a run's label must be."""
+    if not isinstance(value, dict):
+        raise ConfigError(f'{where}: expected a table of labels, like {{ zone = "a", disk = "ssd" }}')
+    problem = labels_problem(value)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+    return dict(value)
 
 
 def _section(cls: type, name: str, table: Any) -> Any:

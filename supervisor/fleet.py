@@ -58,7 +58,8 @@ def host_profile(settings: Settings, version: str, instance: str, boot: str, is_
         environment_patterns=envpolicy.allowed_pattern_regexes(runs.allowed_environment),
         can_start=is_root,
         cannot_start_reason=None if is_root else "the daemon is not root; systemd starts units only for root",
-        poll_interval=settings.daemon.poll_interval, dead_after=settings.fleet.host_dead_after)
+        poll_interval=settings.daemon.poll_interval, dead_after=settings.fleet.host_dead_after,
+        labels=settings.host.labels)
 
 
 def explain_after(settings: Settings) -> timedelta:

@@ -59,6 +59,10 @@ class Run:
     max_lost_attempts: int = 3
     # How many runs of its concurrency_key may be live at once, this one among them (schema 032).
     concurrency_limit: int = 1
+    # Placement (schema 033): labels every host that runs it must have; whether a retry prefers another
+    # host than its last attempt's (None: after a lost attempt only; True: after any failure; False: never).
+    host_labels: dict[str, str] = field(default_factory=dict)
+    avoid_failed_host: bool | None = None
     # Its attempts settled `lost` so far (not a column: counted from attempts when the run is read).
     lost_attempts: int = 0
 

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -512,8 +512,10 @@ _SUBMIT_ARGS = {
     "hold": "boolean",
     # schema 032: how many runs of its concurrency_key may be live at once (1: one at a time)
     "concurrency_limit": "integer",
+    # schema 033: placement (labels every host that runs it must have; a retry's preference for another host)
+    "host_labels": "jsonb", "avoid_failed_host": "boolean",
 }
-_JSON_ARGS = ("environment", "labels")
+_JSON_ARGS = ("environment", "labels", "host_labels")
 
 
 def submit_run(conn: Connection, **values: Any) -> uuid.UUID:
@@ -792,6 +794,8 @@ class HostProfile:
     cannot_start_reason: str | None
     poll_interval: float
     dead_after: float
+    # Placement (schema 033): [host] labels; a run's host_labels must all be among them.
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -827,6 +831,7 @@ def register_host(conn: Connection, profile: HostProfile) -> Registration:
             conn.execute("SELECT unitvisor.register_host_allowlist(%s, %s, %s, %s, %s)",
                          (p.host_id, row[2], list(p.environment_denied), list(p.environment_names),
                           list(p.environment_patterns)))
+            conn.execute("SELECT unitvisor.register_host_labels(%s, %s, %s)", (p.host_id, row[2], Jsonb(p.labels)))
     previous = before[0] if before else None
     taken_from = previous if row[0] and previous is not None and previous != p.instance else None
     return Registration(row[0], row[1], row[2], row[3], taken_from)
@@ -851,7 +856,8 @@ def list_hosts(conn: Connection) -> list[dict[str, Any]]:
                       extract(epoch FROM now() - h.pressure_at)::float8 AS pressure_age,
                       h.pressure_at IS NOT NULL AND h.pressure_at < h.started_at AS pressure_stale,
                       unitvisor.host_in_flight(h.id) AS in_flight,
-                      h.left_draining OR (h.state = 'dead' AND h.drained_before_death) AS comes_back_draining
+                      h.left_draining OR (h.state = 'dead' AND h.drained_before_death) AS comes_back_draining,
+                      unitvisor.host_labels(h) AS labels
                FROM unitvisor.hosts h ORDER BY h.id""").fetchall()
 
 

@@ -30,10 +30,10 @@ CREATE UNIQUE INDEX runs_river_job_id_once ON unitvisor.runs (river_job_id) WHER
 
 -- -- submit_run: river_job_id -------------------------------------------------------------------------
 --
--- As in 032, with river_job_id last and defaulted.
+-- As in 033, with river_job_id last and defaulted.
 DROP FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer,
     bigint, integer, text, integer, integer, integer, text[], boolean, text, jsonb, text, timestamptz,
-    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, integer);
+    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, integer, jsonb, boolean);
 CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
     environment           jsonb   DEFAULT '{}'::jsonb,
@@ -69,6 +69,10 @@ CREATE FUNCTION unitvisor.submit_run(
     hold                  boolean DEFAULT false,
     -- 032: how many runs of its concurrency_key may be live at once (1: one at a time, as before).
     concurrency_limit     integer DEFAULT 1,
+    -- 033: placement. Labels every host that runs it must have ([host] labels), and whether a retry
+    -- prefers another host than the one its last attempt failed on (NULL: after a lost attempt only).
+    host_labels           jsonb   DEFAULT '{}'::jsonb,
+    avoid_failed_host     boolean DEFAULT NULL,
     -- 034: the River job this run was made from (River source, docs/river.md); one run per job.
     river_job_id          bigint  DEFAULT NULL
 ) RETURNS uuid
@@ -89,6 +93,7 @@ DECLARE
     retry_rules text[] := unitvisor.normalised_failure_rules(submit_run.retry_on);
     fail_rules text[] := unitvisor.normalised_failure_rules(submit_run.fail_on);
     problem record;
+    placement record;
     refused_constraint text;
     refused_state text;
     refused_column text;
@@ -110,6 +115,12 @@ BEGIN
     ELSIF problem.message IS NOT NULL THEN
         RAISE EXCEPTION '%', problem.message
             USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = problem.constraint_name;
+    END IF;
+    -- Placement's own check (033), beside run_argument_problem's: the table's trigger runs_placement_valid asks it too.
+    placement := unitvisor.placement_problem(coalesce(submit_run.host_labels, '{}'::jsonb));
+    IF placement.message IS NOT NULL THEN
+        RAISE EXCEPTION '%', placement.message
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = placement.constraint_name;
     END IF;
 
     -- 034: River's ids are bigserial, from 1. Checked here, where the argument is named (the column's
@@ -150,7 +161,7 @@ BEGIN
             retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
             concurrency_key, not_before, start_deadline, memory_high,
             stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts,
-            held_at, held_by, concurrency_limit, river_job_id)
+            held_at, held_by, concurrency_limit, host_labels, avoid_failed_host, river_job_id)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
@@ -161,7 +172,8 @@ BEGIN
             run_stop_signal, submit_run.stop_timeout, submit_run.warn_before, run_warn_signal,
             fail_rules, submit_run.count_lost, submit_run.max_lost_attempts,
             CASE WHEN submit_run.hold THEN now() END, CASE WHEN submit_run.hold THEN session_user END,
-            submit_run.concurrency_limit, submit_run.river_job_id)
+            submit_run.concurrency_limit, coalesce(submit_run.host_labels, '{}'::jsonb),
+            submit_run.avoid_failed_host, submit_run.river_job_id)
         -- Another submit with the same key committed since the look-up above (this waited for it):
         -- insert nothing, and return its run below.
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -195,10 +207,10 @@ BEGIN
 END $$;
 REVOKE EXECUTE ON FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer,
     bigint, integer, text, integer, integer, integer, text[], boolean, text, jsonb, text, timestamptz,
-    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, integer, bigint) FROM PUBLIC;
+    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, integer, jsonb, boolean, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION unitvisor.submit_run(text[], jsonb, text, text, bigint, integer, integer, integer,
     bigint, integer, text, integer, integer, integer, text[], boolean, text, jsonb, text, timestamptz,
-    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, integer, bigint) TO unitvisor_submitter;
+    timestamptz, bigint, text, integer, integer, text, text[], boolean, integer, boolean, integer, jsonb, boolean, bigint) TO unitvisor_submitter;
 
 -- -- the River source's functions ---------------------------------------------------------------------
 

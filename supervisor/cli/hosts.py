@@ -9,7 +9,7 @@ import click
 
 from supervisor import fleet, store
 from supervisor.cli.app import Context, Failure, cli, invocation, pass_ctx
-from supervisor.cli.output import iso, print_table, state_cell
+from supervisor.cli.output import iso, label_text, print_table, state_cell
 from supervisor.quantities import format_duration, format_size
 
 
@@ -26,7 +26,8 @@ def hosts(click_ctx: click.Context, as_json: bool) -> None:
     `(conflict)` while a second daemon with its id is being refused.
     ADMISSION is what the host claims by the pressure of its runs' slice ([host] pressure_slow_at,
     pressure_stop_at): open, slowed (fewer), stopped (none) or off (PSI not read), with the figure
-    that decided; `-` for a daemon that does not report it.
+    that decided; `-` for a daemon that does not report it. LABELS are its [host] labels, which a
+    run's --host-label must all be among (`-`: none, or a daemon older than schema 033, which registers none).
 
     \b
     Example:
@@ -53,15 +54,16 @@ def hosts(click_ctx: click.Context, as_json: bool) -> None:
             "comes_back_draining": r["comes_back_draining"],
             "conflict": r["conflict_detail"] if "conflict" in fleet.host_display_state(r) else None,
             "pressure": _pressure_json(r),
+            "labels": r["labels"],
         } for r in rows], indent=2))
         return
-    table = [("HOST", "NAME", "STATE", "HEARTBEAT", "RUNS", "MAX", "MEMORY BUDGET", "ADMISSION", "VERSION")]
+    table = [("HOST", "NAME", "STATE", "HEARTBEAT", "RUNS", "MAX", "MEMORY BUDGET", "ADMISSION", "VERSION", "LABELS")]
     notes = []
     for r in rows:
         shown = fleet.host_display_state(r)
         table.append((r["id"], r["name"], state_cell(r["state"], shown), format_duration(r["heartbeat_age"]) + " ago",
                       str(r["in_flight"]), str(r["max_runs"]), format_size(r["memory_budget"]), _admission(r),
-                      r["version"] or "-"))
+                      r["version"] or "-", label_text(r["labels"])))
         if r["state"] == "dead" and r["dead_reason"]:
             notes.append(f"{r['id']}: dead: {r['dead_reason']}")
         if "conflict" in shown:

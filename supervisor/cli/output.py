@@ -99,6 +99,25 @@ def attempts_text(made: int, max_attempts: int) -> str:
     return f"{made} ({max_attempts} by --max-attempts, {made - max_attempts} more by resume)"
 
 
+def label_text(labels: dict[str, str]) -> str:
+    """Labels as `show` and `hosts` print them: KEY=VALUE, sorted, space-separated; `-` for none."""
+    return " ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+
+
+# --avoid-failed-host's words for avoid_failed_host's three values (schema 033); lost is NULL, the default.
+AVOID_FAILED_HOST: dict[str, bool | None] = {"lost": None, "any": True, "never": False}
+# The three, as `show` says them.
+AVOID_TEXT = {None: "a retry after a lost attempt prefers another host",
+              True: "a retry after any failed attempt prefers another host",
+              False: "a retry may go back to the host it failed on"}
+
+
+def placement_text(run: Run) -> str:
+    """show's placement line: the labels a host must have, and where a retry goes."""
+    needs = f"hosts with {label_text(run.host_labels)}; " if run.host_labels else ""
+    return needs + AVOID_TEXT[run.avoid_failed_host]
+
+
 def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
              records: dict[int, OutcomeRecord] | None = None, refused: str | None = None) -> dict[str, Any]:
     data = asdict(run)
@@ -106,6 +125,8 @@ def run_json(run: Run, attempts: list[Attempt], events: list[dict[str, Any]],
         "id": str(run.id), "state": run.state, "argv": run.argv, "environment": run.environment,
         "working_directory": run.working_directory, "user": run.run_user, "host_pin": run.host_pin,
         "priority": run.priority, "private_network": run.private_network, "labels": run.labels,
+        # Placement (schema 033): avoid_failed_host null means after a lost attempt only.
+        "host_labels": run.host_labels, "avoid_failed_host": run.avoid_failed_host,
         "concurrency_key": run.concurrency_key, "concurrency_limit": run.concurrency_limit,
         "not_before": iso(run.not_before), "start_deadline": iso(run.start_deadline),
         "limits": {key: data[key] for key in

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from supervisor import stopsignals
+from supervisor.labels import MAX_LABELS, label_problem
 from supervisor.quantities import QuantityError, parse_duration, parse_time
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
@@ -93,21 +94,18 @@ def env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
     return env
 
 
-# A label as unitvisor.labels_are_valid accepts it (sql/005_sql_api.sql), checked here too so that a
-# typo is a usage error that names the option.
-_LABEL_KEY_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
-
-
 def label_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """KEY=VALUE pairs, each a label as the database accepts it (supervisor/labels.py), checked here too
+    so that a typo is a usage error that names the option."""
     labels: dict[str, str] = {}
     for item in values:
         key, value = _split_pair(item, "KEY=VALUE")
-        if not _LABEL_KEY_RE.fullmatch(key):
-            raise click.BadParameter(f"{key!r} is not a label key (1 to 63 letters, digits, '.', '_', '-' and '/', "
-                                     "starting and ending with a letter or digit)")
-        if len(value) > 255 or any(ord(c) < 32 or ord(c) == 127 for c in value):
-            raise click.BadParameter(f"the value of label {key} is over 255 characters or has a control character")
+        problem = label_problem(key, value)
+        if problem:
+            raise click.BadParameter(problem)
         labels[key] = value
+    if len(labels) > MAX_LABELS:
+        raise click.BadParameter(f"{len(labels)} labels, over the limit of {MAX_LABELS}")
     return labels
 
 

@@ -25,11 +25,14 @@ from supervisor.cli.failure import (
 )
 from supervisor.cli.lookup import load_run, no_run, partial_list_note, resolve_run_id
 from supervisor.cli.output import (
+    AVOID_FAILED_HOST,
     accounting_text,
     attempts_text,
     command_text,
     iso,
+    label_text,
     not_measured_text,
+    placement_text,
     print_table,
     run_json,
     state_cell,
@@ -79,6 +82,12 @@ from supervisor.quantities import format_duration, format_size, parse_duration, 
               help="No network but the run's own loopback (PrivateNetwork=yes).")
 @click.option("--label", "labels", multiple=True, callback=label_pairs, metavar="KEY=VALUE",
               help="Tag the run (repeatable); find it again with `runs --label`.")
+# Placement (schema 033; docs/sql-api.md, "Placement").
+@click.option("--host-label", "host_labels", multiple=True, callback=label_pairs, metavar="KEY=VALUE",
+              help="Run only on a host with this label in its [host] labels (repeatable: all of them).")
+@click.option("--avoid-failed-host", type=click.Choice(sorted(AVOID_FAILED_HOST)), metavar="WHEN",
+              help="When a retry prefers another host than the one its last attempt failed on: lost (after a lost "
+                   "attempt: the default), any (after any failed attempt) or never.")
 @click.option("--idempotency-key", metavar="KEY",
               help="Submit at most once per KEY: a repeated submit prints the first run's id and queues nothing.")
 @click.option("--concurrency-key", metavar="KEY", callback=concurrency_key,
@@ -143,6 +152,9 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         **failure_fields(options),  # issue 25: only those asked for
         # Only when asked: a database before schema 030 then still takes the run.
         "hold": options["hold"] or None,
+        # Only when asked, as hold: a database before schema 033 then still takes the run.
+        "host_labels": options["host_labels"] or None,
+        "avoid_failed_host": AVOID_FAILED_HOST.get(options["avoid_failed_host"]),
     }
     # Graceful stop (schema 026): only when asked, so that a database before it still takes the run.
     stop = {"stop_signal": options["stop_signal"], "stop_timeout": options["stop_timeout"],
@@ -258,8 +270,10 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         f"tasks={limits['tasks_max'] or '-'} io-weight={limits['io_weight'] or '-'} "
         f"runtime={format_duration(limits['runtime_max_sec'])}",
         f"  network:   {NETWORK_TEXT[run.private_network]}",
-        f"  labels:    {' '.join(f'{k}={v}' for k, v in sorted(run.labels.items())) or '-'}",
+        f"  labels:    {label_text(run.labels)}",
     ]
+    if run.host_labels or run.avoid_failed_host is not None:
+        lines.append(f"  placement: {placement_text(run)}")
     stop = data["stop"]
     if any(stop[key] is not None for key in ("stop_timeout", "warn_before")) or stop["stop_signal"] != "TERM":
         warn = f" warn=SIG{stop['warn_signal']} {format_duration(stop['warn_before'])} before runtime" \

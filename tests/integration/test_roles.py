@@ -497,6 +497,7 @@ HOST_FUNCTIONS = {
     "failure_verdict",  # 027: failure rules
     "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze",  # 030: hold and freeze
     "limit_status",  # 032: named limits (the daemon's metrics read them)
+    "host_labels", "register_host_labels",  # 033: placement
     "submit_river_run", "river_runs", "cancel_river_run"}  # 034: the River source
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
@@ -505,7 +506,8 @@ SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run
                        "failure_verdict",  # 027
                        "freeze_pending", "freeze_text", "held_text", "hold_run", "release_run", "freeze_run",
                        "thaw_run",  # 030
-                       "limit_status", "set_limit", "drop_limit"}  # 032: named limits
+                       "limit_status", "set_limit", "drop_limit",  # 032: named limits
+                       "host_labels"}  # 033: placement
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
 
 

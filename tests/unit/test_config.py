@@ -162,7 +162,7 @@ def test_section_that_is_not_a_table():
 def test_unknown_key_names_section_key_and_known_keys():
     with pytest.raises(ConfigError) as info:
         parse("[host]\nmax_run = 3\n", "u.toml")
-    assert str(info.value) == ("u.toml: [host] max_run: unknown key (known: id, max_runs, memory_budget, name, "
+    assert str(info.value) == ("u.toml: [host] max_run: unknown key (known: id, labels, max_runs, memory_budget, name, "
                                "pressure_resources, pressure_slow_at, pressure_stop_at)")
 
 
