@@ -237,7 +237,8 @@ _HOST_CALLS = {  # store function -> how to find the host id it acts as
     "freeze_requests": lambda args: args[1].host_id, "record_freeze": lambda args: args[1].host_id,
 }
 _SUBMITTER_CALLS = ("submit_run", "cancel_run", "resume_run", "run_status", "runs_with_labels", "hold_run",
-                    "release_run", "freeze_run", "thaw_run")
+                    "release_run", "freeze_run", "thaw_run", "resume_with_dependants", "dependencies_of",
+                    "dependants_of")
 
 
 # What ensure_login_role and bind_host_role made already: (cluster port, role) and (port, database, role).

@@ -495,15 +495,18 @@ HOST_FUNCTIONS = {
     "cron_next", "submit_due_schedules",  # 028: schedules (a host reads no schedule, it submits the due ones)
     "mark_warned",  # 026: graceful stop
     "failure_verdict",  # 027: failure rules
-    "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze"}  # 030: hold and freeze
+    "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze",  # 030: hold and freeze
+    "after_text", "dependency_met", "retention_states"}  # 031: dependencies (wait_reason's words)
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
                        "refusals_now",
                        "cron_next", "create_schedule", "drop_schedule", "pause_schedule", "submit_run_spec",  # 028
                        "failure_verdict",  # 027
                        "freeze_pending", "freeze_text", "held_text", "hold_run", "release_run", "freeze_run",
-                       "thaw_run"}  # 030
-READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
+                       "thaw_run",  # 030
+                       "after_text", "dependency_met", "retention_states"}  # 031 (and resume_run's second form)
+READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations",
+        "run_dependencies"}  # 031
 
 
 @pytest.mark.parametrize(("role", "functions", "tables"), [
