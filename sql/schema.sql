@@ -553,6 +553,14 @@ CREATE TABLE unitvisor.run_dependencies (
 -- The runs that name one: runs_settle_dependants' look-up when a run ends, and `runs --after`.
 CREATE INDEX run_dependencies_after_idx ON unitvisor.run_dependencies (after_id);
 
+-- Skips not yet counted in a daemon's unitvisor_runs_skipped_total: one row per skip, inserted by
+-- settle_dependencies (only inserted, so sessions that skip runs never wait for each other), and
+-- deleted by the daemon that counts it (count_skips): each skip is counted once in the fleet.
+CREATE TABLE unitvisor.uncounted_skips (
+    run_id     uuid NOT NULL,
+    skipped_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- -- attempts ------------------------------------------------------------------------------------------
 
 -- One row per try of a run on a host. The unit name is derived from (run_id, attempt) by the
@@ -1587,6 +1595,7 @@ BEGIN
         -- A state change: runs_settle_dependants settles the runs that name this one in turn.
         UPDATE unitvisor.runs r SET state = 'skipped', finished_at = now(), updated_at = now()
         WHERE r.id = dependant.id;
+        INSERT INTO unitvisor.uncounted_skips (run_id) VALUES (dependant.id);
         INSERT INTO unitvisor.run_events (run_id, state, reason)
         VALUES (dependant.id, 'skipped', format('run %s, which it runs after, ended %s; it needed it to %s', broken.id,
                 broken.state, CASE WHEN dependant.after_policy = 'succeeded' THEN 'succeed' ELSE 'end' END));
@@ -1630,6 +1639,21 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT EXISTS (SELECT 1 FROM unitvisor.run_dependencies d JOIN unitvisor.runs c ON c.id = d.run_id
                    WHERE d.after_id = needed_by_live_run.run_id AND c.state <> ALL (unitvisor.retention_states()))
 $$;
+
+-- The skips no daemon has counted yet, taken by this one (each daemon's reconcile pass): how many. A
+-- skip another daemon is counting right now is left to it (its row is locked, and gone once it commits).
+CREATE FUNCTION unitvisor.count_skips(host_id text, host_epoch bigint) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    counted integer;
+BEGIN
+    PERFORM unitvisor.check_fence(count_skips.host_id, count_skips.host_epoch);
+    WITH gone AS (DELETE FROM unitvisor.uncounted_skips s
+                  WHERE s.ctid = ANY (ARRAY(SELECT o.ctid FROM unitvisor.uncounted_skips o FOR UPDATE SKIP LOCKED))
+                  RETURNING 1)
+    SELECT count(*)::integer INTO counted FROM gone;
+    RETURN counted;
+END $$;
 
 -- The runs a waiting run still waits for, in words: the first submitted, and how many more ("run X
 -- (running) and 2 more"). NULL when it waits for none (not queued, released, no dependencies).
@@ -3950,6 +3974,7 @@ GRANT EXECUTE ON FUNCTION
 -- what its policies call.
 GRANT EXECUTE ON FUNCTION
     unitvisor.claim_jobs(text,bigint,integer,text,interval,interval),
+    unitvisor.count_skips(text,bigint),
     unitvisor.declare_dead(text,bigint,double precision,integer),
     unitvisor.declare_dead_hosts(text,bigint,double precision),
     unitvisor.expire_runs(text,bigint),

@@ -554,6 +554,7 @@ class Daemon:
         self.fenced.refresh()
         self.reconciler.reconcile_pass()
         self._forget_fenced_settled_elsewhere()
+        self.reconciler.count_skips()
         self.metrics.reconciled(time.monotonic() - began)
         self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
 

@@ -1120,6 +1120,13 @@ def expire_runs(conn: Connection, fence: Fence) -> int:
         return conn.execute("SELECT unitvisor.expire_runs(%s, %s)", (fence.host_id, fence.epoch)).fetchone()[0]
 
 
+def count_skips(conn: Connection, fence: Fence) -> int:
+    """Take the runs skipped (schema 031) that no daemon has counted yet: how many. Each skip is taken
+    by one daemon of the fleet, so that the fleet's counters summed have every skip once."""
+    with _fencing():
+        return conn.execute("SELECT unitvisor.count_skips(%s, %s)", (fence.host_id, fence.epoch)).fetchone()[0]
+
+
 _PRUNED_COLUMNS = "runs, attempts, events, jobs, busy"
 
 

@@ -60,6 +60,14 @@ CREATE POLICY run_dependencies_submitter_reads ON unitvisor.run_dependencies FOR
 CREATE POLICY run_dependencies_host_reads ON unitvisor.run_dependencies FOR SELECT TO unitvisor_host
     USING (EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = run_dependencies.run_id));
 
+-- Skips not yet counted in a daemon's unitvisor_runs_skipped_total: one row per skip, inserted by
+-- settle_dependencies (only inserted, so sessions that skip runs never wait for each other), and
+-- deleted by the daemon that counts it (count_skips): each skip is counted once in the fleet.
+CREATE TABLE unitvisor.uncounted_skips (
+    run_id     uuid NOT NULL,
+    skipped_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- -- the one rule -------------------------------------------------------------------------------------
 
 -- The states a run ends in, as retention sees them: 'skipped' is one more (the one list, 008).
@@ -162,6 +170,7 @@ BEGIN
         -- A state change: runs_settle_dependants settles the runs that name this one in turn.
         UPDATE unitvisor.runs r SET state = 'skipped', finished_at = now(), updated_at = now()
         WHERE r.id = dependant.id;
+        INSERT INTO unitvisor.uncounted_skips (run_id) VALUES (dependant.id);
         INSERT INTO unitvisor.run_events (run_id, state, reason)
         VALUES (dependant.id, 'skipped', format('run %s, which it runs after, ended %s; it needed it to %s', broken.id,
                 broken.state, CASE WHEN dependant.after_policy = 'succeeded' THEN 'succeed' ELSE 'end' END));
@@ -219,6 +228,21 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT EXISTS (SELECT 1 FROM unitvisor.run_dependencies d JOIN unitvisor.runs c ON c.id = d.run_id
                    WHERE d.after_id = needed_by_live_run.run_id AND c.state <> ALL (unitvisor.retention_states()))
 $$;
+
+-- The skips no daemon has counted yet, taken by this one (each daemon's reconcile pass): how many. A
+-- skip another daemon is counting right now is left to it (its row is locked, and gone once it commits).
+CREATE FUNCTION unitvisor.count_skips(host_id text, host_epoch bigint) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    counted integer;
+BEGIN
+    PERFORM unitvisor.check_fence(count_skips.host_id, count_skips.host_epoch);
+    WITH gone AS (DELETE FROM unitvisor.uncounted_skips s
+                  WHERE s.ctid = ANY (ARRAY(SELECT o.ctid FROM unitvisor.uncounted_skips o FOR UPDATE SKIP LOCKED))
+                  RETURNING 1)
+    SELECT count(*)::integer INTO counted FROM gone;
+    RETURN counted;
+END $$;
 
 -- -- why it waits -------------------------------------------------------------------------------------
 
@@ -653,10 +677,11 @@ GRANT SELECT ON unitvisor.run_dependencies TO unitvisor_submitter, unitvisor_hos
 REVOKE EXECUTE ON FUNCTION unitvisor.dependency_met(text, text), unitvisor.after_ids(uuid[]),
     unitvisor.check_after(uuid[], text), unitvisor.settle_dependencies(uuid), unitvisor.settle_dependants(),
     unitvisor.needed_by_live_run(uuid), unitvisor.after_text(unitvisor.runs),
-    unitvisor.resume_run(uuid, boolean) FROM PUBLIC;
+    unitvisor.resume_run(uuid, boolean), unitvisor.count_skips(text, bigint) FROM PUBLIC;
 -- wait_reason and waited_for (granted to both) call after_text with the caller's rights, and it reads
 -- the list of ended states (retention_states, 008's); the rest is called by submit_run, resume_run and
 -- the trigger as the owner.
 GRANT EXECUTE ON FUNCTION unitvisor.after_text(unitvisor.runs), unitvisor.dependency_met(text, text),
     unitvisor.retention_states() TO unitvisor_submitter, unitvisor_host;
 GRANT EXECUTE ON FUNCTION unitvisor.resume_run(uuid, boolean) TO unitvisor_submitter;
+GRANT EXECUTE ON FUNCTION unitvisor.count_skips(text, bigint) TO unitvisor_host;

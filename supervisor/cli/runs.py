@@ -326,8 +326,9 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--state", "states", multiple=True, type=click.Choice(RUN_STATES),
-              help="Only runs in this state (repeatable).")
+# A metavar, not the list of choices: with skipped (schema 031) the list no longer fits a man page's line.
+@click.option("--state", "states", multiple=True, type=click.Choice(RUN_STATES), metavar="STATE",
+              help="Only runs in this state (repeatable): " + ", ".join(RUN_STATES) + ".")
 @click.option("--host", help="Only runs whose latest attempt is on this host.")
 @click.option("--since", callback=quantity(parse_duration, 1, 10**10, "1s to 115740d", "seconds"),
               help="Only runs created this recently, like 1h.")
@@ -559,7 +560,7 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
     \b
     Exit status:
       0    the run succeeded
-      1    it failed, was cancelled or expired (or: no such run, bad configuration, no schema)
+      1    it failed, was cancelled, expired or skipped (or: no such run, bad configuration, no schema)
       124  --timeout passed first; the run goes on
       75   could not tell: the database was unreachable, or lost while waiting (EX_TEMPFAIL);
            the run may still be running or have ended: wait again

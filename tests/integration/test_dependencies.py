@@ -151,6 +151,17 @@ def test_cancelling_a_waiting_run_skips_what_waits_for_it(conn: psycopg.Connecti
     assert state(conn, a) == "queued" and jobs(conn, a) == 1
 
 
+@pytest.mark.usefixtures("as_bound_roles")
+def test_each_skip_is_counted_by_one_daemon(conn: psycopg.Connection) -> None:
+    a = submit(conn)
+    b = submit(conn, after=[a])
+    submit(conn, after=[b])
+    h1, h2 = register(conn, "h1"), register(conn, "h2")
+    assert store.count_skips(conn, h1) == 0
+    store.cancel_run(conn, a)
+    assert (store.count_skips(conn, h2), store.count_skips(conn, h1)) == (2, 0)
+
+
 # -- hold ---------------------------------------------------------------------------------------------
 
 

@@ -820,6 +820,15 @@ def test_a_reconcile_pass_reads_what_the_fence_stopped_first_and_forgets_what_a_
     assert d.fenced == {"unitvisor-run-a-1.service"} and fence.fenced_units() == {"unitvisor-run-a-1.service"}
 
 
+def test_a_reconcile_pass_counts_the_skips_after_the_pass(make):
+    """Schema 031: the runs skipped since any daemon last looked are taken by each reconcile pass (a skip
+    happens in whatever session ended the run it needed), after the pass itself."""
+    d = make()
+    d.reconciler = mock.Mock()
+    d._reconcile()
+    assert [c[0] for c in d.reconciler.method_calls] == ["reconcile_pass", "count_skips"]
+
+
 def test_a_reconcile_pass_with_nothing_fenced_asks_nothing_more(make, mocker):
     d = make()
     d.reconciler = mock.Mock()
