@@ -309,23 +309,27 @@ def test_two_sessions_ending_the_two_dependencies_at_once_release_it_once(
     """Session 1 ends one dependency and, before it commits, session 2 ends the other: session 2 waits
     for the dependant's row, then sees session 1's commit and releases it. Read with session 2's first
     snapshot, it would see the other dependency still running and release nothing: the run would wait
-    for ever."""
-    parents = [submit(conn), submit(conn)]
+    for ever. The two run on two hosts, so that the dependant's row is the one row both sessions write
+    (one host's two outcomes would also wait for each other on the host's count of open attempts)."""
+    parents = [submit(conn, host_pin="h1"), submit(conn, host_pin="h2")]
     child = submit(conn, after=parents)
-    claimed = claim(conn)
-    fence = register(conn, "h1")
-    for run_id in parents:
-        store.mark_started(conn, fence, claimed[run_id], "inv-" + run_id.hex[:8])
+    claimed, fences = {}, {}
+    for run_id, host in zip(parents, ("h1", "h2"), strict=True):
+        claimed.update(claim(conn, host))
+        fences[run_id] = register(conn, host)
+        store.mark_started(conn, fences[run_id], claimed[run_id], "inv-" + run_id.hex[:8])
 
     errors: list[BaseException] = []
     with store.connect(dsn) as one, store.connect(dsn) as two:
         with one.transaction():
-            assert store.record_outcome(one, fence, claimed[parents[first]], SUCCESS, "succeeded")
+            assert store.record_outcome(one, fences[parents[first]], claimed[parents[first]], SUCCESS,
+                                        "succeeded")
 
             def second() -> None:
                 try:
                     with two.transaction():
-                        store.record_outcome(two, fence, claimed[parents[1 - first]], SUCCESS, "succeeded")
+                        other = parents[1 - first]
+                        store.record_outcome(two, fences[other], claimed[other], SUCCESS, "succeeded")
                 except BaseException as exc:  # reported below
                     errors.append(exc)
 
@@ -343,22 +347,25 @@ def test_two_sessions_ending_the_two_dependencies_at_once_release_it_once(
 
 def test_many_sessions_ending_many_dependencies_release_each_dependant_once(conn: psycopg.Connection,
                                                                           dsn: str) -> None:
-    """Eight sessions end eight runs at once; four dependants each name all eight (and one of them an
-    extra run that fails, so it is skipped): each is settled exactly once."""
-    parents = [submit(conn) for _ in range(8)]
-    failing = submit(conn)
+    """Nine sessions end nine runs at once, each of its own host (so that nothing but the dependants'
+    rows orders them); four dependants each name eight of them (and one also the ninth, which fails, so
+    it is skipped): each is settled exactly once."""
+    hosts = [f"h{n}" for n in range(1, 10)]
+    parents = [submit(conn, host_pin=host) for host in hosts[:8]]
+    failing = submit(conn, host_pin=hosts[8])
     children = [submit(conn, after=parents) for _ in range(3)] + [submit(conn, after=[*parents, failing])]
-    claimed = claim(conn)
-    fence = register(conn, "h1")
-    for attempt in claimed.values():
-        store.mark_started(conn, fence, attempt, "inv-" + attempt.run_id.hex[:8])
+    claimed, fences = {}, {}
+    for run_id, host in zip([*parents, failing], hosts, strict=True):
+        claimed.update(claim(conn, host))
+        fences[run_id] = register(conn, host)
+        store.mark_started(conn, fences[run_id], claimed[run_id], "inv-" + run_id.hex[:8])
     start = threading.Barrier(9)
 
     def ender(run_id: uuid.UUID, outcome: Outcome) -> Callable[[], None]:
         def work() -> None:
             with store.connect(dsn) as mine:
                 start.wait(timeout=30)
-                store.record_outcome(mine, fence, claimed[run_id], outcome,
+                store.record_outcome(mine, fences[run_id], claimed[run_id], outcome,
                                      "succeeded" if outcome is SUCCESS else "failed")
         return work
 
