@@ -495,14 +495,14 @@ CREATE TABLE unitvisor.runs (
     -- What the run needs of the runs it runs after (031; run_dependencies): 'succeeded' or 'finished'
     -- (NULL: it names none); when they had all ended as it needs and it was released (NULL while it
     -- waits for them; a resume clears it). A waiting run has no spawn job (settle_dependencies).
+    -- after_policy's check is check_after's (the error names runs_after_policy_valid).
     after_policy        text,
     after_met_at        timestamptz,
 
     -- Every argument of submit_run is checked by the trigger runs_arguments_valid (below): the bounds,
     -- the forms and why each is refused are in run_argument_problem (above), and only there.
     CONSTRAINT runs_state_valid CHECK (state IN
-        ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired', 'skipped')),
-    CONSTRAINT runs_after_policy_valid CHECK (after_policy IN ('succeeded', 'finished'))
+        ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired', 'skipped'))
 );
 
 CREATE INDEX runs_state_idx ON unitvisor.runs (state) WHERE state IN ('queued', 'starting', 'running');
