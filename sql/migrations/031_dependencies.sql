@@ -38,11 +38,12 @@ ALTER TABLE unitvisor.runs
     -- argument is by a function, not a CHECK (022: a CHECK is tried again on every update of the row).
     ADD COLUMN after_met_at timestamptz;
 
--- skipped: one of the runs it runs after can no longer succeed.
+-- skipped: one of the runs it runs after can no longer succeed (a swap of the closed vocabulary, as 006
+-- did for expired). NOT VALID: `unitvisor migrate` validates it after this transaction commits, with
+-- writes going on; every existing row satisfies the new list.
 ALTER TABLE unitvisor.runs DROP CONSTRAINT runs_state_valid;
 ALTER TABLE unitvisor.runs ADD CONSTRAINT runs_state_valid CHECK (state IN
     ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired', 'skipped')) NOT VALID;
-ALTER TABLE unitvisor.runs VALIDATE CONSTRAINT runs_state_valid;
 
 -- One row per run a run runs after (submit_run's after). Both ends are runs; a row goes with either
 -- (retention keeps a run that a live run names: needed_by_live_run).
