@@ -492,7 +492,7 @@ CREATE TABLE unitvisor.runs (
     -- has no spawn job, so no claim looks at it (hold_run).
     held_at             timestamptz,
     held_by             text,
-    -- What the run needs of the runs it runs after (031; run_dependencies): 'succeeded' or 'finished'
+    -- What the run needs of the runs it runs after (035; run_dependencies): 'succeeded' or 'finished'
     -- (NULL: it names none); when they had all ended as it needs and it was released (NULL while it
     -- waits for them; a resume clears it). A waiting run has no spawn job (settle_dependencies).
     -- after_policy's check is check_after's (the error names runs_after_policy_valid).
@@ -914,7 +914,7 @@ CREATE FUNCTION unitvisor.submit_run(
     max_lost_attempts     integer DEFAULT 3,
     -- 030: hold (held at once: queued, never claimed until release_run).
     hold                  boolean DEFAULT false,
-    -- 031: the runs it runs after, and what it needs of them ('succeeded', the default, or 'finished').
+    -- 035: the runs it runs after, and what it needs of them ('succeeded', the default, or 'finished').
     after                 uuid[]  DEFAULT NULL,
     after_policy          text    DEFAULT NULL
 ) RETURNS uuid
@@ -935,7 +935,7 @@ DECLARE
     retry_rules text[] := unitvisor.normalised_failure_rules(submit_run.retry_on);
     fail_rules text[] := unitvisor.normalised_failure_rules(submit_run.fail_on);
     problem record;
-    -- 031: the runs named in after, each once, in the order given (NULL: none).
+    -- 035: the runs named in after, each once, in the order given (NULL: none).
     parents uuid[] := unitvisor.after_ids(submit_run.after);
     refused_constraint text;
     refused_state text;
@@ -981,7 +981,7 @@ BEGIN
                   CONSTRAINT = 'runs_start_deadline_valid';
     END IF;
 
-    -- 031: after and after_policy, checked in one place (check_after). After the look-up, as the
+    -- 035: after and after_policy, checked in one place (check_after). After the look-up, as the
     -- deadline: a retried submit finds its run even once a run it named has been pruned.
     PERFORM unitvisor.check_after(parents, submit_run.after_policy);
 
@@ -1217,7 +1217,7 @@ BEGIN
 END $$;
 
 -- Release a held run: it gets a new spawn job, due at once (or at its not_before), and is claimed as
--- any queued run; one that still waits for the runs it runs after (031) gets it when they have ended. A backoff it was waiting out when it was held is not waited out again: releasing is
+-- any queued run; one that still waits for the runs it runs after (035) gets it when they have ended. A backoff it was waiting out when it was held is not waited out again: releasing is
 -- the operator's decision to run it. changed: false when the run is not held (or not queued).
 CREATE FUNCTION unitvisor.release_run(run_id uuid, OUT state text, OUT changed boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1321,7 +1321,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
         END
 $$;
 
--- resume_run as in 006, for a skipped run too (031), and with the runs skipped below it when asked
+-- resume_run as in 006, for a skipped run too (035), and with the runs skipped below it when asked
 -- (with_dependants). The resumed run is queued again: with a spawn job when it names no run, else
 -- waiting for the runs it names again (settle_dependencies: released at once when they have all ended
 -- as it needs, skipped again at once when one of them still cannot). With with_dependants, every run
@@ -1403,7 +1403,7 @@ $$;
 -- run_status as in 005 (same columns), with the new facts: wait_reason from wait_reason() (so a run
 -- held by its not_before says so), and an expired run's outcome is `expired` and its reason the
 -- expiry's (an expired run may have attempts that never started; how the run ended is the expiry); a
--- skipped run's (031) likewise `skipped` and the skip's, which names the run it needed.
+-- skipped run's (035) likewise `skipped` and the skip's, which names the run it needed.
 CREATE FUNCTION unitvisor.run_status(run_id uuid)
 RETURNS TABLE (id uuid, state text, created_at timestamptz, finished_at timestamptz, attempts integer,
                attempt integer, host_id text, outcome text, exit_status text, reason text,
@@ -1428,7 +1428,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     WHERE r.id = run_status.run_id
 $$;
 
--- wait_reason as in 006: a held run first (030), then the runs it waits for (031): both must clear.
+-- wait_reason as in 006: a held run first (030), then the runs it waits for (035): both must clear.
 CREATE FUNCTION unitvisor.wait_reason(r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE WHEN r.state <> 'queued' THEN NULL
@@ -1455,7 +1455,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            OR unitvisor.host_may_see(r.host_pin, r.id, unitvisor.my_host_id()))
 $$;
 
--- waited_for as in 013, a held run first (030), then the runs it waits for (031): the reason of its expiry.
+-- waited_for as in 013, a held run first (030), then the runs it waits for (035): the reason of its expiry.
 CREATE FUNCTION unitvisor.waited_for(r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(
@@ -1499,7 +1499,7 @@ BEGIN
     RETURN max_rows;
 END $$;
 
--- == functions: dependencies between runs (031) ====================================================
+-- == functions: dependencies between runs (035) ====================================================
 
 -- Whether a run it runs after, now in `state`, is what a run with this after_policy needs: succeeded,
 -- or (for 'finished') ended in any way. A run that has ended and is not what it needs can no longer be
@@ -3101,7 +3101,7 @@ $$;
 -- older_than, or that has an attempt without an outcome (whatever its state says: an admin's UPDATE,
 -- a late outcome), or that another session holds locked right now (a resume, an outcome: SKIP LOCKED,
 -- it is met again by the next batch); an available spawn job of a run that is kept; a run that a run
--- not yet ended names (031: needed_by_live_run), until that run has ended.
+-- not yet ended names (035: needed_by_live_run), until that run has ended.
 --
 -- Invoker's rights, granted to nobody: the admin (the owner) runs it. Hosts prune through
 -- prune_history below.

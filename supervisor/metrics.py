@@ -148,7 +148,7 @@ class Metrics:
         self.runs_expired = Counter("unitvisor_runs_expired", "Queued runs past their start deadline that this "
                                     "daemon's fleet upkeep ended as expired (the one caller that expires runs "
                                     "from schema 12 on: summed over the fleet, every expiry)", registry=r)
-        # A skipped run (schema 031) has no attempt either; it is skipped by whatever session ended the run it
+        # A skipped run (schema 035) has no attempt either; it is skipped by whatever session ended the run it
         # needed, and counted here by the daemon that takes it from the database (count_skips).
         self.runs_skipped = Counter("unitvisor_runs_skipped", "Runs ended skipped (a run they run after can no "
                                     "longer be what they need) that this daemon counted; each skip is counted by "

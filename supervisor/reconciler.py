@@ -929,7 +929,7 @@ class Reconciler:
         return expired
 
     def count_skips(self) -> int:
-        """Count the runs skipped since any daemon last looked (schema 031): a skip happens in whatever
+        """Count the runs skipped since any daemon last looked (schema 035): a skip happens in whatever
         transaction ends the run it needed (an outcome, a cancel from the CLI, an expiry), so no daemon
         sees it happen; the database keeps each one until a daemon takes it (store.count_skips)."""
         skipped = store.count_skips(self.conn, self.fence)  # autocommit: committed on return

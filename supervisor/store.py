@@ -509,7 +509,7 @@ _SUBMIT_ARGS = {
     "fail_on": "text[]", "count_lost": "boolean", "max_lost_attempts": "integer",
     # schema 030: submitted held (never claimed until released)
     "hold": "boolean",
-    # schema 031: the runs it runs after, and what it needs of them ('succeeded' or 'finished')
+    # schema 035: the runs it runs after, and what it needs of them ('succeeded' or 'finished')
     "after": "uuid[]", "after_policy": "text",
 }
 _JSON_ARGS = ("environment", "labels")
@@ -612,7 +612,7 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
               labels: dict[str, str] | None = None, held: bool = False,
               after: uuid.UUID | None = None) -> list[dict[str, Any]]:
     """Runs, newest first; with `held`, only held runs (schema 030); with `after`, only the runs that
-    run after that one (name it in their after, schema 031); with `labels`, only runs that carry
+    run after that one (name it in their after, schema 035); with `labels`, only runs that carry
     every one of them (the @> of unitvisor.runs_with_labels, on the same GIN index). The status columns
     (state, the latest attempt's host, number, outcome and exit status) are unitvisor.run_status's, read
     for the rows listed only, so that `runs` says what a control plane reads: an expired run's outcome
@@ -687,13 +687,13 @@ def resume_run(conn: Connection, run_id: uuid.UUID) -> Transition:
 
 def resume_with_dependants(conn: Connection, run_id: uuid.UUID) -> tuple[Transition, int]:
     """resume_run, and every run skipped below this one reopened too, waiting for it again
-    (unitvisor.resume_run(run, with_dependants => true), schema 031). Returns the run's transition and
+    (unitvisor.resume_run(run, with_dependants => true), schema 035). Returns the run's transition and
     how many dependants were reopened."""
     row = conn.execute("SELECT state, changed, dependants FROM unitvisor.resume_run(%s, true)", (run_id,)).fetchone()
     return Transition(row[0], row[1]), row[2]
 
 
-# -- dependencies (schema 031) ------------------------------------------------------------------
+# -- dependencies (schema 035) ------------------------------------------------------------------
 
 
 def dependencies_of(conn: Connection, run_id: uuid.UUID) -> tuple[str | None, list[dict[str, Any]]]:
@@ -1121,7 +1121,7 @@ def expire_runs(conn: Connection, fence: Fence) -> int:
 
 
 def count_skips(conn: Connection, fence: Fence) -> int:
-    """Take the runs skipped (schema 031) that no daemon has counted yet: how many. Each skip is taken
+    """Take the runs skipped (schema 035) that no daemon has counted yet: how many. Each skip is taken
     by one daemon of the fleet, so that the fleet's counters summed have every skip once."""
     with _fencing():
         return conn.execute("SELECT unitvisor.count_skips(%s, %s)", (fence.host_id, fence.epoch)).fetchone()[0]

@@ -64,7 +64,7 @@ SELECT state, changed FROM unitvisor.release_run(:'report');
 SELECT state, wait_reason FROM unitvisor.run_status(:'report');
 SELECT state, changed FROM unitvisor.cancel_run(:'report');
 
--- Runs after runs (schema 31): a load after an extract, a report after the load. They wait without a
+-- Runs after runs (schema 35): a load after an extract, a report after the load. They wait without a
 -- spawn job, and say for what. The extract cancelled, the two below it end skipped, each naming the run
 -- it needed; resumed with its dependants, they wait for it again.
 SELECT unitvisor.submit_run(ARRAY['/opt/jobs/bin/extract']) AS extract \gset

@@ -162,7 +162,7 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
             else None
         fields["not_before"] = at_time(options["not_before"], now)
         fields["start_deadline"] = at_time(options["start_deadline"], now)
-        # Dependencies (schema 031): only when asked, so that a database before it still takes the run.
+        # Dependencies (schema 035): only when asked, so that a database before it still takes the run.
         if options["after_policy"] and not options["after"]:
             raise click.UsageError("--after-policy: needs --after (the runs it runs after)")
         if options["after"]:
@@ -183,7 +183,7 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
 
 
 def _add_dependencies(conn: store.Connection, run: Run, data: dict) -> None:
-    """show's facts of schema 031: what the run needs of the runs it runs after, each of them with its
+    """show's facts of schema 035: what the run needs of the runs it runs after, each of them with its
     state and whether that is what it needs (met: true, false when it can no longer be, null while it
     has not ended), and the runs that run after it."""
     policy, after = store.dependencies_of(conn, run.id)
@@ -326,7 +326,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-# A metavar, not the list of choices: with skipped (schema 031) the list no longer fits a man page's line.
+# A metavar, not the list of choices: with skipped (schema 035) the list no longer fits a man page's line.
 @click.option("--state", "states", multiple=True, type=click.Choice(RUN_STATES), metavar="STATE",
               help="Only runs in this state (repeatable): " + ", ".join(RUN_STATES) + ".")
 @click.option("--host", help="Only runs whose latest attempt is on this host.")

@@ -1,4 +1,4 @@
-"""Dependencies between runs (schema 031): submit_run's after and after_policy, the settling of a run's
+"""Dependencies between runs (schema 035): submit_run's after and after_policy, the settling of a run's
 dependants when it ends (released, or skipped down the chain), hold beside it, resume with and without
 the dependants, expiry, retention, submit_run_spec, two sessions ending two dependencies at once, and
 the CLI."""

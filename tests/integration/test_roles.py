@@ -496,7 +496,7 @@ HOST_FUNCTIONS = {
     "mark_warned",  # 026: graceful stop
     "failure_verdict",  # 027: failure rules
     "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze",  # 030: hold and freeze
-    "after_text", "dependency_met", "retention_states", "count_skips"}  # 031: dependencies
+    "after_text", "dependency_met", "retention_states", "count_skips"}  # 035: dependencies
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
                        "refusals_now",
@@ -504,9 +504,9 @@ SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run
                        "failure_verdict",  # 027
                        "freeze_pending", "freeze_text", "held_text", "hold_run", "release_run", "freeze_run",
                        "thaw_run",  # 030
-                       "after_text", "dependency_met", "retention_states"}  # 031 (and resume_run's second form)
+                       "after_text", "dependency_met", "retention_states"}  # 035 (and resume_run's second form)
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations",
-        "run_dependencies"}  # 031
+        "run_dependencies"}  # 035
 
 
 @pytest.mark.parametrize(("role", "functions", "tables"), [

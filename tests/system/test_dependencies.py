@@ -1,4 +1,4 @@
-"""Dependencies between runs on a test bed host (schema 031): a small fan-out and fan-in runs in order
+"""Dependencies between runs on a test bed host (schema 035): a small fan-out and fan-in runs in order
 under a real daemon, and a failed run skips the run after it, which never reaches systemd."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`show`'s lines for a run's dependencies (schema 031): what it needs, each run it names with its state
+"""`show`'s lines for a run's dependencies (schema 035): what it needs, each run it names with its state
 in words, and the runs after it; nothing for a run that names none and that none names."""
 
 from __future__ import annotations

@@ -821,7 +821,7 @@ def test_a_reconcile_pass_reads_what_the_fence_stopped_first_and_forgets_what_a_
 
 
 def test_a_reconcile_pass_counts_the_skips_after_the_pass(make):
-    """Schema 031: the runs skipped since any daemon last looked are taken by each reconcile pass (a skip
+    """Schema 035: the runs skipped since any daemon last looked are taken by each reconcile pass (a skip
     happens in whatever session ended the run it needed), after the pass itself."""
     d = make()
     d.reconciler = mock.Mock()

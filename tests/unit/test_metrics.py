@@ -210,7 +210,7 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_stop_warnings", "unitvisor_stop_kills",  # graceful stop (schema 026)
         "unitvisor_runs_ended_by_rule",  # failure rules (schema 027)
         "unitvisor_freezes",  # hold and freeze (schema 030)
-        "unitvisor_runs_skipped",  # dependencies (schema 031)
+        "unitvisor_runs_skipped",  # dependencies (schema 035)
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}

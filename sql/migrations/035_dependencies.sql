@@ -1,4 +1,4 @@
--- unitvisor schema 31 (issue 25, item 1): dependencies between runs.
+-- unitvisor schema 35 (issue 25, item 1): dependencies between runs.
 --
 -- submit_run(..., after => ARRAY[run ids], after_policy => 'succeeded' | 'finished'): the run is not
 -- due until every run it names has ended (and, for 'succeeded', the default, succeeded). When one it
@@ -538,7 +538,7 @@ CREATE FUNCTION unitvisor.submit_run(
     max_lost_attempts     integer DEFAULT 3,
     -- 030: hold (held at once: queued, never claimed until release_run).
     hold                  boolean DEFAULT false,
-    -- 031: the runs it runs after, and what it needs of them ('succeeded', the default, or 'finished').
+    -- 035: the runs it runs after, and what it needs of them ('succeeded', the default, or 'finished').
     after                 uuid[]  DEFAULT NULL,
     after_policy          text    DEFAULT NULL
 ) RETURNS uuid
@@ -559,7 +559,7 @@ DECLARE
     retry_rules text[] := unitvisor.normalised_failure_rules(submit_run.retry_on);
     fail_rules text[] := unitvisor.normalised_failure_rules(submit_run.fail_on);
     problem record;
-    -- 031: the runs named in after, each once, in the order given (NULL: none).
+    -- 035: the runs named in after, each once, in the order given (NULL: none).
     parents uuid[] := unitvisor.after_ids(submit_run.after);
     refused_constraint text;
     refused_state text;
@@ -605,7 +605,7 @@ BEGIN
                   CONSTRAINT = 'runs_start_deadline_valid';
     END IF;
 
-    -- 031: after and after_policy, checked in one place (check_after). After the look-up, as the
+    -- 035: after and after_policy, checked in one place (check_after). After the look-up, as the
     -- deadline: a retried submit finds its run even once a run it named has been pruned.
     PERFORM unitvisor.check_after(parents, submit_run.after_policy);
 
