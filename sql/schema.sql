@@ -543,11 +543,17 @@ CREATE TABLE unitvisor.runs (
     avoid_failed_host   boolean,
     -- The River job this run was made from (034; NULL: submitted otherwise). River's ids are bigserial.
     river_job_id        bigint CONSTRAINT runs_river_job_id_valid CHECK (river_job_id > 0),
+    -- What the run needs of the runs it runs after (035; run_dependencies): 'succeeded' or 'finished'
+    -- (NULL: it names none); when they had all ended as it needs and it was released (NULL while it
+    -- waits for them; a resume clears it). A waiting run has no spawn job (settle_dependencies).
+    -- after_policy's check is check_after's (the error names runs_after_policy_valid).
+    after_policy        text,
+    after_met_at        timestamptz,
 
     -- Every argument of submit_run is checked by the trigger runs_arguments_valid (below): the bounds,
     -- the forms and why each is refused are in run_argument_problem (above), and only there.
     CONSTRAINT runs_state_valid CHECK (state IN
-        ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired'))
+        ('queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled', 'expired', 'skipped'))
 );
 
 CREATE INDEX runs_state_idx ON unitvisor.runs (state) WHERE state IN ('queued', 'starting', 'running');
@@ -595,6 +601,26 @@ CREATE INDEX runs_queued_key_seq_idx ON unitvisor.runs (concurrency_key, seq)
 -- (runs_queued_key_idx has no seq) to find none: 10,000 rows for each run behind a key of 10,000.
 CREATE INDEX runs_queued_key_unnumbered_idx ON unitvisor.runs (concurrency_key, created_at, id)
     WHERE state = 'queued' AND concurrency_key IS NOT NULL AND seq IS NULL;
+
+-- -- run_dependencies ----------------------------------------------------------------------------------
+
+-- One row per run a run runs after (submit_run's after). Both ends are runs; a row goes with either
+-- (retention keeps a run that a live run names: needed_by_live_run).
+CREATE TABLE unitvisor.run_dependencies (
+    run_id   uuid NOT NULL REFERENCES unitvisor.runs (id) ON DELETE CASCADE,
+    after_id uuid NOT NULL REFERENCES unitvisor.runs (id) ON DELETE CASCADE,
+    PRIMARY KEY (run_id, after_id)
+);
+-- The runs that name one: runs_settle_dependants' look-up when a run ends, and `runs --after`.
+CREATE INDEX run_dependencies_after_idx ON unitvisor.run_dependencies (after_id);
+
+-- Skips not yet counted in a daemon's unitvisor_runs_skipped_total: one row per skip, inserted by
+-- settle_dependencies (only inserted, so sessions that skip runs never wait for each other), and
+-- deleted by the daemon that counts it (count_skips): each skip is counted once in the fleet.
+CREATE TABLE unitvisor.uncounted_skips (
+    run_id     uuid NOT NULL,
+    skipped_at timestamptz NOT NULL DEFAULT now()
+);
 
 -- -- attempts ------------------------------------------------------------------------------------------
 
@@ -974,7 +1000,10 @@ CREATE FUNCTION unitvisor.submit_run(
     host_labels           jsonb   DEFAULT '{}'::jsonb,
     avoid_failed_host     boolean DEFAULT NULL,
     -- 034: the River job this run was made from (River source, docs/river.md); one run per job.
-    river_job_id          bigint  DEFAULT NULL
+    river_job_id          bigint  DEFAULT NULL,
+    -- 035: the runs it runs after, and what it needs of them ('succeeded', the default, or 'finished').
+    after                 uuid[]  DEFAULT NULL,
+    after_policy          text    DEFAULT NULL
 ) RETURNS uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- Bare names in the statements are runs' columns (ON CONFLICT's idempotency_key); the arguments are
@@ -994,6 +1023,8 @@ DECLARE
     fail_rules text[] := unitvisor.normalised_failure_rules(submit_run.fail_on);
     problem record;
     placement record;
+    -- 035: the runs named in after, each once, in the order given (NULL: none).
+    parents uuid[] := unitvisor.after_ids(submit_run.after);
     refused_constraint text;
     refused_state text;
     refused_column text;
@@ -1053,6 +1084,10 @@ BEGIN
                   CONSTRAINT = 'runs_start_deadline_valid';
     END IF;
 
+    -- 035: after and after_policy, checked in one place (check_after). After the look-up, as the
+    -- deadline: a retried submit finds its run even once a run it named has been pruned.
+    PERFORM unitvisor.check_after(parents, submit_run.after_policy);
+
     -- A constraint this function did not foresee (one added later) must not leak the row either:
     -- caught, and raised again with its name but without the DETAIL that holds the row.
     BEGIN
@@ -1061,7 +1096,7 @@ BEGIN
             retry_backoff_sec, retry_backoff_max_sec, retry_on, private_network, idempotency_key, labels,
             concurrency_key, not_before, start_deadline, memory_high,
             stop_signal, stop_timeout, warn_before, warn_signal, fail_on, count_lost, max_lost_attempts,
-            held_at, held_by, concurrency_limit, host_labels, avoid_failed_host, river_job_id)
+            held_at, held_by, concurrency_limit, host_labels, avoid_failed_host, river_job_id, after_policy)
         VALUES (submit_run.argv, env, submit_run.working_directory,
             submit_run.run_user, submit_run.memory_max, submit_run.cpu_quota_percent, submit_run.tasks_max,
             submit_run.io_weight, submit_run.runtime_max_sec, submit_run.max_attempts, submit_run.host_pin,
@@ -1073,7 +1108,8 @@ BEGIN
             fail_rules, submit_run.count_lost, submit_run.max_lost_attempts,
             CASE WHEN submit_run.hold THEN now() END, CASE WHEN submit_run.hold THEN session_user END,
             submit_run.concurrency_limit, coalesce(submit_run.host_labels, '{}'::jsonb),
-            submit_run.avoid_failed_host, submit_run.river_job_id)
+            submit_run.avoid_failed_host, submit_run.river_job_id,
+            CASE WHEN parents IS NOT NULL THEN coalesce(submit_run.after_policy, 'succeeded') END)
         -- Another submit with the same key committed since the look-up above (this waited for it):
         -- insert nothing, and return its run below.
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -1084,13 +1120,19 @@ BEGIN
         END IF;
         -- not_before: the first job is not due before it (the claim takes only due jobs). A held run
         -- gets none: release_run makes it (a held run holds no job, so no claim ever looks at it).
-        IF NOT coalesce(submit_run.hold, false) THEN
+        -- A run with dependencies gets none either: settle_dependencies makes it once every run it names
+        -- has ended as it needs (at once, below, when they all have), or ends it skipped.
+        IF NOT coalesce(submit_run.hold, false) AND parents IS NULL THEN
             INSERT INTO unitvisor.spawn_jobs (run_id, priority, scheduled_at)
             VALUES (new_id, submit_run.priority, greatest(now(), submit_run.not_before));
         END IF;
         INSERT INTO unitvisor.run_events (run_id, state, reason)
         VALUES (new_id, 'queued', CASE WHEN coalesce(submit_run.hold, false) THEN 'submitted, held by ' || session_user
                                        ELSE 'submitted' END);
+        IF parents IS NOT NULL THEN
+            INSERT INTO unitvisor.run_dependencies (run_id, after_id) SELECT new_id, p FROM unnest(parents) p;
+            PERFORM unitvisor.settle_dependencies(new_id);
+        END IF;
     EXCEPTION WHEN integrity_constraint_violation THEN
         GET STACKED DIAGNOSTICS refused_constraint = CONSTRAINT_NAME, refused_state = RETURNED_SQLSTATE,
                                 refused_column = COLUMN_NAME;
@@ -1280,7 +1322,7 @@ BEGIN
 END $$;
 
 -- Release a held run: it gets a new spawn job, due at once (or at its not_before), and is claimed as
--- any queued run. A backoff it was waiting out when it was held is not waited out again: releasing is
+-- any queued run; one that still waits for the runs it runs after (035) gets it when they have ended. A backoff it was waiting out when it was held is not waited out again: releasing is
 -- the operator's decision to run it. changed: false when the run is not held (or not queued).
 CREATE FUNCTION unitvisor.release_run(run_id uuid, OUT state text, OUT changed boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1291,17 +1333,20 @@ BEGIN
     UPDATE unitvisor.runs r SET held_at = NULL, held_by = NULL, updated_at = now()
     FROM (SELECT o.id FROM unitvisor.runs o WHERE o.id = release_run.run_id FOR UPDATE) old
     WHERE r.id = old.id AND r.state = 'queued' AND r.held_at IS NOT NULL
-    RETURNING r.priority, r.not_before INTO released;
+    RETURNING r.priority, r.not_before, r.after_policy IS NOT NULL AND r.after_met_at IS NULL AS waiting INTO released;
     IF NOT FOUND THEN
         SELECT r.state INTO release_run.state FROM unitvisor.runs r WHERE r.id = release_run.run_id;
         changed := false;
         RETURN;
     END IF;
-    INSERT INTO unitvisor.spawn_jobs AS j (run_id, priority, scheduled_at)
-    VALUES (release_run.run_id, released.priority, greatest(now(), released.not_before))
-    ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING;
+    IF NOT released.waiting THEN
+        INSERT INTO unitvisor.spawn_jobs AS j (run_id, priority, scheduled_at)
+        VALUES (release_run.run_id, released.priority, greatest(now(), released.not_before))
+        ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING;
+    END IF;
     INSERT INTO unitvisor.run_events (run_id, state, reason)
-    VALUES (release_run.run_id, 'queued', 'released by ' || session_user);
+    VALUES (release_run.run_id, 'queued', 'released by ' || session_user ||
+            CASE WHEN released.waiting THEN '; it still waits for the runs it runs after' ELSE '' END);
     release_run.state := 'queued';
     changed := true;
 END $$;
@@ -1381,44 +1426,89 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
         END
 $$;
 
--- resume_run as in 006, and a hold left on the run when it ended (a held run cancelled or expired) is
--- dropped: resuming is the operator's decision to run it, and its new job must not be claimed while
--- the run says it is held.
-CREATE FUNCTION unitvisor.resume_run(run_id uuid, OUT state text, OUT changed boolean)
+-- resume_run as in 006, for a skipped run too (035), and with the runs skipped below it when asked
+-- (with_dependants). The resumed run is queued again: with a spawn job when it names no run, else
+-- waiting for the runs it names again (settle_dependencies: released at once when they have all ended
+-- as it needs, skipped again at once when one of them still cannot). With with_dependants, every run
+-- skipped below it (a run naming it, a run naming that one, ...) is reopened the same way, the nearest
+-- first, and waits for it: dependants counts them. Without it, they stay skipped.
+CREATE FUNCTION unitvisor.resume_run(run_id uuid, with_dependants boolean,
+                                     OUT state text, OUT changed boolean, OUT dependants integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     resumed record;
+    below uuid;
 BEGIN
+    dependants := 0;
     UPDATE unitvisor.runs r SET state = 'queued', cancel_requested_at = NULL, finished_at = NULL, updated_at = now(),
         start_deadline = CASE WHEN r.start_deadline <= now() THEN NULL ELSE r.start_deadline END,
-        held_at = NULL, held_by = NULL
+        held_at = NULL, held_by = NULL, after_met_at = NULL
     FROM (SELECT o.id, o.start_deadline FROM unitvisor.runs o WHERE o.id = resume_run.run_id FOR UPDATE) old
-    WHERE r.id = old.id AND r.state IN ('failed', 'cancelled', 'expired')
-    RETURNING r.priority, r.not_before, old.start_deadline AS old_deadline, r.start_deadline AS new_deadline
+    WHERE r.id = old.id AND r.state IN ('failed', 'cancelled', 'expired', 'skipped')
+    RETURNING r.priority, r.not_before, r.after_policy, old.start_deadline AS old_deadline,
+              r.start_deadline AS new_deadline
     INTO resumed;
     IF NOT FOUND THEN
         SELECT r.state INTO resume_run.state FROM unitvisor.runs r WHERE r.id = resume_run.run_id;
         changed := false;
         RETURN;
     END IF;
-    -- A job left behind by an older race is the job this run needs: keep it, never fail on it.
-    INSERT INTO unitvisor.spawn_jobs AS j (run_id, priority, scheduled_at)
-    VALUES (resume_run.run_id, resumed.priority, greatest(now(), resumed.not_before))
-    ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING;
+    IF resumed.after_policy IS NULL THEN
+        -- A job left behind by an older race is the job this run needs: keep it, never fail on it.
+        INSERT INTO unitvisor.spawn_jobs AS j (run_id, priority, scheduled_at)
+        VALUES (resume_run.run_id, resumed.priority, greatest(now(), resumed.not_before))
+        ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING;
+    END IF;
     INSERT INTO unitvisor.run_events (run_id, state, reason)
     VALUES (resume_run.run_id, 'queued', 'resumed by an operator' ||
             CASE WHEN resumed.old_deadline IS DISTINCT FROM resumed.new_deadline
                  THEN format('; its start deadline %s has passed and no longer applies',
                              to_char(resumed.old_deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
                  ELSE '' END);
-    resume_run.state := 'queued';
+    PERFORM unitvisor.settle_dependencies(resume_run.run_id);
+    IF coalesce(resume_run.with_dependants, false) THEN
+        -- Nearest first (the longest path from the resumed run): each then waits for a run reopened
+        -- before it. The graph has no cycle (a run names only runs that existed before it).
+        FOR below IN
+            WITH RECURSIVE down(id, depth) AS (
+                SELECT d.run_id, 1 FROM unitvisor.run_dependencies d JOIN unitvisor.runs c ON c.id = d.run_id
+                WHERE d.after_id = resume_run.run_id AND c.state = 'skipped'
+                UNION ALL
+                SELECT d.run_id, down.depth + 1 FROM down
+                JOIN unitvisor.run_dependencies d ON d.after_id = down.id
+                JOIN unitvisor.runs c ON c.id = d.run_id
+                WHERE c.state = 'skipped')
+            SELECT down.id FROM down GROUP BY down.id ORDER BY max(down.depth), down.id
+        LOOP
+            UPDATE unitvisor.runs r SET state = 'queued', cancel_requested_at = NULL, finished_at = NULL,
+                updated_at = now(), held_at = NULL, held_by = NULL, after_met_at = NULL,
+                start_deadline = CASE WHEN r.start_deadline <= now() THEN NULL ELSE r.start_deadline END
+            WHERE r.id = below AND r.state = 'skipped';
+            CONTINUE WHEN NOT FOUND;
+            INSERT INTO unitvisor.run_events (run_id, state, reason)
+            VALUES (below, 'queued', format('resumed by an operator with run %s, which it runs after', resume_run.run_id));
+            PERFORM unitvisor.settle_dependencies(below);
+            dependants := dependants + 1;
+        END LOOP;
+    END IF;
+    SELECT r.state INTO resume_run.state FROM unitvisor.runs r WHERE r.id = resume_run.run_id;
     changed := true;
 END $$;
 
+-- The one-argument form (006): the run alone, its skipped dependants left as they are; its body is
+-- the one above. A hold left on the run when it ended (a held run cancelled or expired) is dropped by
+-- both (030): resuming is the operator's decision to run it.
+CREATE FUNCTION unitvisor.resume_run(run_id uuid, OUT state text, OUT changed boolean)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT s.state, s.changed FROM unitvisor.resume_run(resume_run.run_id, false) s
+$$;
+
+
 -- run_status as in 005 (same columns), with the new facts: wait_reason from wait_reason() (so a run
 -- held by its not_before says so), and an expired run's outcome is `expired` and its reason the
--- expiry's (an expired run may have attempts that never started; how the run ended is the expiry).
+-- expiry's (an expired run may have attempts that never started; how the run ended is the expiry); a
+-- skipped run's (035) likewise `skipped` and the skip's, which names the run it needed.
 CREATE FUNCTION unitvisor.run_status(run_id uuid)
 RETURNS TABLE (id uuid, state text, created_at timestamptz, finished_at timestamptz, attempts integer,
                attempt integer, host_id text, outcome text, exit_status text, reason text,
@@ -1427,11 +1517,11 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT r.id, r.state, r.created_at, r.finished_at,
         (SELECT count(*)::integer FROM unitvisor.attempts c WHERE c.run_id = r.id),
         a.attempt, a.host_id,
-        CASE WHEN r.state = 'expired' THEN 'expired' ELSE a.outcome END,
-        a.exit_status,
-        CASE WHEN r.state = 'expired' THEN (SELECT e.reason FROM unitvisor.run_events e
-                                            WHERE e.run_id = r.id AND e.state = 'expired'
-                                            ORDER BY e.id DESC LIMIT 1)
+        CASE WHEN r.state IN ('expired', 'skipped') THEN r.state ELSE a.outcome END,
+        CASE WHEN r.state = 'skipped' THEN NULL ELSE a.exit_status END,
+        CASE WHEN r.state IN ('expired', 'skipped') THEN (SELECT e.reason FROM unitvisor.run_events e
+                                                           WHERE e.run_id = r.id AND e.state = r.state
+                                                           ORDER BY e.id DESC LIMIT 1)
              ELSE a.reason END,
         r.cancel_requested_at IS NOT NULL,
         unitvisor.wait_reason(r),
@@ -1443,11 +1533,12 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     WHERE r.id = run_status.run_id
 $$;
 
--- wait_reason as in 006, a held run first: nothing else matters while it is held.
+-- wait_reason as in 006: a held run first (030), then the runs it waits for (035): both must clear.
 CREATE FUNCTION unitvisor.wait_reason(r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE WHEN r.state <> 'queued' THEN NULL
-                WHEN r.held_at IS NOT NULL THEN unitvisor.held_text(r)
+                WHEN r.held_at IS NOT NULL THEN unitvisor.held_text(r) || coalesce('; and waits for ' || unitvisor.after_text(r), '')
+                WHEN unitvisor.after_text(r) IS NOT NULL THEN 'waits for ' || unitvisor.after_text(r)
                 WHEN r.not_before > now() THEN format('not before %s',
                     to_char(r.not_before AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
                 ELSE (SELECT w.reason FROM unitvisor.run_waits w WHERE w.run_id = r.id) END
@@ -1469,11 +1560,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            OR unitvisor.host_may_see(r.host_pin, r.id, unitvisor.my_host_id()))
 $$;
 
--- waited_for as in 013, a held run first (the reason of its expiry).
+-- waited_for as in 013, a held run first (030), then the runs it waits for (035): the reason of its expiry.
 CREATE FUNCTION unitvisor.waited_for(r unitvisor.runs) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(
         'its release: ' || unitvisor.held_text(r),
+        'the runs it runs after: ' || unitvisor.after_text(r),
         unitvisor.key_blocker_text(r),
         unitvisor.limit_text(r),
         unitvisor.fleet_refusal(r),
@@ -1511,6 +1603,174 @@ BEGIN
     END IF;
     RETURN max_rows;
 END $$;
+
+-- == functions: dependencies between runs (035) ====================================================
+
+-- Whether a run it runs after, now in `state`, is what a run with this after_policy needs: succeeded,
+-- or (for 'finished') ended in any way. A run that has ended and is not what it needs can no longer be
+-- (only a resume brings it back): the dependant is skipped.
+CREATE FUNCTION unitvisor.dependency_met(after_policy text, state text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT state = 'succeeded' OR (after_policy = 'finished' AND state = ANY (unitvisor.retention_states()))
+$$;
+
+-- submit_run's after, each run once in the order given (NULLs kept, for check_after to refuse); NULL
+-- for NULL or an empty array: no dependencies.
+CREATE FUNCTION unitvisor.after_ids(after uuid[]) RETURNS uuid[]
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT nullif(ARRAY(SELECT a.id FROM unnest(after) WITH ORDINALITY a(id, n)
+                        GROUP BY a.id ORDER BY min(a.n)), '{}')
+$$;
+
+-- The checks of submit_run's after and after_policy, in one place, each refusal naming its argument.
+-- The runs named are locked (FOR SHARE, in id order) until the submit commits: one of them ending now
+-- waits for it and then settles the new run (its trigger sees the new row), or has committed already,
+-- and the new run sees it ended. A run the caller may not see is refused as one that does not exist.
+CREATE FUNCTION unitvisor.check_after(after uuid[], after_policy text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    max_after constant integer := 1000;
+    missing uuid;
+BEGIN
+    IF check_after.after_policy IS NOT NULL AND check_after.after_policy NOT IN ('succeeded', 'finished') THEN
+        RAISE EXCEPTION 'after_policy: must be succeeded or finished, not %', quote_literal(left(check_after.after_policy, 64))
+            USING ERRCODE = 'check_violation', SCHEMA = 'unitvisor', TABLE = 'runs', CONSTRAINT = 'runs_after_policy_valid';
+    END IF;
+    IF check_after.after IS NULL THEN
+        IF check_after.after_policy IS NOT NULL THEN
+            RAISE EXCEPTION 'after_policy: only with after (the runs it runs after)'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        RETURN;
+    END IF;
+    IF array_position(check_after.after, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'after: must not hold NULL (each element is the id of a run it runs after)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(check_after.after) > max_after THEN
+        RAISE EXCEPTION 'after: names % runs, at most % may be named', cardinality(check_after.after), max_after
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM 1 FROM unitvisor.runs r WHERE r.id = ANY (check_after.after) ORDER BY r.id FOR SHARE;
+    SELECT a.id INTO missing FROM unnest(check_after.after) WITH ORDINALITY a(id, n)
+    WHERE NOT EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = a.id
+                      AND (pg_has_role(session_user, 'unitvisor_admin', 'MEMBER')
+                           OR pg_has_role(session_user, 'unitvisor_submitter', 'MEMBER')
+                           OR unitvisor.host_may_see(r.host_pin, r.id, unitvisor.my_host_id())))
+    ORDER BY a.n LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'after: no run % (only a run that exists can be named)', missing
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- Settle a queued run that waits for the runs it names: skipped when one of them has ended as it does
+-- not need (the reason names that run); released when all have ended as it needs (after_met_at, an
+-- event, and its spawn job unless it is held: release_run makes it then); else nothing. Returns what
+-- it did: 'skipped', 'released', 'waiting', or NULL (not a waiting run: no such run, not queued, no
+-- dependencies, released already).
+--
+-- The run's row is taken with an UPDATE first, and the runs it names read in the statements after it:
+-- in READ COMMITTED each has its own snapshot, taken after the lock, so of two sessions ending its two
+-- dependencies at once the second to get the lock sees the first's commit, and releases it, once.
+-- (An UPDATE, not only a lock, so that a REPEATABLE READ session that comes second fails to serialize
+-- instead of reading from before the first's commit.)
+CREATE FUNCTION unitvisor.settle_dependencies(run_id uuid) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    dependant unitvisor.runs;
+    broken record;
+    ended text;
+BEGIN
+    UPDATE unitvisor.runs r SET updated_at = now()
+    WHERE r.id = settle_dependencies.run_id AND r.state = 'queued' AND r.after_policy IS NOT NULL
+      AND r.after_met_at IS NULL
+    RETURNING r.* INTO dependant;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT p.id, p.state INTO broken FROM unitvisor.run_dependencies d JOIN unitvisor.runs p ON p.id = d.after_id
+    WHERE d.run_id = dependant.id AND p.state = ANY (unitvisor.retention_states())
+      AND NOT unitvisor.dependency_met(dependant.after_policy, p.state)
+    ORDER BY p.finished_at, p.id LIMIT 1;
+    IF FOUND THEN
+        DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = dependant.id AND j.state = 'available';
+        DELETE FROM unitvisor.run_waits w WHERE w.run_id = dependant.id;
+        -- A state change: runs_settle_dependants settles the runs that name this one in turn.
+        UPDATE unitvisor.runs r SET state = 'skipped', finished_at = now(), updated_at = now()
+        WHERE r.id = dependant.id;
+        INSERT INTO unitvisor.uncounted_skips (run_id) VALUES (dependant.id);
+        INSERT INTO unitvisor.run_events (run_id, state, reason)
+        VALUES (dependant.id, 'skipped', format('run %s, which it runs after, ended %s; it needed it to %s', broken.id,
+                broken.state, CASE WHEN dependant.after_policy = 'succeeded' THEN 'succeed' ELSE 'end' END));
+        RETURN 'skipped';
+    END IF;
+    SELECT string_agg(format('%s %s', s.n, s.state), ', ' ORDER BY s.state) INTO ended
+    FROM (SELECT p.state, count(*) AS n FROM unitvisor.run_dependencies d JOIN unitvisor.runs p ON p.id = d.after_id
+          WHERE d.run_id = dependant.id GROUP BY p.state) s
+    HAVING bool_and(unitvisor.dependency_met(dependant.after_policy, s.state));
+    IF ended IS NULL THEN
+        RETURN 'waiting';
+    END IF;
+    UPDATE unitvisor.runs r SET after_met_at = now() WHERE r.id = dependant.id;
+    IF dependant.held_at IS NULL THEN
+        INSERT INTO unitvisor.spawn_jobs AS j (run_id, priority, scheduled_at)
+        VALUES (dependant.id, dependant.priority, greatest(now(), dependant.not_before))
+        ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING;
+    END IF;
+    INSERT INTO unitvisor.run_events (run_id, state, reason)
+    VALUES (dependant.id, 'queued', format('the runs it runs after have ended (%s)%s', ended,
+            CASE WHEN dependant.held_at IS NOT NULL THEN '; it is still held' ELSE '' END));
+    RETURN 'released';
+END $$;
+
+-- When a run ends, each run that names it is settled, one at a time in id order (so that two sessions
+-- settling the same runs lock them in the same order). One index probe for a run nobody names.
+CREATE FUNCTION unitvisor.settle_dependants() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    dependant uuid;
+BEGIN
+    FOR dependant IN SELECT d.run_id FROM unitvisor.run_dependencies d WHERE d.after_id = NEW.id ORDER BY d.run_id LOOP
+        PERFORM unitvisor.settle_dependencies(dependant);
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+-- Whether a run that is not ended names this one: retention keeps it until that run has ended.
+CREATE FUNCTION unitvisor.needed_by_live_run(run_id uuid) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM unitvisor.run_dependencies d JOIN unitvisor.runs c ON c.id = d.run_id
+                   WHERE d.after_id = needed_by_live_run.run_id AND c.state <> ALL (unitvisor.retention_states()))
+$$;
+
+-- The skips no daemon has counted yet, taken by this one (each daemon's reconcile pass): how many. A
+-- skip another daemon is counting right now is left to it (its row is locked, and gone once it commits).
+CREATE FUNCTION unitvisor.count_skips(host_id text, host_epoch bigint) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    counted integer;
+BEGIN
+    PERFORM unitvisor.check_fence(count_skips.host_id, count_skips.host_epoch);
+    WITH gone AS (DELETE FROM unitvisor.uncounted_skips s
+                  WHERE s.ctid = ANY (ARRAY(SELECT o.ctid FROM unitvisor.uncounted_skips o FOR UPDATE SKIP LOCKED))
+                  RETURNING 1)
+    SELECT count(*)::integer INTO counted FROM gone;
+    RETURN counted;
+END $$;
+
+-- The runs a waiting run still waits for, in words: the first submitted, and how many more ("run X
+-- (running) and 2 more"). NULL when it waits for none (not queued, released, no dependencies).
+CREATE FUNCTION unitvisor.after_text(r unitvisor.runs) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT format('run %s (%s)%s', f.id, f.state, CASE WHEN f.n > 1 THEN format(' and %s more', f.n - 1) ELSE '' END)
+    FROM (SELECT p.id, p.state, count(*) OVER () AS n
+          FROM unitvisor.run_dependencies d JOIN unitvisor.runs p ON p.id = d.after_id
+          WHERE d.run_id = r.id AND p.state <> ALL (unitvisor.retention_states())
+          ORDER BY p.created_at, p.seq, p.id LIMIT 1) f
+    WHERE r.state = 'queued' AND r.after_policy IS NOT NULL AND r.after_met_at IS NULL
+$$;
 
 -- == functions: hosts, their registration, liveness and fence =======================================
 
@@ -3122,7 +3382,7 @@ $$;
 -- before them), so a new state needs no new index, as long as it sets finished_at too.
 CREATE FUNCTION unitvisor.retention_states() RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT ARRAY['succeeded', 'failed', 'cancelled', 'expired']::text[]
+    SELECT ARRAY['succeeded', 'failed', 'cancelled', 'expired', 'skipped']::text[]
 $$;
 
 -- prune: delete one batch of history older than older_than, as the admin (`unitvisor prune`), or
@@ -3135,7 +3395,8 @@ $$;
 -- What is never deleted: a run that is not in a terminal state, or whose finished_at is younger than
 -- older_than, or that has an attempt without an outcome (whatever its state says: an admin's UPDATE,
 -- a late outcome), or that another session holds locked right now (a resume, an outcome: SKIP LOCKED,
--- it is met again by the next batch); an available spawn job of a run that is kept.
+-- it is met again by the next batch); an available spawn job of a run that is kept; a run that a run
+-- not yet ended names (035: needed_by_live_run), until that run has ended.
 --
 -- Invoker's rights, granted to nobody: the admin (the owner) runs it. Hosts prune through
 -- prune_history below.
@@ -3160,7 +3421,8 @@ BEGIN
         WITH doomed AS (
             SELECT r.id FROM unitvisor.runs r
             WHERE r.finished_at < cutoff AND r.state = ANY (unitvisor.retention_states())
-              AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.outcome IS NULL))
+              AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.outcome IS NULL)
+              AND NOT unitvisor.needed_by_live_run(r.id))
         SELECT (SELECT count(*) FROM doomed),
                (SELECT count(*) FROM unitvisor.attempts a JOIN doomed d ON d.id = a.run_id),
                (SELECT count(*) FROM unitvisor.run_events e JOIN doomed d ON d.id = e.run_id),
@@ -3180,6 +3442,7 @@ BEGIN
         SELECT r.id FROM unitvisor.runs r
         WHERE r.finished_at < cutoff AND r.finished_at IS NOT NULL AND r.state = ANY (unitvisor.retention_states())
           AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.outcome IS NULL)
+          AND NOT unitvisor.needed_by_live_run(r.id)
         ORDER BY r.finished_at
         LIMIT prune.batch_size
         FOR UPDATE OF r SKIP LOCKED) o;
@@ -3430,8 +3693,16 @@ CREATE TRIGGER runs_placement_valid BEFORE INSERT OR UPDATE OF host_labels ON un
 -- The completion signal on unitvisor_run_finished: one per run reaching a terminal state.
 CREATE TRIGGER runs_notify_finished AFTER UPDATE OF state ON unitvisor.runs
     FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state AND NEW.state IN ('succeeded', 'failed', 'cancelled', 'expired'))
+    WHEN (OLD.state IS DISTINCT FROM NEW.state
+          AND NEW.state IN ('succeeded', 'failed', 'cancelled', 'expired', 'skipped'))
     EXECUTE FUNCTION unitvisor.notify_run_finished();
+
+-- The settling of the runs that name a run, when it ends (settle_dependants).
+CREATE TRIGGER runs_settle_dependants AFTER UPDATE OF state ON unitvisor.runs
+    FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state
+          AND NEW.state IN ('succeeded', 'failed', 'cancelled', 'expired', 'skipped'))
+    EXECUTE FUNCTION unitvisor.settle_dependants();
 
 -- The wake-up of the hosts that could claim a new spawn job: noted per statement, sent once per
 -- transaction at commit (note_spawn_jobs and notify_spawn_targets say how).
@@ -4038,6 +4309,13 @@ CREATE POLICY run_waits_submitter_reads ON unitvisor.run_waits FOR SELECT TO uni
 CREATE POLICY run_waits_host_reads ON unitvisor.run_waits FOR SELECT TO unitvisor_host
     USING (EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = run_waits.run_id));
 
+ALTER TABLE unitvisor.run_dependencies ENABLE ROW LEVEL SECURITY;
+CREATE POLICY run_dependencies_submitter_reads ON unitvisor.run_dependencies FOR SELECT TO unitvisor_submitter
+    USING (true);
+-- A host sees the dependencies of the runs it may see, as their attempts and events.
+CREATE POLICY run_dependencies_host_reads ON unitvisor.run_dependencies FOR SELECT TO unitvisor_host
+    USING (EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = run_dependencies.run_id));
+
 -- spawn_jobs: read by the submitter (every row) and by nobody else but the admin. Under a policy too,
 -- so that a grant to unitvisor_host added by mistake later shows no row.
 ALTER TABLE unitvisor.spawn_jobs ENABLE ROW LEVEL SECURITY;
@@ -4057,14 +4335,16 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA unitvisor FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA unitvisor TO unitvisor_submitter, unitvisor_host;
 GRANT SELECT ON unitvisor.schema_migrations, unitvisor.runs, unitvisor.attempts, unitvisor.run_events,
-    unitvisor.run_waits, unitvisor.hosts TO unitvisor_submitter, unitvisor_host;
+    unitvisor.run_waits, unitvisor.hosts, unitvisor.run_dependencies TO unitvisor_submitter, unitvisor_host;
 GRANT SELECT ON unitvisor.spawn_jobs TO unitvisor_submitter;
 GRANT SELECT ON unitvisor.schedules TO unitvisor_submitter;
 GRANT SELECT ON unitvisor.limits TO unitvisor_submitter;
 
 -- Both: who they are, and why a run waits (a policy's functions run with the privileges of the role that queries).
 GRANT EXECUTE ON FUNCTION
+    unitvisor.after_text(unitvisor.runs),
     unitvisor.cron_next(text,text,timestamp with time zone),
+    unitvisor.dependency_met(text,text),
     unitvisor.failure_verdict(integer,text[],text[],boolean,integer,boolean,integer,integer,text,text),
     unitvisor.freeze_pending(unitvisor.attempts),
     unitvisor.freeze_text(unitvisor.attempts),
@@ -4076,6 +4356,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.my_host_id(),
     unitvisor.next_attempt_at(uuid),
     unitvisor.refusals_now(uuid[]),
+    unitvisor.retention_states(),
     unitvisor.run_status(uuid),
     unitvisor.runs_with_labels(jsonb,integer),
     unitvisor.wait_reason(unitvisor.runs),
@@ -4086,6 +4367,7 @@ GRANT EXECUTE ON FUNCTION
 -- what its policies call.
 GRANT EXECUTE ON FUNCTION
     unitvisor.claim_jobs(text,bigint,integer,text,interval,interval),
+    unitvisor.count_skips(text,bigint),
     unitvisor.declare_dead(text,bigint,double precision,integer),
     unitvisor.declare_dead_hosts(text,bigint,double precision),
     unitvisor.expire_runs(text,bigint),
@@ -4129,11 +4411,12 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.release_run(uuid),
     unitvisor.resume_run(uuid),
     unitvisor.set_limit(text,jsonb,integer),
+    unitvisor.resume_run(uuid,boolean),
     unitvisor.create_schedule(text,text,text,jsonb,text,text),
     unitvisor.drop_schedule(text),
     unitvisor.pause_schedule(text,boolean),
     unitvisor.submit_run_spec(jsonb),
-    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer,boolean,integer,jsonb,boolean,bigint),
+    unitvisor.submit_run(text[],jsonb,text,text,bigint,integer,integer,integer,bigint,integer,text,integer,integer,integer,text[],boolean,text,jsonb,text,timestamp with time zone,timestamp with time zone,bigint,text,integer,integer,text,text[],boolean,integer,boolean,integer,jsonb,boolean,bigint,uuid[],text),
     unitvisor.thaw_run(uuid)
     TO unitvisor_submitter;
 
@@ -4172,4 +4455,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('030_hold_freeze'),
     ('032_concurrency_limits'),
     ('033_placement'),
-    ('034_river');
+    ('034_river'),
+    ('035_dependencies');

@@ -22,8 +22,8 @@ in UTC; absent values are `null`.
 | field | meaning |
 |---|---|
 | `id` | the run's UUID |
-| `state` | `queued`, `starting`, `running`, `succeeded`, `failed`, `cancelled` or `expired` (not started by \
-its start deadline) |
+| `state` | `queued`, `starting`, `running`, `succeeded`, `failed`, `cancelled`, `expired` (not started by \
+its start deadline) or `skipped` (a run it runs after can no longer be what it needs) |
 | `argv` | the command, exactly as it runs |
 | `environment` | object of NAME: value |
 | `working_directory`, `user`, `host_pin`, `priority` | as submitted |
@@ -50,6 +50,10 @@ concurrency key it waits for, or why no live host accepts it (`null`: none of th
 `io_write_bytes`, `tasks_peak`: null where not measured), `not_measured` (an ended attempt's null figures, each with \
 what its host would need to measure it), `output_tail`, `warned_at` (when its host sent the run's `warn_signal`; \
 `null`: not sent) |
+| `after_policy`, `after` | what the run needs of the runs it runs after (`succeeded` or `finished`; \
+`null`: it names none), and those runs: `id`, `state`, `met` (`true`; `false`: can no longer be; `null`: not \
+ended yet) |
+| `dependants` | the ids of the runs that run after this one |
 | `events` | the recent history, oldest first: `at`, `attempt`, `host`, `state`, `reason` |
 | `logs_command` | the journalctl command that shows the run's output |
 
@@ -58,7 +62,8 @@ what its host would need to measure it), `output_tail`, `warned_at` (when its ho
 
 `unitvisor runs --json`: a list, newest first, of `id`, `state`, `host`, `attempt`, `created_at`,
 `started_at`, `ended_at`, `outcome`, `exit_status` (the latest attempt's values, as
-`unitvisor.run_status` returns them: an expired run's `outcome` is `expired`), `argv`, `labels`,
+`unitvisor.run_status` returns them: an expired run's `outcome` is `expired`, a skipped run's `skipped`),
+`argv`, `labels`,
 `concurrency_key`, `not_before`, `start_deadline`, `wait_reason` and `no_host_accepts` (as in `show`).
 A role that cannot read every run (a host's own, the default DSN on a host) gets the runs it may read,
 and a note on stderr says the list may be partial; the JSON on stdout stays a list.
@@ -81,7 +86,7 @@ arguments), `overlap`, `catch_up`, `paused`, `next_due` (`null`: never again), `
 
 0 success; 1 failure (including "nothing to do" refusals such as cancelling a finished run, and a
 database without the schema or behind it: run `unitvisor migrate`); 2 bad usage. `wait` exits 0 when
-the run succeeded and 1 when it failed, was cancelled or expired. `wait` also exits
+the run succeeded and 1 when it failed, was cancelled, expired or was skipped. `wait` also exits
 124 when its `--timeout` passed first, and 75 (EX_TEMPFAIL) when it could not tell how the run ended:
 the database was unreachable, or lost while waiting; the run may still be running, so wait again.
 Errors are one line on stderr; `--debug` shows tracebacks (never for bad usage).

@@ -160,6 +160,11 @@ class Metrics:
         self.runs_expired = Counter("unitvisor_runs_expired", "Queued runs past their start deadline that this "
                                     "daemon's fleet upkeep ended as expired (the one caller that expires runs "
                                     "from schema 12 on: summed over the fleet, every expiry)", registry=r)
+        # A skipped run (schema 035) has no attempt either; it is skipped by whatever session ended the run it
+        # needed, and counted here by the daemon that takes it from the database (count_skips).
+        self.runs_skipped = Counter("unitvisor_runs_skipped", "Runs ended skipped (a run they run after can no "
+                                    "longer be what they need) that this daemon counted; each skip is counted by "
+                                    "one daemon: summed over the fleet, every skip", registry=r)
         # Schedules (sql/migrations/028_schedules.sql): what this daemon's upkeep did with due times.
         self.schedule_runs = Counter("unitvisor_schedule_runs_submitted", "Runs of schedules this daemon's fleet "
                                      "upkeep submitted, one per due time (summed over the fleet: every one)",
@@ -245,6 +250,10 @@ class Metrics:
     def expired(self, runs: int) -> None:
         """This daemon's call of unitvisor.expire_runs committed, ending `runs` runs as expired."""
         self.runs_expired.inc(runs)
+
+    def skipped(self, runs: int) -> None:
+        """This daemon took `runs` skips that no daemon had counted (unitvisor.count_skips committed)."""
+        self.runs_skipped.inc(runs)
 
     def schedules(self, submitted: int, missed: int, overlapping: int, refused: int) -> None:
         """This daemon's call of unitvisor.submit_due_schedules committed."""

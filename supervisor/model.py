@@ -6,9 +6,10 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-# expired (schema 006): not started by its start deadline.
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
-RUN_STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "expired")
+# expired (schema 006): not started by its start deadline; skipped (schema 035): a run it runs after
+# can no longer succeed (or end, as it needs), so it never started.
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired", "skipped"})
+RUN_STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "expired", "skipped")
 
 
 @dataclass(frozen=True)

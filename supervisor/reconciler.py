@@ -959,6 +959,17 @@ class Reconciler:
             self.metrics.expired(expired)
         return expired
 
+    def count_skips(self) -> int:
+        """Count the runs skipped since any daemon last looked (schema 035): a skip happens in whatever
+        transaction ends the run it needed (an outcome, a cancel from the CLI, an expiry), so no daemon
+        sees it happen; the database keeps each one until a daemon takes it (store.count_skips)."""
+        skipped = store.count_skips(self.conn, self.fence)  # autocommit: committed on return
+        if skipped:
+            event("runs-skipped", host=self.host_id, runs=skipped)
+        if self.metrics is not None:
+            self.metrics.skipped(skipped)
+        return skipped
+
     def submit_due_schedules(self) -> list[store.ScheduleTurn]:
         """Submit the run of each schedule due now, once per due time across the fleet (the database
         locks each schedule's row and moves it on in the same statement), said in the journal and counted."""

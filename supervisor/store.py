@@ -514,6 +514,8 @@ _SUBMIT_ARGS = {
     "concurrency_limit": "integer",
     # schema 033: placement (labels every host that runs it must have; a retry's preference for another host)
     "host_labels": "jsonb", "avoid_failed_host": "boolean",
+    # schema 035: the runs it runs after, and what it needs of them ('succeeded' or 'finished')
+    "after": "uuid[]", "after_policy": "text",
 }
 _JSON_ARGS = ("environment", "labels", "host_labels")
 
@@ -612,8 +614,10 @@ def get_events(conn: Connection, run_id: uuid.UUID, limit: int = 20) -> list[dic
 
 def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = None,
               since: timedelta | None = None, limit: int = 50,
-              labels: dict[str, str] | None = None, held: bool = False) -> list[dict[str, Any]]:
-    """Runs, newest first; with `held`, only held runs (schema 030); with `labels`, only runs that carry
+              labels: dict[str, str] | None = None, held: bool = False,
+              after: uuid.UUID | None = None) -> list[dict[str, Any]]:
+    """Runs, newest first; with `held`, only held runs (schema 030); with `after`, only the runs that
+    run after that one (name it in their after, schema 035); with `labels`, only runs that carry
     every one of them (the @> of unitvisor.runs_with_labels, on the same GIN index). The status columns
     (state, the latest attempt's host, number, outcome and exit status) are unitvisor.run_status's, read
     for the rows listed only, so that `runs` says what a control plane reads: an expired run's outcome
@@ -634,11 +638,14 @@ def list_runs(conn: Connection, states: Sequence[str] = (), host: str | None = N
                        AND (%(since)s::interval IS NULL OR r.created_at >= now() - %(since)s::interval)
                        AND r.labels @> %(labels)s::jsonb
                        AND (NOT %(held)s OR (r.state = 'queued' AND r.held_at IS NOT NULL))
+                       AND (%(after)s::uuid IS NULL OR EXISTS (
+                            SELECT 1 FROM unitvisor.run_dependencies d
+                            WHERE d.run_id = r.id AND d.after_id = %(after)s::uuid))
                      ORDER BY r.created_at DESC, r.seq DESC NULLS LAST, r.id LIMIT %(limit)s) q
                CROSS JOIN LATERAL unitvisor.run_status(q.id) s
                ORDER BY q.created_at DESC, q.seq DESC NULLS LAST, q.id""",
             {"states": list(states), "host": host, "since": since, "limit": limit, "labels": Jsonb(labels or {}),
-             "held": held},
+             "held": held, "after": after},
         ).fetchall()
 
 
@@ -681,6 +688,43 @@ def resume_run(conn: Connection, run_id: uuid.UUID) -> Transition:
     queued, starting, running or succeeded."""
     row = conn.execute("SELECT state, changed FROM unitvisor.resume_run(%s)", (run_id,)).fetchone()
     return Transition(row[0], row[1])
+
+
+def resume_with_dependants(conn: Connection, run_id: uuid.UUID) -> tuple[Transition, int]:
+    """resume_run, and every run skipped below this one reopened too, waiting for it again
+    (unitvisor.resume_run(run, with_dependants => true), schema 035). Returns the run's transition and
+    how many dependants were reopened."""
+    row = conn.execute("SELECT state, changed, dependants FROM unitvisor.resume_run(%s, true)", (run_id,)).fetchone()
+    return Transition(row[0], row[1]), row[2]
+
+
+# -- dependencies (schema 035) ------------------------------------------------------------------
+
+
+def dependencies_of(conn: Connection, run_id: uuid.UUID) -> tuple[str | None, list[dict[str, Any]]]:
+    """What a run needs of the runs it runs after ('succeeded' or 'finished'; None: it names none),
+    and those runs, oldest first: id, state, and whether their state is what it needs (met: True),
+    can no longer be (False), or they have not ended (None)."""
+    policy = conn.execute("SELECT after_policy FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone()
+    if policy is None or policy[0] is None:
+        return None, []
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            """SELECT p.id, p.state,
+                      CASE WHEN p.state = ANY (unitvisor.retention_states())
+                           THEN unitvisor.dependency_met(%(policy)s, p.state) END AS met
+               FROM unitvisor.run_dependencies d JOIN unitvisor.runs p ON p.id = d.after_id
+               WHERE d.run_id = %(run)s ORDER BY p.created_at, p.seq NULLS FIRST, p.id""",
+            {"run": run_id, "policy": policy[0]}).fetchall()
+    return policy[0], rows
+
+
+def dependants_of(conn: Connection, run_id: uuid.UUID) -> list[uuid.UUID]:
+    """The runs that run after this one (name it in their after), oldest first."""
+    rows = conn.execute(
+        """SELECT c.id FROM unitvisor.run_dependencies d JOIN unitvisor.runs c ON c.id = d.run_id
+           WHERE d.after_id = %s ORDER BY c.created_at, c.seq NULLS FIRST, c.id""", (run_id,)).fetchall()
+    return [row[0] for row in rows]
 
 
 # -- hold and freeze (schema 030) ---------------------------------------------------------------
@@ -1105,6 +1149,13 @@ def expire_runs(conn: Connection, fence: Fence) -> int:
     any may explain why a run waits); returns how many."""
     with _fencing():
         return conn.execute("SELECT unitvisor.expire_runs(%s, %s)", (fence.host_id, fence.epoch)).fetchone()[0]
+
+
+def count_skips(conn: Connection, fence: Fence) -> int:
+    """Take the runs skipped (schema 035) that no daemon has counted yet: how many. Each skip is taken
+    by one daemon of the fleet, so that the fleet's counters summed have every skip once."""
+    with _fencing():
+        return conn.execute("SELECT unitvisor.count_skips(%s, %s)", (fence.host_id, fence.epoch)).fetchone()[0]
 
 
 _PRUNED_COLUMNS = "runs, attempts, events, jobs, busy"

@@ -7,7 +7,8 @@
 \set SHOW_CONTEXT never
 \pset footer off
 
--- Hear about finished runs: one notification per run that reaches succeeded, failed, cancelled or expired.
+-- Hear about finished runs: one notification per run that reaches succeeded, failed, cancelled, expired
+-- or skipped.
 LISTEN unitvisor_run_finished;
 
 -- Submit, with a key so that a retry after a lost COMMIT cannot queue the run twice, and labels to
@@ -62,3 +63,17 @@ SELECT state, changed FROM unitvisor.hold_run(:'report');
 SELECT state, changed FROM unitvisor.release_run(:'report');
 SELECT state, wait_reason FROM unitvisor.run_status(:'report');
 SELECT state, changed FROM unitvisor.cancel_run(:'report');
+
+-- Runs after runs (schema 35): a load after an extract, a report after the load. They wait without a
+-- spawn job, and say for what. The extract cancelled, the two below it end skipped, each naming the run
+-- it needed; resumed with its dependants, they wait for it again.
+SELECT unitvisor.submit_run(ARRAY['/opt/jobs/bin/extract']) AS extract \gset
+SELECT unitvisor.submit_run(ARRAY['/opt/jobs/bin/load'], after => ARRAY[:'extract']::uuid[]) AS load \gset
+SELECT unitvisor.submit_run(ARRAY['/opt/jobs/bin/summary'], after => ARRAY[:'load']::uuid[],
+                            after_policy => 'succeeded') AS summary \gset
+SELECT state, wait_reason FROM unitvisor.run_status(:'load');
+SELECT state, changed FROM unitvisor.cancel_run(:'extract');
+SELECT state, outcome, reason FROM unitvisor.run_status(:'summary');
+SELECT state, changed, dependants FROM unitvisor.resume_run(:'extract', with_dependants => true);
+SELECT state, wait_reason FROM unitvisor.run_status(:'summary');
+SELECT state, changed FROM unitvisor.cancel_run(:'extract');

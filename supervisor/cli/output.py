@@ -161,7 +161,7 @@ def command_text(argv: list[str], width: int | None = None) -> str:
 
 _COLOURS = {"succeeded": "green", "ok": "green", "active": "green", "running": "cyan", "starting": "cyan",
             "queued": "blue", "failed": "red", "fail": "red", "cancelled": "yellow", "expired": "yellow",
-            "warn": "yellow",
+            "skipped": "yellow", "warn": "yellow",
             "draining": "yellow", "stopped": "bright_black", "dead": "red"}
 
 

@@ -117,6 +117,11 @@ from supervisor.quantities import format_duration, format_size, parse_duration, 
 @failure_options
 @click.option("--hold", is_flag=True,
               help="Submit it held: queued, but no host claims it until `unitvisor release RUN`.")
+@click.option("--after", "after", multiple=True, metavar="RUN",
+              help="Run only after RUN has ended (repeatable: after all of them); by default RUN must succeed, "
+                   "or this run ends skipped. A run id or a unique prefix of one.")
+@click.option("--after-policy", type=click.Choice(("succeeded", "finished")),
+              help="What --after needs of each RUN: succeeded (the default), or finished (ended in any way).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 @pass_ctx
 def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
@@ -175,6 +180,12 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
             else None
         fields["not_before"] = at_time(options["not_before"], now)
         fields["start_deadline"] = at_time(options["start_deadline"], now)
+        # Dependencies (schema 035): only when asked, so that a database before it still takes the run.
+        if options["after_policy"] and not options["after"]:
+            raise click.UsageError("--after-policy: needs --after (the runs it runs after)")
+        if options["after"]:
+            fields["after"] = [resolve_run_id(conn, text) for text in options["after"]]
+            fields["after_policy"] = options["after_policy"]
         if fields["not_before"] and fields["start_deadline"] and fields["start_deadline"] <= fields["not_before"]:
             raise click.UsageError("--start-deadline: must be later than --not-before")
         try:
@@ -187,6 +198,28 @@ def submit(ctx: Context, command: tuple[str, ...], **options: Any) -> None:
         # Queued all the same (a host may come, or be allowed it, later), but said now rather than by
         # `show` after two poll intervals: a typo in --host or --user, or an executable no host allows.
         click.echo(f"unitvisor: warning: run {run_id} waits: {refused}", err=True)
+
+
+def _add_dependencies(conn: store.Connection, run: Run, data: dict) -> None:
+    """show's facts of schema 035: what the run needs of the runs it runs after, each of them with its
+    state and whether that is what it needs (met: true, false when it can no longer be, null while it
+    has not ended), and the runs that run after it."""
+    policy, after = store.dependencies_of(conn, run.id)
+    data["after_policy"] = policy
+    data["after"] = [{"id": str(a["id"]), "state": a["state"], "met": a["met"]} for a in after]
+    data["dependants"] = [str(d) for d in store.dependants_of(conn, run.id)]
+
+
+def _dependency_lines(data: dict) -> list[str]:
+    """show's lines for _add_dependencies' facts: none for a run that names no run and that none names."""
+    lines = []
+    if data["after"]:
+        words = {True: "met", False: "can no longer be met", None: "waiting"}
+        lines.append(f"  after:     {data['after_policy']} of each:")
+        lines += [f"    {a['id']} {a['state']} ({words[a['met']]})" for a in data["after"]]
+    if data["dependants"]:
+        lines.append(f"  run after it: {len(data['dependants'])} (unitvisor runs --after {data['id'][:8]})")
+    return lines
 
 
 def _add_hold_and_freeze(conn: store.Connection, run: Run, data: dict) -> None:
@@ -250,6 +283,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         data["wait_reason"], due, now = _waiting(conn, run, data)
         data["next_attempt_at"] = iso(due)
         _add_hold_and_freeze(conn, run, data)
+        _add_dependencies(conn, run, data)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -290,6 +324,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     rules = rules_line(run)
     if rules:
         lines.append(f"  failure:   {rules}")
+    lines += _dependency_lines(data)
     lines.append(f"  attempts:  {attempts_line(run, attempts, attempts_text(len(attempts), run.max_attempts))}")
     for attempt, a in zip(attempts, data["attempts"], strict=True):
         lines.append(f"  {attempt_label(run, attempt)}: host={a['host']} unit={a['unit']} "
@@ -313,20 +348,22 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--state", "states", multiple=True, type=click.Choice(RUN_STATES),
-              help="Only runs in this state (repeatable).")
+# A metavar, not the list of choices: with skipped (schema 035) the list no longer fits a man page's line.
+@click.option("--state", "states", multiple=True, type=click.Choice(RUN_STATES), metavar="STATE",
+              help="Only runs in this state (repeatable): " + ", ".join(RUN_STATES) + ".")
 @click.option("--host", help="Only runs whose latest attempt is on this host.")
 @click.option("--since", callback=quantity(parse_duration, 1, 10**10, "1s to 115740d", "seconds"),
               help="Only runs created this recently, like 1h.")
 @click.option("--label", "labels", multiple=True, callback=label_pairs, metavar="KEY=VALUE",
               help="Only runs with this label (repeatable: all of them).")
 @click.option("--held", is_flag=True, help="Only held runs (`unitvisor hold`, `submit --hold`).")
+@click.option("--after", "after", metavar="RUN", help="Only the runs that run after RUN (`submit --after`).")
 @click.option("--limit", type=IntRange(1, 100000), default=50, show_default=True)
 @click.option("--wide", is_flag=True, help="Show the whole command, not its first 60 characters.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float | None, labels: dict[str, str],
-         held: bool, limit: int, wide: bool, as_json: bool) -> None:
+         held: bool, after: str | None, limit: int, wide: bool, as_json: bool) -> None:
     """List runs, newest first.
 
     Below the table, why each queued run waits, as `show` says it. On a host's own DSN (the default
@@ -338,7 +375,7 @@ def runs(ctx: Context, states: tuple[str, ...], host: str | None, since: float |
     """
     with ctx.connect() as conn:
         rows = store.list_runs(conn, states, host, timedelta(seconds=since) if since else None, limit, labels,
-                               held=held)
+                               held=held, after=resolve_run_id(conn, after) if after else None)
         now = store.now(conn)
         queued = [r["id"] for r in rows if r["state"] == "queued"][:MAX_REFUSALS_ASKED]
         refusals = store.fleet_refusals(conn, queued) if queued else {}
@@ -399,9 +436,12 @@ def _transition(ctx: Context, run_id: str, request: Any, refused: str) -> tuple[
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
+@click.option("--with-dependants", is_flag=True,
+              help="Also reopen the runs skipped because of this one (and those below them): they wait for it "
+                   "again.")
 @pass_ctx
-def resume(ctx: Context, run_id: str) -> None:
-    """Reopen a failed, cancelled or expired run: a new attempt with the command and limits its row has now.
+def resume(ctx: Context, run_id: str, with_dependants: bool) -> None:
+    """Reopen a failed, cancelled, expired or skipped run: a new attempt with the command and limits its row has now.
 
     The run is queued again at once (an expired run's passed --start-deadline is dropped). Its
     attempts are numbered on from the last one, and a failed attempt is retried only while its
@@ -410,13 +450,30 @@ def resume(ctx: Context, run_id: str) -> None:
     it again for another), one cancelled or failed earlier gets the attempts it had left. Earlier
     attempts and their outcomes are kept; a pending cancel is cleared.
 
+    A run that runs after others (submit --after) waits for them again: it is skipped again at once
+    if one of them still is not what it needs. The runs skipped because this one failed stay skipped
+    unless --with-dependants reopens them too.
+
     \b
     Example:
-      unitvisor resume 3f2a9c
+      unitvisor resume 3f2a9c --with-dependants
     """
-    rid, _ = _transition(ctx, run_id, store.resume_run,
-                         "run {id} {is_state}; only a failed, cancelled or expired run can be resumed")
-    click.echo(f"run {rid} queued again")
+    reopened = 0
+
+    def request(conn: store.Connection, rid: uuid.UUID) -> store.Transition:
+        nonlocal reopened
+        if not with_dependants:
+            return store.resume_run(conn, rid)
+        result, reopened = store.resume_with_dependants(conn, rid)
+        return result
+
+    rid, result = _transition(ctx, run_id, request,
+                              "run {id} {is_state}; only a failed, cancelled, expired or skipped run can be resumed")
+    if result.state == "skipped":
+        raise Failure(f"run {rid} skipped again: a run it runs after still is not what it needs "
+                      f"(unitvisor show {str(rid)[:8]})")
+    below = f", and {reopened} run{'s' if reopened > 1 else ''} skipped below it queued again too" if reopened else ""
+    click.echo(f"run {rid} queued again{below}")
 
 
 @cli.command()
@@ -525,7 +582,7 @@ def wait(ctx: Context, run_id: str, timeout: float | None) -> None:
     \b
     Exit status:
       0    the run succeeded
-      1    it failed, was cancelled or expired (or: no such run, bad configuration, no schema)
+      1    it failed, was cancelled, expired or skipped (or: no such run, bad configuration, no schema)
       124  --timeout passed first; the run goes on
       75   could not tell: the database was unreachable, or lost while waiting (EX_TEMPFAIL);
            the run may still be running or have ended: wait again

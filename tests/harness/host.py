@@ -122,7 +122,8 @@ class Host:
     def show(self, run_id: str) -> dict[str, Any]:
         return json.loads(self.cli("show", run_id, "--json").stdout)
 
-    def wait_run(self, run_id: str, states: tuple[str, ...] = ("succeeded", "failed", "cancelled", "expired"),
+    def wait_run(self, run_id: str,
+                 states: tuple[str, ...] = ("succeeded", "failed", "cancelled", "expired", "skipped"),
                  timeout: float = 60) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
             data = self.show(run_id)

@@ -138,7 +138,7 @@ def test_resume_past_max_attempts_and_of_a_succeeded_run_read_sensibly(cli, dsn:
     done = submit(cli, dsn, "--", "/bin/true")
     finish(conn, fence, Outcome("success", "exit:0", "exited 0"), "succeeded")
     line = assert_one_line_error(cli("resume", str(done), dsn=dsn), 1)
-    assert line == f"unitvisor: run {done} succeeded; only a failed, cancelled or expired run can be resumed"
+    assert line == f"unitvisor: run {done} succeeded; only a failed, cancelled, expired or skipped run can be resumed"
 
 
 def test_runs_cuts_a_long_command_at_a_word_and_wide_shows_it_all(cli, dsn: str, conn: psycopg.Connection) -> None:

@@ -498,7 +498,8 @@ HOST_FUNCTIONS = {
     "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze",  # 030: hold and freeze
     "limit_status",  # 032: named limits (the daemon's metrics read them)
     "host_labels", "register_host_labels",  # 033: placement
-    "submit_river_run", "river_runs", "cancel_river_run"}  # 034: the River source
+    "submit_river_run", "river_runs", "cancel_river_run",  # 034: the River source
+    "after_text", "dependency_met", "retention_states", "count_skips"}  # 035: dependencies
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
                        "refusals_now",
@@ -507,8 +508,10 @@ SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run
                        "freeze_pending", "freeze_text", "held_text", "hold_run", "release_run", "freeze_run",
                        "thaw_run",  # 030
                        "limit_status", "set_limit", "drop_limit",  # 032: named limits
-                       "host_labels"}  # 033: placement
-READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations"}
+                       "host_labels",  # 033: placement
+                       "after_text", "dependency_met", "retention_states"}  # 035 (and resume_run's second form)
+READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations",
+        "run_dependencies"}  # 035
 
 
 @pytest.mark.parametrize(("role", "functions", "tables"), [

@@ -48,10 +48,14 @@ def assert_example_prints_its_out(postgres: Postgres, dbname: str, script: Path)
 def test_the_documented_psql_example_runs_and_prints_what_the_docs_show(
         postgres: Postgres, conn: psycopg.Connection) -> None:
     assert_example_prints_its_out(postgres, conn.info.dbname, SCRIPT)
-    # And what it did is what the database holds: three runs, cancelled, the last one held and released.
-    assert conn.execute("SELECT state, labels, concurrency_key, held_at FROM unitvisor.runs ORDER BY created_at"
-                        ).fetchall() == [("cancelled", {"team": "docs", "pipeline": "nightly"}, None, None),
-                                         ("cancelled", {}, "db-migrate", None), ("cancelled", {}, None, None)]
+    # And what it did is what the database holds: three runs, cancelled, the third one held and released;
+    # then a chain of three, the first cancelled twice and the two below it skipped again.
+    assert conn.execute("SELECT state, labels, concurrency_key, held_at, after_policy FROM unitvisor.runs "
+                        "ORDER BY created_at").fetchall() == [
+        ("cancelled", {"team": "docs", "pipeline": "nightly"}, None, None, None),
+        ("cancelled", {}, "db-migrate", None, None), ("cancelled", {}, None, None, None),
+        ("cancelled", {}, None, None, None), ("skipped", {}, None, None, "succeeded"),
+        ("skipped", {}, None, None, "succeeded")]
 
 
 DOC = REPO / "docs" / "sql-api.md"

@@ -829,6 +829,15 @@ def test_a_reconcile_pass_reads_the_named_limits_for_the_metrics(make, mocker):
     assert d._metrics_state().limits == {"batch": (3, 20)}
 
 
+def test_a_reconcile_pass_counts_the_skips_after_the_pass(make):
+    """Schema 035: the runs skipped since any daemon last looked are taken by each reconcile pass (a skip
+    happens in whatever session ended the run it needed), after the pass itself."""
+    d = make()
+    d.reconciler = mock.Mock()
+    d._reconcile()
+    assert [c[0] for c in d.reconciler.method_calls] == ["reconcile_pass", "count_skips"]
+
+
 def test_a_reconcile_pass_with_nothing_fenced_asks_nothing_more(make, mocker):
     d = make()
     d.reconciler = mock.Mock()

@@ -171,6 +171,14 @@ def test_runs_expired_counts_from_zero():
     assert value(m, "unitvisor_runs_expired_total") == 3
 
 
+def test_runs_skipped_counts_from_zero():
+    m = Metrics()
+    assert value(m, "unitvisor_runs_skipped_total") == 0  # there from the start, as the expiries
+    m.skipped(0)
+    m.skipped(4)
+    assert value(m, "unitvisor_runs_skipped_total") == 4
+
+
 def test_pruned_rows_are_counted_by_table_from_zero():
     m = Metrics()
     assert value(m, "unitvisor_pruned_rows_total", table="events") == 0
@@ -213,6 +221,7 @@ def test_names_and_labels_follow_the_conventions():
         "unitvisor_runs_ended_by_rule",  # failure rules (schema 027)
         "unitvisor_freezes",  # hold and freeze (schema 030)
         "unitvisor_limit_live", "unitvisor_limit_max",  # concurrency limits (schema 032)
+        "unitvisor_runs_skipped",  # dependencies (schema 035)
     }
     assert {f.type for name, f in families.items() if name in ("unitvisor_runs_started", "unitvisor_outcomes")} == {
         "counter"}
@@ -530,6 +539,18 @@ def test_reconciler_counts_the_runs_its_expire_call_ended(rec, mocker):
     with pytest.raises(store.Fenced):
         rec.expire_overdue()
     assert value(rec.metrics, "unitvisor_runs_expired_total") == 2
+
+
+def test_reconciler_counts_the_skips_it_took_from_the_database(rec, mocker):
+    events = reconciler_mod.event  # the rec fixture's mock
+    mocker.patch.object(store, "count_skips", return_value=3)
+    assert rec.count_skips() == 3
+    assert value(rec.metrics, "unitvisor_runs_skipped_total") == 3
+    events.assert_called_with("runs-skipped", host=rec.host_id, runs=3)
+    store.count_skips.side_effect = store.Fenced("epoch over")  # refused: nothing taken, nothing counted
+    with pytest.raises(store.Fenced):
+        rec.count_skips()
+    assert value(rec.metrics, "unitvisor_runs_skipped_total") == 3
 
 
 def test_reconciler_counts_what_its_schedules_call_did(rec, mocker):
