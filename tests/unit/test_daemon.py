@@ -835,7 +835,7 @@ def test_a_reconcile_pass_counts_the_skips_after_the_pass(make):
     d = make()
     d.reconciler = mock.Mock()
     d._reconcile()
-    assert [c[0] for c in d.reconciler.method_calls] == ["reconcile_pass", "count_skips"]
+    assert [c[0] for c in d.reconciler.method_calls][:2] == ["reconcile_pass", "count_skips"]
 
 
 def test_a_reconcile_pass_with_nothing_fenced_asks_nothing_more(make, mocker):
