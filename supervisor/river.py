@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from supervisor.model import TERMINAL_STATES
+
 # River's main migration line versions whose river_job this module's statements were checked against
 # (tests/integration/river_schema.py builds each): 6 came with River v0.12.0 (bulk unique jobs), 7 with
 # v0.40.0 (the notification outbox; the newest at v0.43.0). A later version may change river_job, its
@@ -27,8 +29,9 @@ SUPPORTED_VERSIONS: dict[int, str] = {
     7: "River v0.40.0 and later (v0.43.0 checked)",
 }
 
-# The states of a unitvisor run that are over (a run in one of them will not start any more).
-ENDED = frozenset({"succeeded", "failed", "cancelled", "expired"})
+# The states of a unitvisor run that are over (a run in one of them will not start any more): the
+# model's, so that a state added there (skipped, schema 035) finishes River's job too.
+ENDED = TERMINAL_STATES
 
 # River's attempted_by keeps the newest 100 client ids (its producer's max_attempted_by).
 ATTEMPTED_BY_MAX = 100

@@ -8,11 +8,12 @@ import pytest
 
 from supervisor import river
 from supervisor.config import ConfigError, RiverSettings, parse
+from supervisor.model import RUN_STATES
 from supervisor.river import Decision, Finish, HeldJob, LinkedRun, decide_finish
 
 HELD = HeldJob(job_id=7, attempt=1, cancel_attempted=False)
 CANCELLED = HeldJob(job_id=7, attempt=1, cancel_attempted=True)
-STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "expired")
+STATES = RUN_STATES
 
 
 def linked(state: str, started: bool, reason: str | None = None) -> LinkedRun:
@@ -33,7 +34,7 @@ def test_a_run_not_yet_started_keeps_its_job_held(state: str) -> None:
     assert decide_finish(HELD, linked(state, started=False)) == river.WAIT
 
 
-@pytest.mark.parametrize("state", ["failed", "cancelled", "expired", "succeeded"])
+@pytest.mark.parametrize("state", ["failed", "cancelled", "expired", "succeeded", "skipped"])
 def test_a_run_ended_without_starting_discards_its_job_with_the_reason(state: str) -> None:
     decision = decide_finish(HELD, linked(state, started=False, reason="systemd refused the unit"))
     assert decision == Decision(Finish.DISCARDED,
@@ -52,7 +53,7 @@ def test_a_river_cancel_while_held_cancels_the_run_and_the_job(state: str) -> No
                                 cancel_run=True)
 
 
-@pytest.mark.parametrize("state", ["failed", "cancelled", "expired"])
+@pytest.mark.parametrize("state", ["failed", "cancelled", "expired", "skipped"])
 def test_a_river_cancel_of_an_ended_run_only_cancels_the_job(state: str) -> None:
     decision = decide_finish(CANCELLED, linked(state, started=False))
     assert decision.finish == Finish.CANCELLED and not decision.cancel_run
