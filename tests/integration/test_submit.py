@@ -398,8 +398,11 @@ def test_every_constraint_of_runs_that_an_argument_can_break_has_a_refusal_case(
         "SELECT conname FROM pg_constraint WHERE conrelid = 'unitvisor.runs'::regclass AND contype = 'c'")}
     # runs_state_valid: state is no argument of submit_run, which always inserts 'queued'. Every check of
     # an argument is one of unitvisor.run_argument_problem's (schema 22), which submit_run and the trigger
-    # runs_arguments_valid both call, and each name it reports has a case.
-    assert constraints == {"runs_state_valid"}
+    # runs_arguments_valid both call, and each name it reports has a case. But runs_river_job_id_valid
+    # (schema 34): river_job_id is the River source's link, set by the daemons (submit_river_run), not a
+    # control plane's argument; submit_run refuses it by name, and the column's CHECK is the backstop
+    # (docs/examples/river.sql, checked by test_river.py, shows its refusal).
+    assert constraints == {"runs_state_valid", "runs_river_job_id_valid"}
     body = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'run_argument_problem'").fetchone()[0]
     reported = set(re.findall(r"'(runs_\w+_valid)'", body))
     assert reported and reported == {case.values[1] for case in REFUSALS}
