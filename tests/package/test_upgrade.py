@@ -1,5 +1,5 @@
 """A rolling upgrade across a schema change, in the order README.md's Upgrade section gives: two
-clean-room hosts on one PostgreSQL run the previous release (0.8.0, schemas 001 to 015 and 017 to 023) with runs
+clean-room hosts on one PostgreSQL run the previous release (0.9.0, schemas 001 to 015, 017 to 024 and 026 to 030) with runs
 in flight; the new version's `unitvisor migrate` (from the new .deb, unpacked, not installed) applies
 the later migrations under them; then one host is upgraded, then the other. At every step both daemons claim and
 finish new runs; at the end every run succeeded with exactly one attempt, whose unit systemd started
@@ -26,13 +26,15 @@ from tests.harness.cleanroom import Cleanroom
 from tests.harness.host import REPO, wait_for
 from tests.package.test_cleanroom import ALLOWED, DB_PASSWORD, SERVICE, Host, say
 
-PREVIOUS_RELEASE = "4144c16"  # 0.8.0: schemas 001 to 015 and 017 to 023
-PREVIOUS_VERSION = "0.8.0"
+PREVIOUS_RELEASE = "791c07f"  # 0.9.0: schemas 001 to 015, 017 to 024 and 026 to 030
+PREVIOUS_VERSION = "0.9.0"
 PREVIOUS_SCHEMA = ("001_schema", "002_fleet", "003_run_policy", "004_roles", "005_sql_api", "006_lifecycle",
                    "007_outcome_record", "008_retention", "009_claim_cost", "010_wake_targets",
                    "011_commit_wake_cost", "012_expiry_owner", "013_fleet_promises", "014_host_reads",
                    "015_run_privilege", "017_accounting", "018_admission_pressure", "019_fleet_upkeep",
-                   "020_claim_gate", "021_operator", "022_argument_checks", "023_refusals_now")
+                   "020_claim_gate", "021_operator", "022_argument_checks", "023_refusals_now",
+                   "024_drain_through_stop", "026_graceful_stop", "027_failure_rules", "028_schedules",
+                   "029_heartbeat_cost", "030_hold_freeze")
 # Long enough to be in flight from before the migration until after the second host's upgrade
 # (12 to 22 s on the 2-core test machine, but 65 s once on a loaded one; in_flight_untouched fails if
 # it was not). The last step waits for them to end, so this is also what the module's run costs.
