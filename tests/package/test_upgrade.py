@@ -1,9 +1,9 @@
-"""A rolling upgrade across a schema change, in the order README.md's Upgrade section gives: two
-clean-room hosts on one PostgreSQL run the previous release (0.9.0, schemas 001 to 015, 017 to 024 and 026 to 030) with runs
-in flight; the new version's `unitvisor migrate` (from the new .deb, unpacked, not installed) applies
-the later migrations under them; then one host is upgraded, then the other. At every step both daemons claim and
-finish new runs; at the end every run succeeded with exactly one attempt, whose unit systemd started
-once, none is missing, and both daemons report the new version.
+"""A rolling upgrade across a schema change, in the order README.md's Upgrade section gives: two clean-room hosts
+on one PostgreSQL run the previous release (0.9.0, schemas 001 to 015, 017 to 024 and 026 to 030) with runs in
+flight; the new version's `unitvisor migrate` (from the new .deb, unpacked, not installed) applies the later
+migrations under them; then one host is upgraded, then the other. At every step both daemons claim and finish
+new runs; at the end every run succeeded with exactly one attempt, whose unit systemd started once, none is
+missing, and both daemons report the new version.
 
 The steps are the tests of this module, in order, on the same two hosts.
 """
