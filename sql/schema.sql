@@ -959,7 +959,8 @@ $$;
 -- As 017's, with its checks replaced by one call of run_argument_problem (022), and a NULL where the
 -- column has none reported from the column's refusal; hold last (030): a run submitted held is queued
 -- without a spawn job; concurrency_limit (032), host_labels and avoid_failed_host (033: placement,
--- placement_problem checks them), river_job_id (034: the River job the run was made from) last.
+-- placement_problem checks them), river_job_id (034: the River job the run was made from), after and
+-- after_policy (035: dependencies; check_after checks them) last.
 CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
     environment           jsonb   DEFAULT '{}'::jsonb,
@@ -3682,8 +3683,8 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- Whenever a run reaches succeeded, failed or cancelled (by any path: an outcome, a cancel of a
--- queued run, an admin's UPDATE), one notification on the documented channel unitvisor_run_finished
+-- Whenever a run reaches a state it ends in, succeeded, failed, cancelled, expired or skipped (by any
+-- path: an outcome, a cancel of a queued run, an expiry, a skip, an admin's UPDATE), one notification on the documented channel unitvisor_run_finished
 -- with the payload {"run_id": "<uuid>", "state": "<terminal state>"}. NOTIFY is delivered at commit,
 -- so a listener never hears of a state the database does not have yet; a rolled-back change sends
 -- nothing. A run resumed and finished again notifies again. (As for any NOTIFY, identical payloads in
