@@ -959,7 +959,8 @@ $$;
 -- As 017's, with its checks replaced by one call of run_argument_problem (022), and a NULL where the
 -- column has none reported from the column's refusal; hold last (030): a run submitted held is queued
 -- without a spawn job; concurrency_limit (032), host_labels and avoid_failed_host (033: placement,
--- placement_problem checks them), river_job_id (034: the River job the run was made from) last.
+-- placement_problem checks them), river_job_id (034: the River job the run was made from), after and
+-- after_policy (035: dependencies; check_after checks them) last.
 CREATE FUNCTION unitvisor.submit_run(
     argv                  text[],
     environment           jsonb   DEFAULT '{}'::jsonb,
@@ -1625,7 +1626,11 @@ $$;
 -- The checks of submit_run's after and after_policy, in one place, each refusal naming its argument.
 -- The runs named are locked (FOR SHARE, in id order) until the submit commits: one of them ending now
 -- waits for it and then settles the new run (its trigger sees the new row), or has committed already,
--- and the new run sees it ended. A run the caller may not see is refused as one that does not exist.
+-- and the new run sees it ended. Any run that exists may be named: the roles that call submit_run
+-- themselves (a submitter, an admin) see every run, and a host's role reaches it only through the
+-- daemon's paths (submit_due_schedules; River's submit_river_run, submit_run_spec), which submit what a
+-- submitter wrote. A host's own view (host_may_see) is no rule there: a schedule naming a run pinned to
+-- another host, whose trial create_schedule ran as its submitter, would be refused at every due time.
 CREATE FUNCTION unitvisor.check_after(after uuid[], after_policy text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1653,10 +1658,7 @@ BEGIN
     END IF;
     PERFORM 1 FROM unitvisor.runs r WHERE r.id = ANY (check_after.after) ORDER BY r.id FOR SHARE;
     SELECT a.id INTO missing FROM unnest(check_after.after) WITH ORDINALITY a(id, n)
-    WHERE NOT EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = a.id
-                      AND (pg_has_role(session_user, 'unitvisor_admin', 'MEMBER')
-                           OR pg_has_role(session_user, 'unitvisor_submitter', 'MEMBER')
-                           OR unitvisor.host_may_see(r.host_pin, r.id, unitvisor.my_host_id())))
+    WHERE NOT EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = a.id)
     ORDER BY a.n LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'after: no run % (only a run that exists can be named)', missing
@@ -1682,6 +1684,7 @@ DECLARE
     dependant unitvisor.runs;
     broken record;
     ended text;
+    released_why text;
 BEGIN
     UPDATE unitvisor.runs r SET updated_at = now()
     WHERE r.id = settle_dependencies.run_id AND r.state = 'queued' AND r.after_policy IS NOT NULL
@@ -1706,12 +1709,21 @@ BEGIN
                 broken.state, CASE WHEN dependant.after_policy = 'succeeded' THEN 'succeed' ELSE 'end' END));
         RETURN 'skipped';
     END IF;
-    SELECT string_agg(format('%s %s', s.n, s.state), ', ' ORDER BY s.state) INTO ended
-    FROM (SELECT p.state, count(*) AS n FROM unitvisor.run_dependencies d JOIN unitvisor.runs p ON p.id = d.after_id
-          WHERE d.run_id = dependant.id GROUP BY p.state) s
-    HAVING bool_and(unitvisor.dependency_met(dependant.after_policy, s.state));
-    IF ended IS NULL THEN
-        RETURN 'waiting';
+    -- No row left: every run it names was pruned (their rows go with them), which retention does only
+    -- once no run that has not ended names them, so only a resumed run meets this. Nothing is left to
+    -- wait for or to judge: released (waiting would be for ever, with no reason to show), and the event
+    -- says why. (The aggregate below would return no row, and so 'waiting', for no row at all.)
+    IF NOT EXISTS (SELECT 1 FROM unitvisor.run_dependencies d WHERE d.run_id = dependant.id) THEN
+        released_why := 'the runs it runs after were pruned (retention): nothing is left to wait for';
+    ELSE
+        SELECT string_agg(format('%s %s', s.n, s.state), ', ' ORDER BY s.state) INTO ended
+        FROM (SELECT p.state, count(*) AS n FROM unitvisor.run_dependencies d JOIN unitvisor.runs p ON p.id = d.after_id
+              WHERE d.run_id = dependant.id GROUP BY p.state) s
+        HAVING bool_and(unitvisor.dependency_met(dependant.after_policy, s.state));
+        IF ended IS NULL THEN
+            RETURN 'waiting';
+        END IF;
+        released_why := format('the runs it runs after have ended (%s)', ended);
     END IF;
     UPDATE unitvisor.runs r SET after_met_at = now() WHERE r.id = dependant.id;
     IF dependant.held_at IS NULL THEN
@@ -1720,8 +1732,8 @@ BEGIN
         ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING;
     END IF;
     INSERT INTO unitvisor.run_events (run_id, state, reason)
-    VALUES (dependant.id, 'queued', format('the runs it runs after have ended (%s)%s', ended,
-            CASE WHEN dependant.held_at IS NOT NULL THEN '; it is still held' ELSE '' END));
+    VALUES (dependant.id, 'queued', released_why ||
+            CASE WHEN dependant.held_at IS NOT NULL THEN '; it is still held' ELSE '' END);
     RETURN 'released';
 END $$;
 
@@ -2806,7 +2818,14 @@ DECLARE
     -- planner sorted the whole queue for it, every claim of a burst.)
     jobs CURSOR FOR
         SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max, r.concurrency_key,
-               r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_labels)::text AS kind,
+               -- The memos' key: every column host_refusal and also_accepted read, host_pin too (as
+               -- explain_waiting's kind and run_kind). Both memos are read for pinned runs (the avoid path
+               -- below; a pinned run's refusal here), and no other host accepts a run pinned to this one:
+               -- without host_pin an unpinned run's answer would stand for a pinned one's of the same
+               -- command, and the reverse (a pinned-to-me retry passed over for the grace with a false
+               -- event, or an unpinned retry taken at once on its failed host).
+               r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_pin,
+                                             r.host_labels)::text AS kind,
                r AS run, j.avoid_host
         FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now()
@@ -2893,7 +2912,15 @@ BEGIN
             CONTINUE;  -- another host's share, for now
         END IF;
         IF me.memory_budget IS NOT NULL AND memory_used + coalesce(job.memory_max, 0) > me.memory_budget THEN
-            EXIT WHEN job.scheduled_at < now() - claim_jobs.starve_after;  -- it reserves the host
+            -- A starved run reserves the host only if it could start once memory is free: under a full
+            -- named limit (max_live 0 used as a pause, say) it could not, and the host would run under
+            -- capacity for as long as the limit stays full. So its limits are asked first (claim_limits:
+            -- a limit it finds not full stays locked until this claim's transaction ends, which is now).
+            IF job.scheduled_at < now() - claim_jobs.starve_after THEN
+                full_limit := unitvisor.claim_limits(job.run);
+                EXIT WHEN full_limit IS NULL;  -- it reserves the host
+                saturated := saturated || (SELECT l.selector FROM unitvisor.limits l WHERE l.name = full_limit);
+            END IF;
             CONTINUE;  -- backfill: a smaller run behind it may fit
         END IF;
         IF job.concurrency_key IS NOT NULL THEN
@@ -3656,8 +3683,8 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- Whenever a run reaches succeeded, failed or cancelled (by any path: an outcome, a cancel of a
--- queued run, an admin's UPDATE), one notification on the documented channel unitvisor_run_finished
+-- Whenever a run reaches a state it ends in, succeeded, failed, cancelled, expired or skipped (by any
+-- path: an outcome, a cancel of a queued run, an expiry, a skip, an admin's UPDATE), one notification on the documented channel unitvisor_run_finished
 -- with the payload {"run_id": "<uuid>", "state": "<terminal state>"}. NOTIFY is delivered at commit,
 -- so a listener never hears of a state the database does not have yet; a rolled-back change sends
 -- nothing. A run resumed and finished again notifies again. (As for any NOTIFY, identical payloads in

@@ -212,17 +212,17 @@ RETENTION_OFF = ("off", "0")
 
 @dataclass(frozen=True)
 class RetentionSettings:
-    # How long a finished run (succeeded, failed, cancelled) is kept, with its attempts, events and spawn
-    # jobs; claimed and discarded spawn jobs of runs still kept go at the same age. None ("off"): kept
-    # for ever. Chosen, not inherited: on, at 30 days. Were it off by default, every table of the
-    # schema would grow for ever in the database unitvisor shares with its control plane, until its
+    # How long a finished run (succeeded, failed, cancelled, expired, skipped) is kept, with its attempts,
+    # events and spawn jobs; claimed and discarded spawn jobs of runs still kept go at the same age. None
+    # ("off"): kept for ever. Chosen, not inherited: on, at 30 days. Were it off by default, every table
+    # of the schema would grow for ever in the database unitvisor shares with its control plane, until its
     # disk is full (claims would stay as fast: docs/benchmarks.md, History). On, what goes is a
-    # supervisor's record of runs a month after they ended; a control plane keeps its own records of
-    # what it needs for longer (River, Oban and Sidekiq bound their history by default too; River keeps
-    # completed jobs for 24 h). What would break if it changed: off, disks fill; shorter, a control
-    # plane that reads results late (run_status) finds no run. A deployment that must keep everything
-    # says keep_finished = "off". Whichever daemon of the fleet holds the lock prunes, with its own
-    # value: set the same one on every host (README, Retention).
+    # supervisor's record of runs a month after they ended; a control plane keeps its own records of what
+    # it needs for longer (River, Oban and Sidekiq bound their history by default too; River keeps
+    # completed jobs for 24 h). What would break if it changed: off, disks fill; shorter, a control plane
+    # that reads results late (run_status) finds no run. A deployment that must keep everything says
+    # keep_finished = "off". Whichever daemon of the fleet holds the lock prunes, with its own value: set
+    # the same one on every host (README, Retention).
     keep_finished: float | None = 30 * 86400.0
     # Runs deleted per transaction: each batch commits on its own, so locks and the snapshot last one
     # batch, never a whole backlog.

@@ -265,7 +265,14 @@ DECLARE
     -- planner sorted the whole queue for it, every claim of a burst.)
     jobs CURSOR FOR
         SELECT j.id, j.run_id, j.scheduled_at, r.state AS run_state, r.memory_max, r.concurrency_key,
-               r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_labels)::text AS kind,
+               -- The memos' key: every column host_refusal and also_accepted read, host_pin too (as
+               -- explain_waiting's kind and run_kind). Both memos are read for pinned runs (the avoid path
+               -- below; a pinned run's refusal here), and no other host accepts a run pinned to this one:
+               -- without host_pin an unpinned run's answer would stand for a pinned one's of the same
+               -- command, and the reverse (a pinned-to-me retry passed over for the grace with a false
+               -- event, or an unpinned retry taken at once on its failed host).
+               r.host_pin, jsonb_build_array(r.argv[1], r.run_user, r.environment, r.memory_max, r.host_pin,
+                                             r.host_labels)::text AS kind,
                r AS run, j.avoid_host
         FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
         WHERE j.state = 'available' AND j.scheduled_at <= now()
@@ -352,7 +359,15 @@ BEGIN
             CONTINUE;  -- another host's share, for now
         END IF;
         IF me.memory_budget IS NOT NULL AND memory_used + coalesce(job.memory_max, 0) > me.memory_budget THEN
-            EXIT WHEN job.scheduled_at < now() - claim_jobs.starve_after;  -- it reserves the host
+            -- A starved run reserves the host only if it could start once memory is free: under a full
+            -- named limit (max_live 0 used as a pause, say) it could not, and the host would run under
+            -- capacity for as long as the limit stays full. So its limits are asked first (claim_limits:
+            -- a limit it finds not full stays locked until this claim's transaction ends, which is now).
+            IF job.scheduled_at < now() - claim_jobs.starve_after THEN
+                full_limit := unitvisor.claim_limits(job.run);
+                EXIT WHEN full_limit IS NULL;  -- it reserves the host
+                saturated := saturated || (SELECT l.selector FROM unitvisor.limits l WHERE l.name = full_limit);
+            END IF;
             CONTINUE;  -- backfill: a smaller run behind it may fit
         END IF;
         IF job.concurrency_key IS NOT NULL THEN

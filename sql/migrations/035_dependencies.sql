@@ -97,7 +97,11 @@ $$;
 -- The checks of submit_run's after and after_policy, in one place, each refusal naming its argument.
 -- The runs named are locked (FOR SHARE, in id order) until the submit commits: one of them ending now
 -- waits for it and then settles the new run (its trigger sees the new row), or has committed already,
--- and the new run sees it ended. A run the caller may not see is refused as one that does not exist.
+-- and the new run sees it ended. Any run that exists may be named: the roles that call submit_run
+-- themselves (a submitter, an admin) see every run, and a host's role reaches it only through the
+-- daemon's paths (submit_due_schedules; River's submit_river_run, submit_run_spec), which submit what a
+-- submitter wrote. A host's own view (host_may_see) is no rule there: a schedule naming a run pinned to
+-- another host, whose trial create_schedule ran as its submitter, would be refused at every due time.
 CREATE FUNCTION unitvisor.check_after(after uuid[], after_policy text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -125,10 +129,7 @@ BEGIN
     END IF;
     PERFORM 1 FROM unitvisor.runs r WHERE r.id = ANY (check_after.after) ORDER BY r.id FOR SHARE;
     SELECT a.id INTO missing FROM unnest(check_after.after) WITH ORDINALITY a(id, n)
-    WHERE NOT EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = a.id
-                      AND (pg_has_role(session_user, 'unitvisor_admin', 'MEMBER')
-                           OR pg_has_role(session_user, 'unitvisor_submitter', 'MEMBER')
-                           OR unitvisor.host_may_see(r.host_pin, r.id, unitvisor.my_host_id())))
+    WHERE NOT EXISTS (SELECT 1 FROM unitvisor.runs r WHERE r.id = a.id)
     ORDER BY a.n LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'after: no run % (only a run that exists can be named)', missing
@@ -154,6 +155,7 @@ DECLARE
     dependant unitvisor.runs;
     broken record;
     ended text;
+    released_why text;
 BEGIN
     UPDATE unitvisor.runs r SET updated_at = now()
     WHERE r.id = settle_dependencies.run_id AND r.state = 'queued' AND r.after_policy IS NOT NULL
@@ -178,12 +180,21 @@ BEGIN
                 broken.state, CASE WHEN dependant.after_policy = 'succeeded' THEN 'succeed' ELSE 'end' END));
         RETURN 'skipped';
     END IF;
-    SELECT string_agg(format('%s %s', s.n, s.state), ', ' ORDER BY s.state) INTO ended
-    FROM (SELECT p.state, count(*) AS n FROM unitvisor.run_dependencies d JOIN unitvisor.runs p ON p.id = d.after_id
-          WHERE d.run_id = dependant.id GROUP BY p.state) s
-    HAVING bool_and(unitvisor.dependency_met(dependant.after_policy, s.state));
-    IF ended IS NULL THEN
-        RETURN 'waiting';
+    -- No row left: every run it names was pruned (their rows go with them), which retention does only
+    -- once no run that has not ended names them, so only a resumed run meets this. Nothing is left to
+    -- wait for or to judge: released (waiting would be for ever, with no reason to show), and the event
+    -- says why. (The aggregate below would return no row, and so 'waiting', for no row at all.)
+    IF NOT EXISTS (SELECT 1 FROM unitvisor.run_dependencies d WHERE d.run_id = dependant.id) THEN
+        released_why := 'the runs it runs after were pruned (retention): nothing is left to wait for';
+    ELSE
+        SELECT string_agg(format('%s %s', s.n, s.state), ', ' ORDER BY s.state) INTO ended
+        FROM (SELECT p.state, count(*) AS n FROM unitvisor.run_dependencies d JOIN unitvisor.runs p ON p.id = d.after_id
+              WHERE d.run_id = dependant.id GROUP BY p.state) s
+        HAVING bool_and(unitvisor.dependency_met(dependant.after_policy, s.state));
+        IF ended IS NULL THEN
+            RETURN 'waiting';
+        END IF;
+        released_why := format('the runs it runs after have ended (%s)', ended);
     END IF;
     UPDATE unitvisor.runs r SET after_met_at = now() WHERE r.id = dependant.id;
     IF dependant.held_at IS NULL THEN
@@ -192,8 +203,8 @@ BEGIN
         ON CONFLICT (run_id) WHERE state = 'available' DO NOTHING;
     END IF;
     INSERT INTO unitvisor.run_events (run_id, state, reason)
-    VALUES (dependant.id, 'queued', format('the runs it runs after have ended (%s)%s', ended,
-            CASE WHEN dependant.held_at IS NOT NULL THEN '; it is still held' ELSE '' END));
+    VALUES (dependant.id, 'queued', released_why ||
+            CASE WHEN dependant.held_at IS NOT NULL THEN '; it is still held' ELSE '' END);
     RETURN 'released';
 END $$;
 

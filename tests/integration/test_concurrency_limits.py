@@ -227,6 +227,33 @@ def test_an_expired_run_says_which_limit_it_waited_for(conn: psycopg.Connection)
     assert any("limit stop: 0 of 0 live" in r for r in reasons), reasons
 
 
+
+def test_a_starved_run_under_a_full_limit_does_not_reserve_the_host(conn: psycopg.Connection) -> None:
+    """A large run that has waited past starve_after for memory would reserve its host (backfill stops
+    behind it), but under a full named limit it could not start anyway: the host claims the runs behind
+    it instead of running under capacity for as long as the limit stays full (max_live 0: a pause)."""
+    mib = 1 << 20
+    fence = register(conn, "h1", budget=1000 * mib)
+
+    def claimed() -> list[uuid.UUID]:  # as this host (claim() above registers it again, without a budget)
+        return [attempt.run_id for _, attempt in store.claim(conn, fence, 10, FMT)]
+
+    submit(conn, memory_max=600 * mib)
+    [(_, first)] = store.claim(conn, fence, 10, FMT)
+    store.set_limit(conn, "pause", {"team": "batch"}, 0)
+    large = submit(conn, memory_max=600 * mib, priority=5, labels={"team": "batch"})
+    small = submit(conn, memory_max=100 * mib)
+    age_jobs(conn, 600)  # both due for ten minutes: past the claim's starve_after (5 minutes)
+    assert claimed() == [small]
+    assert state(conn, large) == "queued"
+    # Without the limit the starved run reserves the host again: nothing smaller overtakes it.
+    store.drop_limit(conn, "pause")
+    submit(conn, memory_max=100 * mib)
+    age_jobs(conn, 600)
+    assert claimed() == []
+    finish(conn, first)
+    assert claimed()[0] == large
+
 # -- claims racing on many sessions -------------------------------------------------------------------
 
 

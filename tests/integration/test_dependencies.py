@@ -259,6 +259,26 @@ def test_a_run_that_a_live_run_names_is_not_pruned(conn: psycopg.Connection) -> 
     assert store.dependencies_of(conn, waiting) == ("succeeded", [{"id": other, "state": "queued", "met": None}])
 
 
+
+@pytest.mark.usefixtures("as_bound_roles")
+def test_resuming_a_run_whose_dependencies_were_all_pruned_releases_it_saying_so(conn: psycopg.Connection) -> None:
+    """Its dependency's row went with the pruned run: nothing is left to wait for, so the resumed run is
+    released (a spawn job), not left queued for ever with no reason, and its event says why."""
+    a = submit(conn)
+    b = submit(conn, after=[a])
+    run_once(conn, a, FAILURE)
+    assert state(conn, b) == "skipped"
+    conn.execute("UPDATE unitvisor.runs SET finished_at = now() - interval '30 days' WHERE id = %s", (a,))
+    assert conn.execute("SELECT runs FROM unitvisor.prune(interval '1 day')").fetchone()[0] == 1
+    assert store.dependencies_of(conn, b) == ("succeeded", [])
+
+    assert store.resume_run(conn, b) == store.Transition("queued", True)
+    assert jobs(conn, b) == 1
+    assert reasons(conn, b)[-1] == "the runs it runs after were pruned (retention): nothing is left to wait for"
+    run_once(conn, b)
+    assert state(conn, b) == "succeeded"
+
+
 # -- refusals -----------------------------------------------------------------------------------------
 
 

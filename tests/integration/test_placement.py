@@ -261,6 +261,28 @@ def test_the_failed_host_takes_the_retry_when_no_other_host_does_within_the_grac
                                         "within 60 s of its retry")
 
 
+
+def test_a_retry_pinned_to_its_failed_host_is_not_judged_by_an_unpinned_run_of_its_command(
+        conn: psycopg.Connection) -> None:
+    """Two retries of one command failed on h1: the unpinned one waits for h2 (which accepts it), the one
+    pinned to h1 is taken at once, as no other host may take it. The claim's memo of whether another host
+    accepts a kind must not let the first's answer stand for the second's (the kind holds host_pin)."""
+    h1 = host(conn, "h1")
+    unpinned = submit(conn, max_attempts=3, priority=1)
+    pinned = submit(conn, max_attempts=3, host_pin="h1")
+    unpinned_attempt = started(conn, h1, unpinned)
+    pinned_attempt = started(conn, h1, pinned)
+    h2 = host(conn, "h2")
+    ended(conn, h1, unpinned_attempt, LOST)
+    ended(conn, h1, pinned_attempt, LOST)
+    assert avoid_host(conn, unpinned) == avoid_host(conn, pinned) == "h1"
+    age_jobs(conn, 30)
+    assert claim(conn, h1) == [pinned]
+    assert last_event(conn, pinned) == ("claimed by host h1, where its last attempt failed: no other live host "
+                                        "accepts it")
+    assert claim(conn, h2) == [unpinned]
+
+
 def test_a_draining_or_silent_other_host_is_no_reason_to_wait(conn: psycopg.Connection) -> None:
     h1 = host(conn, "h1")
     host(conn, "h2")

@@ -24,7 +24,7 @@ from supervisor import store
 from tests.conftest import TEMPLATE_DB, throwaway_database
 from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
-from tests.integration.conftest import register, run_concurrently
+from tests.integration.conftest import bind_host_role, register, run_concurrently, session_as
 from tests.integration.test_sql_api_example import assert_example_prints_its_out
 
 RUN = '{"argv": ["/bin/true"]}'
@@ -392,6 +392,22 @@ def test_a_due_schedule_is_submitted_once_and_moves_on(conn: psycopg.Connection)
     [again] = store.submit_due_schedules(conn, fence)
     assert again.run_id == turn.run_id and len(runs_of(conn)) == 1
 
+
+
+def test_a_due_schedule_runs_after_a_run_pinned_to_another_host(conn: psycopg.Connection, postgres: Postgres) -> None:
+    """The host that submits a due schedule submits what its submitter wrote: `after` may name a run that
+    host's role may not read (pinned to another host), as create_schedule's trial as the submitter let it.
+    The pass runs as h1's bound role, as its daemon's does (the run is invisible to that role)."""
+    register(conn, "h2")
+    fence = register(conn, "h1")
+    pinned = store.submit_run(conn, argv=["/bin/true"], host_pin="h2")
+    create(conn, "s", "* * * * *", run=f'{{"argv": ["/bin/true"], "after": ["{pinned}"]}}')
+    due_now(conn)
+    with session_as(conn, bind_host_role(conn, postgres, "h1")):
+        assert conn.execute("SELECT count(*) FROM unitvisor.runs WHERE id = %s", (pinned,)).fetchone()[0] == 0
+        [turn] = store.submit_due_schedules(conn, fence)
+    assert turn.result == "submitted", turn.result
+    assert store.dependencies_of(conn, turn.run_id) == ("succeeded", [{"id": pinned, "state": "queued", "met": None}])
 
 def test_a_paused_schedule_submits_nothing_and_resumes_from_now(conn: psycopg.Connection) -> None:
     fence = register(conn, "h1")

@@ -259,6 +259,13 @@ def test_a_run_still_running_after_the_fleet_healed_is_unsettled() -> None:
     assert check([], [att(1, "h1", None)], [Run(RUN, "running", 1)], [], settled=False).violations == []
 
 
+def test_a_skipped_run_has_ended() -> None:
+    """skipped (035) is a state a run ends in: a run skipped without an attempt is settled, and checked."""
+    assert check([], [], [Run(RUN, "skipped", 1)], []).violations == []
+    report = check([], [att(1, "h1", None)], [Run(RUN, "skipped", 1)], [], settled=False)
+    assert kinds(report) == ["bad-attempts"]
+
+
 @pytest.mark.parametrize("attempts", [
     [att(2, "h1", "success")],
     [att(1, "h1", None), att(2, "h1", "success")],
