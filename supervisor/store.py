@@ -65,6 +65,8 @@ ROLES_MIGRATION = 4
 ADMIN_ROLE = "unitvisor_admin"
 SUBMITTER_ROLE = "unitvisor_submitter"
 HOST_ROLE = "unitvisor_host"
+# The River source's functions (schema 034): granted to the login roles of River hosts only, besides HOST_ROLE.
+RIVER_ROLE = "unitvisor_river"
 SPAWN_CHANNEL = "unitvisor_spawn"
 CANCEL_CHANNEL = "unitvisor_cancel"
 
@@ -1418,6 +1420,17 @@ class RiverClaim:
 
 def _river(schema: str, table: str) -> sql.Composable:
     return sql.Identifier(schema, table)
+
+
+def river_grant(conn: Connection) -> tuple[str, bool]:
+    """This session's login role, and whether it may call the River source's functions (a member of
+    unitvisor_river, or the admin): asked at connect, so that a daemon with [river] but without that grant
+    says so at once rather than at its first claim."""
+    with conn.transaction():
+        role, may = conn.execute(
+            "SELECT session_user, has_function_privilege('unitvisor.submit_river_run(text,bigint,jsonb,bigint)', "
+            "'EXECUTE')").fetchone()
+    return role, bool(may)
 
 
 def river_versions(conn: Connection, schema: str) -> list[int] | None:
