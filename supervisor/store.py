@@ -1647,9 +1647,10 @@ DEFAULT_HOST_CONNECTION_LIMIT = 5
 
 
 def add_host_role(conn: Connection, host_id: str, role: str, password: str,
-                  connection_limit: int = DEFAULT_HOST_CONNECTION_LIMIT) -> None:
-    """Create the login role `role` with this password and connection limit, a member of unitvisor_host,
-    bound to host_id, in one transaction. Needs unitvisor_admin and the right to create roles."""
+                  connection_limit: int = DEFAULT_HOST_CONNECTION_LIMIT, river: bool = False) -> None:
+    """Create the login role `role` with this password and connection limit, a member of unitvisor_host
+    (and of unitvisor_river when `river`: its daemon serves a River source, which creates runs), bound to
+    host_id, in one transaction. Needs unitvisor_admin and the right to create roles."""
     with conn.transaction():
         bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
                              (host_id,)).fetchone()
@@ -1661,7 +1662,7 @@ def add_host_role(conn: Connection, host_id: str, role: str, password: str,
         try:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT {} PASSWORD {} IN ROLE {}").format(
                 sql.Identifier(role), sql.Literal(int(connection_limit)), sql.Literal(_scram(conn, role, password)),
-                sql.Identifier(HOST_ROLE)))
+                sql.SQL(", ").join(sql.Identifier(r) for r in ([HOST_ROLE, RIVER_ROLE] if river else [HOST_ROLE]))))
         except psycopg.errors.DuplicateObject:
             raise AlreadyBound(f"role {role} exists already; choose another name with --role") from None
         try:
