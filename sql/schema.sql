@@ -35,6 +35,8 @@ SET LOCAL check_function_bodies = false;
 --                       SECURITY DEFINER function that checks, against session_user, that the caller
 --                       is the host it writes for. It reads runs unpinned or pinned to itself (an
 --                       environment may hold what other hosts must not see), not the others.
+-- * unitvisor_river     (034) the River source's functions, which create runs: granted by the admin to
+--                       the login roles of the hosts that serve a River source, besides unitvisor_host.
 
 -- Roles are the cluster's, not the database's: another database of the same cluster may be migrating
 -- at this very moment. Whichever commits second gets duplicate_object (or unique_violation on
@@ -43,7 +45,7 @@ DO $$
 DECLARE
     role_name text;
 BEGIN
-    FOREACH role_name IN ARRAY ARRAY['unitvisor_admin', 'unitvisor_submitter', 'unitvisor_host'] LOOP
+    FOREACH role_name IN ARRAY ARRAY['unitvisor_admin', 'unitvisor_submitter', 'unitvisor_host', 'unitvisor_river'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = role_name) THEN
             BEGIN
                 EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
@@ -4071,12 +4073,15 @@ BEGIN
     IF create_schedule.run IS NULL OR jsonb_typeof(create_schedule.run) <> 'object' THEN
         RAISE EXCEPTION 'run: must be a JSON object of submit_run''s argument names' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- The schedule sets the key itself; an absolute time would be the same for every run.
-    IF create_schedule.run ?| ARRAY['idempotency_key', 'not_before', 'start_deadline'] THEN
+    -- The schedule sets the key itself; an absolute time would be the same for every run; river_job_id
+    -- (034) links one run to one River job, and is the River source's to set.
+    IF create_schedule.run ?| ARRAY['idempotency_key', 'not_before', 'start_deadline', 'river_job_id'] THEN
         RAISE EXCEPTION 'run: may not have %: a schedule''s runs share every key of it (the schedule sets '
-                        'idempotency_key itself, and an absolute time would be the same for each run)',
+                        'idempotency_key itself, an absolute time would be the same for each run, and '
+                        'river_job_id links one run to one River job)',
             (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(create_schedule.run) k
-             WHERE k IN ('idempotency_key', 'not_before', 'start_deadline')) USING ERRCODE = 'invalid_parameter_value';
+             WHERE k IN ('idempotency_key', 'not_before', 'start_deadline', 'river_job_id'))
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF create_schedule.overlap IS NULL OR create_schedule.overlap NOT IN ('skip', 'queue', 'allow') THEN
         RAISE EXCEPTION 'overlap: must be skip, queue or allow' USING ERRCODE = 'invalid_parameter_value';
@@ -4423,11 +4428,17 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.set_host_pressure(text,bigint,text,text,jsonb,text),
     unitvisor.set_host_state(text,text),
     unitvisor.submit_due_schedules(text,bigint,integer,interval),
-    unitvisor.unit_owners(text[]),
+    unitvisor.unit_owners(text[])
+    TO unitvisor_host;
+
+-- A River host (034, docs/river.md): its login role is a member of unitvisor_river too, granted by the
+-- admin to the hosts that serve a River source only. submit_river_run creates runs, which a plain host
+-- role may not (README, Roles).
+GRANT EXECUTE ON FUNCTION
     unitvisor.submit_river_run(text,bigint,jsonb,bigint),
     unitvisor.river_runs(text,bigint,bigint[]),
     unitvisor.cancel_river_run(text,bigint,bigint)
-    TO unitvisor_host;
+    TO unitvisor_river;
 
 -- The submitter: its API (docs/sql-api.md).
 GRANT EXECUTE ON FUNCTION

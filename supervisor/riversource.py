@@ -31,8 +31,13 @@ class Finished:
 
 def check_schema(conn: store.Connection, settings: RiverSettings) -> str | None:
     """Why River's schema cannot be served (None: it can): read once a connection, before any claim. A
-    table this role may not read is a problem said as one, never an error that would keep the daemon
-    from its own runs; a lost connection is the caller's."""
+    role that is not a member of unitvisor_river, or a table it may not read, is a problem said as one,
+    never an error that would keep the daemon from its own runs; a lost connection is the caller's."""
+    # Checked first: without the grant even a readable River schema could not make a run.
+    role, may = store.river_grant(conn)
+    if not may:
+        return (f"[river]: role {role} is not a member of {store.RIVER_ROLE}, which may create runs from River "
+                f"jobs: GRANT {store.RIVER_ROLE} TO {role} (docs/river.md, Privileges)")
     try:
         versions = store.river_versions(conn, settings.schema)
     except psycopg.Error as exc:

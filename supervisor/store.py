@@ -65,6 +65,8 @@ ROLES_MIGRATION = 4
 ADMIN_ROLE = "unitvisor_admin"
 SUBMITTER_ROLE = "unitvisor_submitter"
 HOST_ROLE = "unitvisor_host"
+# The River source's functions (schema 034): granted to the login roles of River hosts only, besides HOST_ROLE.
+RIVER_ROLE = "unitvisor_river"
 SPAWN_CHANNEL = "unitvisor_spawn"
 CANCEL_CHANNEL = "unitvisor_cancel"
 
@@ -1420,6 +1422,17 @@ def _river(schema: str, table: str) -> sql.Composable:
     return sql.Identifier(schema, table)
 
 
+def river_grant(conn: Connection) -> tuple[str, bool]:
+    """This session's login role, and whether it may call the River source's functions (a member of
+    unitvisor_river, or the admin): asked at connect, so that a daemon with [river] but without that grant
+    says so at once rather than at its first claim."""
+    with conn.transaction():
+        role, may = conn.execute(
+            "SELECT session_user, has_function_privilege('unitvisor.submit_river_run(text,bigint,jsonb,bigint)', "
+            "'EXECUTE')").fetchone()
+    return role, bool(may)
+
+
 def river_versions(conn: Connection, schema: str) -> list[int] | None:
     """The main line's versions in <schema>.river_migration; None when River's table is not there."""
     with conn.transaction():
@@ -1634,9 +1647,10 @@ DEFAULT_HOST_CONNECTION_LIMIT = 5
 
 
 def add_host_role(conn: Connection, host_id: str, role: str, password: str,
-                  connection_limit: int = DEFAULT_HOST_CONNECTION_LIMIT) -> None:
-    """Create the login role `role` with this password and connection limit, a member of unitvisor_host,
-    bound to host_id, in one transaction. Needs unitvisor_admin and the right to create roles."""
+                  connection_limit: int = DEFAULT_HOST_CONNECTION_LIMIT, river: bool = False) -> None:
+    """Create the login role `role` with this password and connection limit, a member of unitvisor_host
+    (and of unitvisor_river when `river`: its daemon serves a River source, which creates runs), bound to
+    host_id, in one transaction. Needs unitvisor_admin and the right to create roles."""
     with conn.transaction():
         bound = conn.execute("SELECT role_name FROM unitvisor.host_roles WHERE host_id = %s FOR UPDATE",
                              (host_id,)).fetchone()
@@ -1648,7 +1662,7 @@ def add_host_role(conn: Connection, host_id: str, role: str, password: str,
         try:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT {} PASSWORD {} IN ROLE {}").format(
                 sql.Identifier(role), sql.Literal(int(connection_limit)), sql.Literal(_scram(conn, role, password)),
-                sql.Identifier(HOST_ROLE)))
+                sql.SQL(", ").join(sql.Identifier(r) for r in ([HOST_ROLE, RIVER_ROLE] if river else [HOST_ROLE]))))
         except psycopg.errors.DuplicateObject:
             raise AlreadyBound(f"role {role} exists already; choose another name with --role") from None
         try:

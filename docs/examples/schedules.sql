@@ -28,6 +28,7 @@ SELECT name, cron, timezone, overlap, catch_up, paused, last_run_id FROM unitvis
 SELECT unitvisor.create_schedule('every-minute', '* * * * * *', 'UTC', '{"argv": ["/bin/true"]}');
 SELECT unitvisor.create_schedule('every-minute', '* * * * *', 'Mars/Olympus', '{"argv": ["/bin/true"]}');
 SELECT unitvisor.create_schedule('every-minute', '* * * * *', 'UTC', '{"argv": ["/bin/true"], "memroy_max": 1}');
+SELECT unitvisor.create_schedule('every-minute', '* * * * *', 'UTC', '{"argv": ["/bin/true"], "river_job_id": 42}');
 \set ON_ERROR_STOP on
 
 -- The same mapping as a one-off submit, for a control plane that keeps its runs as JSON.

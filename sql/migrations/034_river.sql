@@ -14,9 +14,43 @@
 --   finish pass (completed once started; discarded when the run ended without starting).
 -- * cancel_river_run: a River cancel (metadata.cancel_attempted_at) of a job the daemon holds cancels
 --   its run.
+-- * unitvisor_river: a new NOLOGIN role, the only one granted those three functions. submit_river_run
+--   creates a run from a spec its caller computed, which a plain host role may not do (README, Roles: "a
+--   host role cannot create runs"): the admin grants unitvisor_river to the login roles of the hosts that
+--   serve a River source only (GRANT unitvisor_river TO <host login>), so that a fleet without River keeps
+--   that promise and a River host's wider trust is one it was given by name (docs/river.md, Privileges).
+-- * create_schedule refuses river_job_id in a schedule's run, as it refuses idempotency_key: the link
+--   is the River source's, and one River job makes one run while a schedule makes many.
 --
 -- Expand only, for 0.8.0 daemons and CLIs: a new nullable column (0.8.0 reads rows by explicit column
 -- lists), new functions, and submit_run one more argument, last and defaulted.
+--
+-- Creates a role: the login role that migrates must be able to create roles (as for 004), unless
+-- unitvisor_river exists already (CREATE ROLE unitvisor_river NOLOGIN, run once per cluster beforehand).
+
+-- -- the River hosts' role -----------------------------------------------------------------------------
+
+-- As 004 creates its roles: the cluster's, idempotent, and a concurrent migrate of another database of
+-- the cluster is no error. store.migrate runs this file as unitvisor_admin (SET LOCAL ROLE), which may
+-- not create roles: the role is created as the login role that migrates, then the admin's again.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = 'unitvisor_river') THEN
+        RESET ROLE;
+        BEGIN
+            CREATE ROLE unitvisor_river NOLOGIN;
+        EXCEPTION
+            WHEN duplicate_object OR unique_violation THEN
+                NULL;  -- created meanwhile by a migrate in another database
+            WHEN insufficient_privilege THEN
+                RAISE EXCEPTION 'migration 034 creates the role unitvisor_river, which % may not do: migrate as a '
+                                'role that may create roles (a superuser, or CREATEROLE), or create it first '
+                                '(CREATE ROLE unitvisor_river NOLOGIN)', session_user
+                    USING ERRCODE = 'insufficient_privilege';
+        END;
+        SET LOCAL ROLE unitvisor_admin;
+    END IF;
+END $$;
 
 -- -- the link -----------------------------------------------------------------------------------------
 
@@ -291,5 +325,84 @@ END $$;
 
 REVOKE EXECUTE ON FUNCTION unitvisor.submit_river_run(text, bigint, jsonb, bigint),
     unitvisor.river_runs(text, bigint, bigint[]), unitvisor.cancel_river_run(text, bigint, bigint) FROM PUBLIC;
+-- To unitvisor_river, not unitvisor_host: a River host's login role is a member of both (its fence is
+-- still checked against session_user, as for every host write).
 GRANT EXECUTE ON FUNCTION unitvisor.submit_river_run(text, bigint, jsonb, bigint),
-    unitvisor.river_runs(text, bigint, bigint[]), unitvisor.cancel_river_run(text, bigint, bigint) TO unitvisor_host;
+    unitvisor.river_runs(text, bigint, bigint[]), unitvisor.cancel_river_run(text, bigint, bigint) TO unitvisor_river;
+
+-- -- create_schedule: river_job_id refused -----------------------------------------------------------
+--
+-- As in 028, with river_job_id among the keys a schedule's run may not have (same signature: its grants stay).
+-- Create a schedule; returns its first due time. Each argument is checked, in order, with an error
+-- (SQLSTATE 22023, or submit_run's own for the run) whose message starts with the argument's name.
+CREATE OR REPLACE FUNCTION unitvisor.create_schedule(name text, cron text, timezone text, run jsonb,
+                                          overlap text DEFAULT 'skip', catch_up text DEFAULT 'none')
+RETURNS timestamptz
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    fields unitvisor.cron_fields;
+    first_due timestamptz;
+    trial unitvisor.schedules;
+    refused_message text;
+    refused_state text;
+    refused_constraint text;
+BEGIN
+    IF create_schedule.name IS NULL OR create_schedule.name !~ '^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$' THEN
+        RAISE EXCEPTION 'name: must be 1 to 63 of A-Z a-z 0-9 . _ -, starting and ending with a letter or digit'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    fields := unitvisor.cron_parse(create_schedule.cron);
+    IF create_schedule.timezone IS NULL
+       OR NOT EXISTS (SELECT 1 FROM pg_timezone_names z WHERE z.name = create_schedule.timezone) THEN
+        RAISE EXCEPTION 'timezone: % is not a time zone name of pg_timezone_names (such as UTC or Europe/Berlin)',
+            coalesce(quote_literal(left(create_schedule.timezone, 64)), 'NULL') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    first_due := unitvisor.cron_next(fields, create_schedule.timezone, now());
+    IF first_due IS NULL THEN
+        RAISE EXCEPTION 'cron: matches no time in the next 10 years' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF create_schedule.run IS NULL OR jsonb_typeof(create_schedule.run) <> 'object' THEN
+        RAISE EXCEPTION 'run: must be a JSON object of submit_run''s argument names' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The schedule sets the key itself; an absolute time would be the same for every run; river_job_id
+    -- (034) links one run to one River job, and is the River source's to set.
+    IF create_schedule.run ?| ARRAY['idempotency_key', 'not_before', 'start_deadline', 'river_job_id'] THEN
+        RAISE EXCEPTION 'run: may not have %: a schedule''s runs share every key of it (the schedule sets '
+                        'idempotency_key itself, an absolute time would be the same for each run, and '
+                        'river_job_id links one run to one River job)',
+            (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(create_schedule.run) k
+             WHERE k IN ('idempotency_key', 'not_before', 'start_deadline', 'river_job_id'))
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF create_schedule.overlap IS NULL OR create_schedule.overlap NOT IN ('skip', 'queue', 'allow') THEN
+        RAISE EXCEPTION 'overlap: must be skip, queue or allow' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF create_schedule.catch_up IS NULL OR create_schedule.catch_up NOT IN ('none', 'one') THEN
+        RAISE EXCEPTION 'catch_up: must be none or one' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The run as its first due time would submit it, submitted and rolled back (a subtransaction): every
+    -- check submit_run makes, the labels the schedule adds included, made now rather than at 3 a.m.
+    trial := ROW(create_schedule.name, create_schedule.cron, create_schedule.timezone, create_schedule.run,
+                 create_schedule.overlap, create_schedule.catch_up, false, first_due, NULL, NULL, NULL, NULL,
+                 0, 0, 0, now(), session_user)::unitvisor.schedules;
+    BEGIN
+        PERFORM unitvisor.submit_run_spec(unitvisor.schedule_run_spec(trial, first_due) - 'idempotency_key');
+        RAISE EXCEPTION USING ERRCODE = 'UV028';
+    EXCEPTION
+        WHEN SQLSTATE 'UV028' THEN
+            NULL;
+        WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS refused_message = MESSAGE_TEXT, refused_state = RETURNED_SQLSTATE,
+                                    refused_constraint = CONSTRAINT_NAME;
+            RAISE EXCEPTION 'run: %', refused_message USING ERRCODE = refused_state, CONSTRAINT = refused_constraint;
+    END;
+    BEGIN
+        INSERT INTO unitvisor.schedules (name, cron, timezone, run, overlap, catch_up, next_due)
+        VALUES (create_schedule.name, create_schedule.cron, create_schedule.timezone, create_schedule.run,
+                create_schedule.overlap, create_schedule.catch_up, first_due);
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'name: a schedule named % exists (drop_schedule it first)', create_schedule.name
+            USING ERRCODE = 'unique_violation';
+    END;
+    RETURN first_due;
+END $$;

@@ -160,6 +160,10 @@ def forget_text(host: str, forgotten: store.Forgotten) -> str:
 @click.option("--connection-limit", type=click.IntRange(1, 10000), metavar="N",
               help=f"How many sessions the role may hold at once [default: {store.DEFAULT_HOST_CONNECTION_LIMIT} for "
                    "a new role; with --new-password, unchanged unless given].")
+@click.option("--river", is_flag=True,
+              help="Make the new role a member of unitvisor_river too, for a host whose daemon serves a River "
+                   "source ([river]): that creates runs, which a plain host role may not (docs/river.md, "
+                   "Privileges).")
 @click.option("--force", is_flag=True,
               help="With --new-password: rotate even while NAME's daemon is live (it is locked out at its next "
                    "reconnect until its /etc/unitvisor/dsn has the new password).")
@@ -169,19 +173,19 @@ def forget_text(host: str, forgotten: store.Forgotten) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def add(ctx: Context, name: str, role_name: str | None, new_password: bool, connection_limit: int | None,
-        force: bool, db_host: str | None, as_json: bool) -> None:
+        river: bool, force: bool, db_host: str | None, as_json: bool) -> None:
     """Give host NAME its own database role, bound to the host id NAME.
 
     Creates a login role with a random password, a member of unitvisor_host, bound to NAME, in one
-    transaction, and prints what goes in that host's /etc/unitvisor/dsn (this command's DSN with
-    that role and password, which are shown only now) and the [host] id for its config. The host's
-    daemon may then act only as NAME. Needs unitvisor_admin and the right to create roles (a
-    superuser, or CREATEROLE). A NAME that has a role already is an error (exit 1); --new-password
-    rotates its password. The role may hold --connection-limit sessions at once: the daemon needs one,
-    and a moment after a lost network up to two more, plus one per command run with its DSN. A live
-    daemon keeps its session, but is locked out at its next reconnect until its DSN file has the new
-    password (it reads the file again before each attempt, no restart needed); so --new-password
-    refuses while NAME is live (heartbeat within its host_dead_after) unless --force.
+    transaction, and prints what goes in that host's /etc/unitvisor/dsn (this command's DSN with that
+    role and password, which are shown only now) and the [host] id for its config. The host's daemon may
+    then act only as NAME (with --river, also serve a River source). Needs unitvisor_admin and the right
+    to create roles (a superuser, or CREATEROLE). A NAME that has a role already is an error (exit 1);
+    --new-password rotates its password. The role may hold --connection-limit sessions at once: the
+    daemon needs one, and a moment after a lost network up to two more, plus one per command run with
+    its DSN. A live daemon keeps its session, but is locked out at its next reconnect until its DSN file
+    has the new password (it reads the file again before each attempt, no restart needed); so
+    --new-password refuses while NAME is live (heartbeat within its host_dead_after) unless --force.
 
     \b
     Example:
@@ -196,6 +200,9 @@ def add(ctx: Context, name: str, role_name: str | None, new_password: bool, conn
         raise click.UsageError("--new-password keeps the role bound to NAME; leave out --role")
     if force and not new_password:
         raise click.UsageError("--force goes with --new-password")
+    if river and new_password:
+        raise click.UsageError(f"--river goes with a new role; to an existing one: GRANT {store.RIVER_ROLE} TO "
+                               "its role, as postgres (docs/river.md, Privileges)")
     password = secrets.token_urlsafe(24)
     dsn = ctx.dsn()
     with ctx.connect() as conn:
@@ -208,14 +215,15 @@ def add(ctx: Context, name: str, role_name: str | None, new_password: bool, conn
         else:
             role = role_name or store.default_host_role_name(name)
             store.add_host_role(conn, name, role, password,
-                                connection_limit or store.DEFAULT_HOST_CONNECTION_LIMIT)
+                                connection_limit or store.DEFAULT_HOST_CONNECTION_LIMIT, river)
     host_dsn = store.dsn_for_role(dsn, role, password, db_host)
     config_lines = f'[host]\nid = "{_toml_string(name)}"'
     if as_json:
         click.echo(json.dumps({"host_id": name, "role": role, "dsn": host_dsn, "config": config_lines,
-                               "new_password": new_password}, indent=2))
+                               "new_password": new_password, "river": river}, indent=2))
         return
-    click.echo(f"# host {name}: role {role}" + (" has a new password" if new_password else " created and bound"))
+    click.echo(f"# host {name}: role {role}" + (" has a new password" if new_password else " created and bound")
+               + (f", a member of {store.RIVER_ROLE}" if river else ""))
     click.echo(f"# /etc/unitvisor/dsn on {name} (mode 0600; the password is shown only now):")
     click.echo(host_dsn)
     click.echo(f"# /etc/unitvisor/unitvisor.toml on {name}:")

@@ -133,9 +133,9 @@ CREATE INDEX river_notification_topic_id_idx ON {s}.river_notification (topic, i
 
 # What a platform runs for unitvisor's daemons (docs/river.md, "Privileges"), here for the test's schema.
 GRANTS = """
-GRANT USAGE ON SCHEMA {s} TO unitvisor_host;
-GRANT SELECT, UPDATE ON {s}.river_job TO unitvisor_host;
-GRANT SELECT ON {s}.river_migration, {s}.river_queue TO unitvisor_host;
+GRANT USAGE ON SCHEMA {s} TO unitvisor_river;
+GRANT SELECT, UPDATE ON {s}.river_job TO unitvisor_river;
+GRANT SELECT ON {s}.river_migration, {s}.river_queue TO unitvisor_river;
 """
 
 

@@ -285,3 +285,29 @@ def test_doctor_warns_while_every_role_may_connect_to_the_database(cli, dsn: str
     assert line().startswith("warn") and "README's Install" in line()  # as createdb leaves it
     conn.execute(readme_connect_statement(conn.info.dbname))
     assert line().startswith("ok")
+
+
+def is_river_member(conn: psycopg.Connection, role: str) -> bool:
+    return conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", (role, store.RIVER_ROLE)).fetchone()[0]
+
+
+def test_hosts_add_river_makes_the_role_a_member_of_unitvisor_river_and_only_then(cli, dsn: str,
+                                                                                  conn: psycopg.Connection,
+                                                                                  host_id: str) -> None:
+    """--river: the host may serve a River source (schema 34); without it a host role may not create runs."""
+    river = json.loads(add(cli, dsn, host_id, "--river").stdout)
+    plain = json.loads(add(cli, dsn, host_id + "-plain").stdout)
+    assert (river["river"], plain["river"]) == (True, False)
+    assert (is_river_member(conn, river["role"]), is_river_member(conn, plain["role"])) == (True, False)
+    with store.connect(river["dsn"]) as host:
+        assert store.river_grant(host) == (river["role"], True)
+    with store.connect(plain["dsn"]) as host:
+        assert store.river_grant(host) == (plain["role"], False)
+
+
+def test_hosts_add_river_with_new_password_is_a_usage_error(cli, dsn: str, conn: psycopg.Connection,
+                                                          host_id: str) -> None:
+    role = json.loads(add(cli, dsn, host_id).stdout)["role"]
+    line = assert_one_line_error(add(cli, dsn, host_id, "--new-password", "--river"), 2)
+    assert "--river goes with a new role; to an existing one: GRANT unitvisor_river TO its role" in line
+    assert not is_river_member(conn, role)

@@ -38,9 +38,9 @@ LANGUAGE sql STABLE AS $$
                               'labels', jsonb_build_object('platform_run_id', r.id)) || r.extra
     FROM platform.runs r WHERE r.id = job_args ->> 'run_id'
 $$;
-GRANT USAGE ON SCHEMA platform TO unitvisor_host;
-GRANT SELECT ON platform.runs TO unitvisor_host;
-GRANT EXECUTE ON FUNCTION platform.unitvisor_spec(jsonb, text, bigint) TO unitvisor_host;
+GRANT USAGE ON SCHEMA platform TO unitvisor_river;
+GRANT SELECT ON platform.runs TO unitvisor_river;
+GRANT EXECUTE ON FUNCTION platform.unitvisor_spec(jsonb, text, bigint) TO unitvisor_river;
 """
 
 
@@ -72,9 +72,18 @@ def spawn(conn: psycopg.Connection, argv: list[str] | None = None, *, queue: str
     return platform_id, job_id
 
 
+def bind_river_host(conn: psycopg.Connection, postgres: Postgres, host: str) -> str:
+    """The login role bound to `host`, granted unitvisor_river as docs/river.md tells the admin to do for
+    the hosts that serve a River source (roles are the cluster's: granted once, kept)."""
+    role = bind_host_role(conn, postgres, host)
+    if not conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", (role, store.RIVER_ROLE)).fetchone()[0]:
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(store.RIVER_ROLE), sql.Identifier(role)))
+    return role
+
+
 @contextmanager
 def as_host(conn: psycopg.Connection, postgres: Postgres, host: str) -> Iterator[None]:
-    with session_as(conn, bind_host_role(conn, postgres, host)):
+    with session_as(conn, bind_river_host(conn, postgres, host)):
         yield
 
 
@@ -206,7 +215,7 @@ def test_no_live_host_accepts_it(conn, postgres, platform) -> None:
 def test_a_misconfigured_platform_claims_nothing(conn, postgres, platform) -> None:
     """The daemon's role may not execute the spec function: every job stays available (not discarded)."""
     _, job_id = spawn(conn)
-    conn.execute("REVOKE EXECUTE ON FUNCTION platform.unitvisor_spec(jsonb, text, bigint) FROM unitvisor_host, PUBLIC")
+    conn.execute("REVOKE EXECUTE ON FUNCTION platform.unitvisor_spec(jsonb, text, bigint) FROM unitvisor_river, PUBLIC")
     with pytest.raises(store.RiverMisconfigured, match="permission denied for function unitvisor_spec"):
         claim(conn, postgres, register(conn, "h1"))
     job = river_schema.job(conn, job_id)
@@ -335,7 +344,7 @@ def test_two_hosts_claiming_one_queue_claim_each_job_once(conn, postgres, platfo
         fences = {"h1": register(conn, "h1"), "h2": register(c2, "h2")}
         conns = {"h1": conn, "h2": c2}
         for host in fences:  # bind each host's role before the race (a binding commits on its own session)
-            bind_host_role(conns[host], postgres, host)
+            bind_river_host(conns[host], postgres, host)
         barrier = threading.Barrier(2)
 
         def worker(host: str) -> None:
@@ -380,8 +389,53 @@ def test_the_jobs_of_a_host_declared_dead_are_finished_by_a_live_one(conn, postg
 
 
 def test_a_river_schema_the_role_may_not_read_is_a_problem_not_an_error(conn, postgres, platform) -> None:
-    conn.execute("REVOKE SELECT ON river.river_migration FROM unitvisor_host")
+    conn.execute("REVOKE SELECT ON river.river_migration FROM unitvisor_river")
     register(conn, "h1")
     with as_host(conn, postgres, "h1"):
         problem = riversource.check_schema(conn, SETTINGS)
     assert problem is not None and "cannot read river.river_migration: permission denied" in problem
+
+
+# -- who may make runs from River jobs (review finding 1) ---------------------------------------------------
+
+
+# Each River function, with arguments that would pass its fence: a plain host role is refused before it.
+RIVER_CALLS = {
+    "submit": "SELECT unitvisor.submit_river_run(%s, %s, '{\"argv\": [\"/bin/true\"]}', 12345)",
+    "runs": "SELECT * FROM unitvisor.river_runs(%s, %s, ARRAY[12345]::bigint[])",
+    "cancel": "SELECT * FROM unitvisor.cancel_river_run(%s, %s, 12345)",
+}
+
+
+@pytest.mark.parametrize("statement", RIVER_CALLS.values(), ids=RIVER_CALLS.keys())
+def test_a_host_role_without_unitvisor_river_may_not_call_the_river_functions(conn, postgres, statement) -> None:
+    """A host's DSN alone must not create runs (README, Roles): only a member of unitvisor_river may."""
+    fence = register(conn, "plain-host")  # a host id no test grants unitvisor_river to
+    with session_as(conn, bind_host_role(conn, postgres, "plain-host")):
+        with pytest.raises(psycopg.Error) as caught, conn.transaction():
+            conn.execute(statement, (fence.host_id, fence.epoch))
+        assert caught.value.sqlstate == "42501", f"{caught.value.sqlstate}: {caught.value}"
+        assert "permission denied for function" in str(caught.value)
+    assert conn.execute("SELECT count(*) FROM unitvisor.runs").fetchone()[0] == 0
+
+
+def test_a_member_of_unitvisor_river_makes_the_run(conn, postgres) -> None:
+    """The same call as the refused one above, by a host granted unitvisor_river: the grant is enough."""
+    fence = register(conn, "h1")
+    with as_host(conn, postgres, "h1"):
+        run_id = conn.execute("SELECT unitvisor.submit_river_run(%s, %s, '{\"argv\": [\"/bin/true\"]}', 12345)",
+                              (fence.host_id, fence.epoch)).fetchone()[0]
+    assert conn.execute("SELECT river_job_id FROM unitvisor.runs WHERE id = %s", (run_id,)).fetchone() == (12345,)
+
+
+def test_a_river_host_without_unitvisor_river_is_told_at_connect(conn, postgres, platform) -> None:
+    """The daemon's connect check (riversource.check_schema): a problem naming the role and the GRANT,
+    not an error, so that the daemon goes on with its own runs."""
+    register(conn, "plain-host")
+    role = bind_host_role(conn, postgres, "plain-host")
+    with session_as(conn, role):
+        problem = riversource.check_schema(conn, SETTINGS)
+    assert problem == (f"[river]: role {role} is not a member of unitvisor_river, which may create runs from River "
+                       f"jobs: GRANT unitvisor_river TO {role} (docs/river.md, Privileges)")
+    with as_host(conn, postgres, "h1"):
+        assert riversource.check_schema(conn, SETTINGS) is None  # granted, and River's tables readable

@@ -498,7 +498,6 @@ HOST_FUNCTIONS = {
     "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze",  # 030: hold and freeze
     "limit_status",  # 032: named limits (the daemon's metrics read them)
     "host_labels", "register_host_labels",  # 033: placement
-    "submit_river_run", "river_runs", "cancel_river_run",  # 034: the River source
     "after_text", "dependency_met", "retention_states", "count_skips"}  # 035: dependencies
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
@@ -510,6 +509,8 @@ SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run
                        "limit_status", "set_limit", "drop_limit",  # 032: named limits
                        "host_labels",  # 033: placement
                        "after_text", "dependency_met", "retention_states"}  # 035 (and resume_run's second form)
+# 034: the River source's functions create runs, so a host role has them only when granted unitvisor_river too.
+RIVER_FUNCTIONS = {"submit_river_run", "river_runs", "cancel_river_run"}
 READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migrations",
         "run_dependencies"}  # 035
 
@@ -517,6 +518,7 @@ READ = {"attempts", "hosts", "run_events", "run_waits", "runs", "schema_migratio
 @pytest.mark.parametrize(("role", "functions", "tables"), [
     (store.HOST_ROLE, HOST_FUNCTIONS, {(t, "SELECT") for t in READ}),
     (store.SUBMITTER_ROLE, SUBMITTER_FUNCTIONS, {(t, "SELECT") for t in READ | {"spawn_jobs", "schedules", "limits"}}),
+    (store.RIVER_ROLE, RIVER_FUNCTIONS, set()),
 ])
 def test_each_role_holds_exactly_its_privileges(conn: psycopg.Connection, role: str, functions: set[str],
                                                 tables: set[tuple[str, str]]) -> None:

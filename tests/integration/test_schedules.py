@@ -622,3 +622,11 @@ def test_the_cli_lists_schedules_with_their_next_and_last_run(conn: psycopg.Conn
         "last_run_id": str(turn.run_id), "last_run_state": "queued", "submitted": 1, "skipped": 0, "missed": 0,
         "created_at": None, "created_by": row["created_by"]}
     assert by_name["often"]["paused"] is True
+
+
+def test_a_schedules_run_may_not_link_a_river_job(pure: psycopg.Connection) -> None:
+    """034: river_job_id links one run to one River job (the River source sets it); a schedule makes many."""
+    error = refusal(pure, "SELECT unitvisor.create_schedule('s', '* * * * *', 'UTC', %s::jsonb)",
+                    '{"argv": ["/bin/true"], "river_job_id": 42}')
+    assert error.sqlstate == "22023" and error.diag.message_primary.startswith("run: may not have river_job_id: ")
+    assert pure.execute("SELECT count(*) FROM unitvisor.schedules").fetchone()[0] == 0

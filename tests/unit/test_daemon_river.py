@@ -61,6 +61,7 @@ def test_without_river_a_river_channel_is_nothing_special(make) -> None:  # noqa
 
 def test_an_unknown_river_version_is_refused_said_once_and_not_listened_to(make, events, mocker) -> None:  # noqa: F811
     d = make(river_settings())
+    mocker.patch.object(store, "river_grant", return_value=("uv_web_1", True))
     mocker.patch.object(store, "river_versions", return_value=[1, 2, 3, 4, 5, 6, 7, 8])
     listen = mocker.patch.object(store, "listen")
     d._check_river()
@@ -74,11 +75,30 @@ def test_an_unknown_river_version_is_refused_said_once_and_not_listened_to(make,
 
 def test_a_known_river_version_is_listened_to(make, mocker) -> None:  # noqa: F811
     d = make(river_settings())
+    mocker.patch.object(store, "river_grant", return_value=("uv_web_1", True))
     mocker.patch.object(store, "river_versions", return_value=[1, 2, 3, 4, 5, 6, 7])
     listen = mocker.patch.object(store, "listen")
     d._check_river()
     assert d.river_problem == ""
     listen.assert_called_once_with(d.conn, "platform.river_insert", "platform.river_control")
+
+
+def test_a_role_without_unitvisor_river_is_a_problem_said_at_connect_and_not_listened_to(make, events,  # noqa: F811
+                                                                                         mocker) -> None:
+    """Schema 34: a River host's role must be a member of unitvisor_river; without it the daemon says so
+    (journal and status), serves no River job, and goes on with its own runs (the problem is no error)."""
+    d = make(river_settings())
+    mocker.patch.object(store, "river_grant", return_value=("uv_web_1", False))
+    versions = mocker.patch.object(store, "river_versions")
+    listen = mocker.patch.object(store, "listen")
+    d._check_river()
+    assert d.river_problem == ("[river]: role uv_web_1 is not a member of unitvisor_river, which may create runs "
+                               "from River jobs: GRANT unitvisor_river TO uv_web_1 (docs/river.md, Privileges)")
+    assert [c.args[0] for c in events.call_args_list].count("river-refused") == 1
+    versions.assert_not_called()
+    listen.assert_not_called()
+    d._status()
+    assert "River source: [river]: role uv_web_1 is not a member of unitvisor_river" in statuses(d)[-1]
 
 
 def test_without_river_nothing_is_checked(make, mocker) -> None:  # noqa: F811
