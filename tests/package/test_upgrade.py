@@ -161,6 +161,9 @@ def test_the_new_versions_migrate_applies_the_new_migrations_under_the_old_daemo
     assert f"version {__version__}" in h1.run(*new_cli, "--version").stdout
     new = [version for version, _ in store.migration_files() if version not in PREVIOUS_SCHEMA]
     assert new, "this release has no migration of its own: the test would prove nothing about one"
+    # 0.10.0's 034 creates the role unitvisor_river: README, Upgrade, has it made first, once per cluster,
+    # as the superuser, so that the migrate itself runs as before.
+    fleet.db.psql("CREATE ROLE unitvisor_river NOLOGIN")
     # As the hosts' own role, a member of unitvisor_admin: from 0.3.0 on, no migration needs a superuser
     # (README, Upgrade; store.migrate applies them under SET ROLE unitvisor_admin).
     assert h1.run(*new_cli, "migrate", timeout=120).stdout.strip() == f"applied: {', '.join(new)}"
