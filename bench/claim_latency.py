@@ -103,6 +103,9 @@ def fleet_database(pg: Postgres, name: str, upto: int | None, hosts: int, open_p
         conn.execute("""CREATE FUNCTION unitvisor.register_host_allowlist(h text, e bigint, denied text[],
                             names text[], patterns text[]) RETURNS void LANGUAGE sql AS
                         $$ SELECT unitvisor.register_host_environment(h, e, denied, '{}') $$""")
+        # And its labels with 033's (placement), which an older schema has no use for: a host without them.
+        conn.execute("""CREATE FUNCTION unitvisor.register_host_labels(h text, e bigint, labels jsonb) RETURNS void
+                        LANGUAGE sql AS $$ SELECT $$""")
     # One session registers every host: register_host's lock is per host id, and nothing else here
     # contends for them.
     for i in range(hosts):
