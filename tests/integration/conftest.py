@@ -337,3 +337,12 @@ def fleet(dsn: str, conn: psycopg.Connection, count: int, **profile: object) -> 
     with contextlib.ExitStack() as stack:
         conns = [conn] + [stack.enter_context(store.connect(dsn)) for _ in range(count - 1)]
         yield [register(c, f"h{i}", **profile) for i, c in enumerate(conns, 1)]
+
+
+def backend_gone(observer: psycopg.Connection, pid: int) -> None:
+    """Wait until a closed connection's server process has ended and released its session locks (a
+    host's lock among them): closing the client returns before the server has noticed."""
+    deadline = time.monotonic() + 10
+    while observer.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
+        assert time.monotonic() < deadline, f"backend {pid} did not end"
+        time.sleep(0.01)

@@ -9,7 +9,6 @@ as proofs: they show a promise that already held (a fenced host's claim), so tha
 from __future__ import annotations
 
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ from supervisor.model import Attempt
 from supervisor.outcomes import Outcome
 from supervisor.reconciler import Reconciler
 from supervisor.systemd import Systemd
-from tests.integration.conftest import connected, host_profile, register, silence
+from tests.integration.conftest import backend_gone, connected, host_profile, register, silence
 
 pytestmark = pytest.mark.usefixtures("as_bound_roles")
 
@@ -43,14 +42,6 @@ def connection(dsn: str) -> Iterator[psycopg.Connection]:
     with store.connect(dsn) as other:
         other.execute("SET statement_timeout = '10s'")
         yield other
-
-
-def backend_gone(observer: psycopg.Connection, pid: int) -> None:
-    """Wait until a closed session's server process is gone with its host lock."""
-    deadline = time.monotonic() + 10
-    while observer.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
-        assert time.monotonic() < deadline, f"backend {pid} did not end"
-        time.sleep(0.01)
 
 
 def started_run(conn: psycopg.Connection, fence: store.Fence, retry_on: list[str] | None = None,

@@ -26,7 +26,16 @@ from psycopg import sql
 from supervisor import globs, store, unitspec
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import Outcome, retry_delay, run_state_after
-from tests.integration.conftest import ALLOW_ALL, TABLES, age_jobs, connected, host_profile, register, silence
+from tests.integration.conftest import (
+    ALLOW_ALL,
+    TABLES,
+    age_jobs,
+    backend_gone,
+    connected,
+    host_profile,
+    register,
+    silence,
+)
 
 # Each test runs twice: as the superuser, and with every host call of the store made as a login role
 # bound to its host id (tests/integration/conftest.py, as_bound_roles).
@@ -85,15 +94,6 @@ def everything(conn: psycopg.Connection) -> dict[str, list[str]]:
     """Every row of every unitvisor table, as text: equal before and after means nothing changed."""
     return {t: [r[0] for r in conn.execute(f"SELECT t::text FROM unitvisor.{t} t ORDER BY t::text")]
             for t in TABLES}
-
-
-def backend_gone(observer: psycopg.Connection, pid: int) -> None:
-    """Wait until a closed connection's server process has ended and released its session locks:
-    closing the client returns before the server has noticed."""
-    deadline = time.monotonic() + 10
-    while observer.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
-        assert time.monotonic() < deadline, f"backend {pid} did not end"
-        time.sleep(0.01)
 
 
 def advisory_locks(conn: psycopg.Connection, pid: int) -> int:

@@ -22,7 +22,7 @@ from supervisor.outcomes import Outcome
 from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
 from tests.integration import river_schema
-from tests.integration.conftest import bind_host_role, register, session_as, wait_notifies
+from tests.integration.conftest import backend_gone, bind_host_role, register, session_as, wait_notifies
 from tests.integration.test_sql_api_example import assert_example_prints_its_out
 
 SETTINGS = RiverSettings(schema="river", queues=("spawn",), kinds=("tm_spawn_run",),
@@ -289,6 +289,10 @@ def test_a_daemon_killed_between_claim_and_finish_finishes_when_back(conn, postg
     with store.connect(dsn) as first:
         fence = register(first, "h1")
         claim(first, postgres, fence)
+        pid = first.info.backend_pid
+    # Its host lock goes with its server process, which ends after the client has closed (the
+    # fresh-clone run's loaded machine registered again before that: "held by another live daemon").
+    backend_gone(conn, pid)
     assert river_schema.job(conn, job_id)["state"] == "running"
     fence = register(conn, "h1")
     start_unit(conn, fence)
