@@ -134,7 +134,7 @@ test-pass-system: venv-debian
 # TRIXIE_TESTS narrows it; `make test` (and so CI) narrows it to the unit tests. 0.9.0's fresh-clone run
 # with the whole selection took 24.6 minutes for this pass and pushed the others past CI's 45. In
 # 0.10.0's (the .deb's builds no longer run spin) the whole selection took 25.0 minutes beside the
-# others and .ci/run about 31: it fits, and passed but for one test a minute boundary broke (fixed
+# others and .ci/run 31.2: it fits, and passed but for one test a minute boundary broke (fixed
 # since); it becomes the default after a green fresh-clone run with it (`make test TRIXIE_TESTS=`).
 # README, Tests.
 TRIXIE_TESTS ?= tests/unit
