@@ -24,8 +24,11 @@ def label_problem(key: str, value: object) -> str | None:
     return None
 
 
+def count_problem(labels: dict[str, object]) -> str | None:
+    """Why the mapping has too many pairs to be a set of labels (None: it has not)."""
+    return f"{len(labels)} labels, over the limit of {MAX_LABELS}" if len(labels) > MAX_LABELS else None
+
+
 def labels_problem(labels: dict[str, object]) -> str | None:
     """Why the mapping cannot be a set of labels (None: it can): too many, or the first bad pair."""
-    if len(labels) > MAX_LABELS:
-        return f"{len(labels)} labels, over the limit of {MAX_LABELS}"
-    return next((p for p in (label_problem(k, v) for k, v in labels.items()) if p), None)
+    return count_problem(labels) or next((p for p in (label_problem(k, v) for k, v in labels.items()) if p), None)

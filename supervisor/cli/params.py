@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from supervisor import stopsignals
-from supervisor.labels import MAX_LABELS, label_problem
+from supervisor.labels import count_problem, label_problem
 from supervisor.quantities import QuantityError, parse_duration, parse_time
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
@@ -104,8 +104,9 @@ def label_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, .
         if problem:
             raise click.BadParameter(problem)
         labels[key] = value
-    if len(labels) > MAX_LABELS:
-        raise click.BadParameter(f"{len(labels)} labels, over the limit of {MAX_LABELS}")
+    problem = count_problem(labels)
+    if problem:
+        raise click.BadParameter(problem)
     return labels
 
 
