@@ -809,6 +809,10 @@ CREATE TABLE unitvisor.hosts (
     -- Its daemon's [host] labels (033), and when it registered them (host_labels: void before started_at).
     labels         jsonb,
     labels_at      timestamptz,
+    -- The operator's word that the host is down (confirm_host_down, 036): declared once overdue whatever
+    -- the fleet-wide guards say; ended when the host is heard from again, or declared.
+    down_confirmed_at timestamptz,
+    down_confirmed_by text,
     CONSTRAINT hosts_state_valid CHECK (state IN ('active', 'draining', 'stopped', 'dead')),
     CONSTRAINT hosts_pressure_state_valid
         CHECK (pressure_state IS NULL OR pressure_state IN ('off', 'open', 'slowed', 'stopped'))
@@ -2166,8 +2170,13 @@ END $$;
 --   declare may be as slow as itself;
 -- * most of the other hosts are late: more than half, and at least two, of the active and draining
 --   hosts that are neither the declarer nor overdue: the database is behind, not the silent hosts;
+-- * most of the fleet is silent at once (036): more than max_hosts, and more than half of the other
+--   hosts, are overdue: the database or its network is more likely behind than that many hosts down;
 -- * at most max_hosts are declared at once, the longest silent first; the rest wait for the next pass.
--- Held declarations are said in held (how many) and held_why ('declarer-late', 'fleet-late', 'cap')
+-- A host the operator confirmed down (confirm_host_down) is held by neither fleet-wide guard, and comes
+-- first under the cap; sql/migrations/036_fleet_silent.sql says why.
+-- Held declarations are said in held (how many) and held_why ('declarer-late', 'fleet-late',
+-- 'fleet-silent', 'cap')
 -- with held_detail, on every row; a pass that declares nobody but held some returns one row whose
 -- host_id is NULL. The caller settles the declared hosts' open attempts in the same transaction.
 CREATE FUNCTION unitvisor.declare_dead(declarer text, declarer_epoch bigint, connected_for double precision,
@@ -2180,8 +2189,11 @@ DECLARE
     connected double precision;
     own_age double precision;
     overdue integer;
+    confirmed integer;
     others integer;
     late integer;
+    fleet_why text;
+    fleet_detail text;
 BEGIN
     PERFORM unitvisor.check_fence(declare_dead.declarer, declare_dead.declarer_epoch);
     SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = declare_dead.declarer;
@@ -2194,7 +2206,8 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-fleet-upkeep', 0)) THEN
         RETURN;
     END IF;
-    SELECT count(*) INTO overdue FROM unitvisor.hosts h
+    SELECT count(*), count(*) FILTER (WHERE h.down_confirmed_at IS NOT NULL) INTO overdue, confirmed
+    FROM unitvisor.hosts h
     WHERE h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
       AND coalesce(h.dead_after_sec, 60) <= connected;
     IF overdue = 0 THEN
@@ -2213,37 +2226,79 @@ BEGIN
     FROM unitvisor.hosts h
     WHERE h.id <> declare_dead.declarer AND h.state IN ('active', 'draining') AND NOT unitvisor.host_is_overdue(h);
     IF late * 2 > others AND late >= 2 THEN
-        RETURN QUERY SELECT NULL::text, NULL::double precision, NULL::double precision, overdue, 'fleet-late',
-            format('%s of the %s other live hosts are late too: the database is behind, not the %s silent '
-                   'host(s)', late, others, overdue);
-        RETURN;
+        fleet_why := 'fleet-late';
+        fleet_detail := format('%s of the %s other live hosts are late too: the database is behind, not the %s '
+                               'silent host(s)', late, others, overdue - confirmed);
+    ELSIF overdue > declare_dead.max_hosts AND overdue > others THEN
+        fleet_why := 'fleet-silent';
+        fleet_detail := format('%s of the %s other hosts are silent at once, more than half of them and more than '
+                               '[fleet] max_dead_per_pass (%s): the database or its network is more likely behind '
+                               'than that many hosts down; `unitvisor hosts confirm-down HOST` has a host that is '
+                               'really down declared', overdue - confirmed, overdue + others, declare_dead.max_hosts);
     END IF;
     RETURN QUERY
     WITH chosen AS (
         SELECT h.id FROM unitvisor.hosts h
         WHERE h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
           AND coalesce(h.dead_after_sec, 60) <= connected
-        ORDER BY h.heartbeat_at, h.id LIMIT greatest(declare_dead.max_hosts, 0)
+          AND (fleet_why IS NULL OR h.down_confirmed_at IS NOT NULL)
+        ORDER BY h.down_confirmed_at IS NULL, h.heartbeat_at, h.id LIMIT greatest(declare_dead.max_hosts, 0)
         FOR UPDATE
     ),
     declared AS (
         UPDATE unitvisor.hosts h SET state = 'dead', epoch = nextval('unitvisor.host_epochs'), dead_at = now(),
             drained_before_death = (h.state = 'draining'),
-            dead_reason = format('silent for %s s (its host_dead_after is %s s); declared dead by host %s',
+            dead_reason = format('silent for %s s (its host_dead_after is %s s); declared dead by host %s%s',
                                  round(extract(epoch FROM now() - h.heartbeat_at)::numeric),
-                                 coalesce(h.dead_after_sec, 60), declare_dead.declarer)
+                                 coalesce(h.dead_after_sec, 60), declare_dead.declarer,
+                                 CASE WHEN h.down_confirmed_at IS NOT NULL
+                                      THEN format(', confirmed down by %s', h.down_confirmed_by) ELSE '' END),
+            down_confirmed_at = NULL, down_confirmed_by = NULL
         FROM chosen WHERE h.id = chosen.id
         RETURNING h.id, extract(epoch FROM now() - h.heartbeat_at)::double precision AS silent,
                   coalesce(h.dead_after_sec, 60)::double precision AS dead_after
     ),
     summary AS (
-        SELECT greatest(overdue - count(*), 0)::integer AS held FROM declared
+        SELECT greatest(overdue - count(*), 0)::integer AS held,
+               -- the fleet-wide guard when it held any host nobody confirmed, else the cap
+               CASE WHEN fleet_why IS NOT NULL AND overdue > confirmed THEN fleet_why
+                    WHEN overdue > count(*) THEN 'cap' END AS why
+        FROM declared
     )
-    SELECT d.id, d.silent, d.dead_after, s.held,
-           CASE WHEN s.held > 0 THEN 'cap' END,
-           CASE WHEN s.held > 0 THEN format('%s more silent host(s) wait for the next pass ([fleet] '
-                                            'max_dead_per_pass is %s)', s.held, declare_dead.max_hosts) END
+    SELECT d.id, d.silent, d.dead_after, s.held, s.why,
+           CASE s.why WHEN 'cap' THEN format('%s more silent host(s) wait for the next pass ([fleet] '
+                                             'max_dead_per_pass is %s)', s.held, declare_dead.max_hosts)
+                      ELSE fleet_detail END
     FROM summary s LEFT JOIN declared d ON true;
+END $$;
+
+-- A host heard from is not down: its confirmation ends. A trigger with a WHEN clause, so that the
+-- heartbeat of a host that nobody confirmed (every heartbeat, nearly always) calls no function.
+CREATE FUNCTION unitvisor.end_down_confirmation() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.down_confirmed_at := NULL;
+    NEW.down_confirmed_by := NULL;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER hosts_heard_from BEFORE UPDATE OF heartbeat_at ON unitvisor.hosts
+    FOR EACH ROW WHEN (OLD.down_confirmed_at IS NOT NULL AND NEW.heartbeat_at > OLD.heartbeat_at)
+    EXECUTE FUNCTION unitvisor.end_down_confirmation();
+
+-- The operator's word that a host is down (its machine is off, or gone): it is declared dead once it
+-- is overdue, whatever the fleet-wide guards say. Returns the host's state; NULL when there is no such
+-- host. A dead host needs none (it is declared already): its state is returned and nothing changes.
+-- Granted to no role: the database owner's (as hosts add and hosts forget are).
+CREATE FUNCTION unitvisor.confirm_host_down(host_id text) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    found_state text;
+BEGIN
+    UPDATE unitvisor.hosts h SET down_confirmed_at = now(), down_confirmed_by = session_user
+    WHERE h.id = confirm_host_down.host_id AND h.state <> 'dead';
+    SELECT h.state INTO found_state FROM unitvisor.hosts h WHERE h.id = confirm_host_down.host_id;
+    RETURN found_state;
 END $$;
 
 -- The heartbeat alone, as heartbeat (012) renews it: the same row, the same epoch check (a host whose
@@ -4494,4 +4549,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('032_concurrency_limits'),
     ('033_placement'),
     ('034_river'),
-    ('035_dependencies');
+    ('035_dependencies'),
+    ('036_fleet_silent');

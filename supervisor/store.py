@@ -898,6 +898,7 @@ def list_hosts(conn: Connection) -> list[dict[str, Any]]:
                       h.epoch, h.instance, h.can_start, h.cannot_start_reason, h.allowed_executables,
                       h.run_user, h.allowed_users, h.poll_interval_sec, h.dead_after_sec, h.dead_at, h.dead_reason,
                       h.conflict_detail, extract(epoch FROM now() - h.conflict_at)::float8 AS conflict_age,
+                      h.down_confirmed_at, h.down_confirmed_by,
                       h.pressure_state, h.pressure_resource, h.pressure_figures, h.pressure_detail,
                       extract(epoch FROM now() - h.pressure_at)::float8 AS pressure_age,
                       h.pressure_at IS NOT NULL AND h.pressure_at < h.started_at AS pressure_stale,
@@ -915,6 +916,13 @@ def set_host_state(conn: Connection, host_id: str, state: str) -> str | None:
     (sql/021_operator.sql), so that a host role may drain its own host id, and only that one, while the
     admin drains any (insufficient_privilege otherwise)."""
     return conn.execute("SELECT unitvisor.set_host_state(%s, %s)", (host_id, state)).fetchone()[0]
+
+
+def confirm_host_down(conn: Connection, host_id: str) -> str | None:
+    """The operator's word that a host is down: declared dead once overdue, whatever the fleet-wide
+    guards say (sql/migrations/036_fleet_silent.sql). Returns the host's state (a dead host is left as
+    it is), None if no such host. The database owner's: insufficient_privilege for any other role."""
+    return conn.execute("SELECT unitvisor.confirm_host_down(%s)", (host_id,)).fetchone()[0]
 
 
 @dataclass(frozen=True)
@@ -1055,7 +1063,7 @@ def declare_dead_hosts(conn: Connection, fence: Fence, connected_for: float) -> 
 @dataclass(frozen=True)
 class Declaration:
     """One pass of declare_dead: the hosts declared dead, and how many more silent hosts were held back
-    and why ('declarer-late', 'fleet-late' or 'cap'; None when none was)."""
+    and why ('declarer-late', 'fleet-late', 'fleet-silent' or 'cap'; None when none was)."""
 
     dead: list[DeadHost]
     held: int = 0
@@ -1064,8 +1072,9 @@ class Declaration:
 
 
 def declare_dead(conn: Connection, fence: Fence, connected_for: float, max_hosts: int) -> Declaration:
-    """declare_dead_hosts with the guards of schema 19 (sql/019_fleet_upkeep.sql): nobody while this
-    host's own heartbeat, or most of the fleet's, is late, and at most `max_hosts` at once. Inside the
+    """declare_dead_hosts with the guards of schema 19 (sql/019_fleet_upkeep.sql) and 36: nobody while
+    this host's own heartbeat, or most of the fleet's, is late, nor while most of the fleet is silent at
+    once (but the hosts an operator confirmed down), and at most `max_hosts` at once. Inside the
     caller's transaction, whose job it is to settle the declared hosts' open attempts in it."""
     with _fencing():
         rows = conn.execute(

@@ -1,4 +1,4 @@
-"""The commands on hosts: hosts (the list), hosts add, hosts forget, drain and undrain."""
+"""The commands on hosts: hosts (the list), hosts add, hosts forget, hosts confirm-down, drain and undrain."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def hosts(click_ctx: click.Context, as_json: bool) -> None:
             "dead_at": iso(r["dead_at"]), "dead_reason": r["dead_reason"],
             "comes_back_draining": r["comes_back_draining"],
             "conflict": r["conflict_detail"] if "conflict" in fleet.host_display_state(r) else None,
+            "down_confirmed_at": iso(r["down_confirmed_at"]), "down_confirmed_by": r["down_confirmed_by"],
             "pressure": _pressure_json(r),
             "labels": r["labels"],
         } for r in rows], indent=2))
@@ -68,6 +69,9 @@ def hosts(click_ctx: click.Context, as_json: bool) -> None:
             notes.append(f"{r['id']}: dead: {r['dead_reason']}")
         if "conflict" in shown:
             notes.append(f"{r['id']}: conflict: {r['conflict_detail']}")
+        if r["down_confirmed_at"] is not None:
+            notes.append(f"{r['id']}: confirmed down by {r['down_confirmed_by']} at {iso(r['down_confirmed_at'])}: "
+                         "declared dead once silent for its host_dead_after")
         if not r["can_start"]:
             notes.append(f"{r['id']}: claims nothing: {r['cannot_start_reason']}")
         pressure_said = _pressure_json(r)
@@ -134,6 +138,38 @@ def forget(ctx: Context, host: str, keep_role: bool) -> None:
         raise Failure(f"host {host} is {forgotten.state}: only a dead or stopped host can be forgotten (drain it, "
                       "let its runs finish, and stop its daemon first)")
     click.echo(forget_text(host, forgotten))
+
+
+@hosts.command("confirm-down")
+@click.argument("host")
+@pass_ctx
+def confirm_down(ctx: Context, host: str) -> None:
+    """Say that HOST is down, so that the fleet declares it dead once it is silent for its host_dead_after.
+
+    While more than half of the fleet, and more than [fleet] max_dead_per_pass hosts, are silent at
+    once, the fleet upkeep declares nobody dead (`host-dead-held why=fleet-silent`): that many hosts
+    silent together is more likely the database or its network than that many machines down. When they
+    are down (a power loss), confirm each: it is declared as soon as it is overdue, whatever the
+    fleet-wide guards say, and its runs are settled `lost` and retried by their policy. Only confirm a
+    host whose machine is off or cut off: a host declared dead while it runs stops its runs (if its
+    stop_runs_when_cut_off is set) or they may run a second time. The confirmation ends when the host is
+    heard from again. Needs the admin's DSN (the database owner's).
+
+    \b
+    Example:
+      runuser -u postgres -- unitvisor --dsn 'host=/var/run/postgresql dbname=unitvisor' \\
+          hosts confirm-down web-7
+    """
+    invocation["needs"] = "unitvisor_admin (the database owner)"
+    with ctx.connect() as conn:
+        state = store.confirm_host_down(conn, host)
+    if state is None:
+        raise Failure(f"no host {host} (see `unitvisor hosts`)")
+    if state == "dead":
+        click.echo(f"host {host} is dead already: nothing to confirm")
+    else:
+        click.echo(f"host {host} ({state}) confirmed down: declared dead once silent for its host_dead_after, "
+                   "unless it is heard from first")
 
 
 def forget_text(host: str, forgotten: store.Forgotten) -> str:

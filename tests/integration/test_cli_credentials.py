@@ -167,6 +167,27 @@ def test_hosts_forget_by_an_admin_that_may_not_drop_roles_changes_nothing_and_sa
                             "no more\n")
 
 
+# -- hosts confirm-down: the operator's word, the admin's only ---------------------------------------------
+
+
+def test_hosts_confirm_down_marks_the_host_and_a_host_role_may_not(cli, dsn: str, host: tuple[str, str, Path],
+                                                                    conn: psycopg.Connection) -> None:
+    host_id, host_dsn, config = host
+    register(conn, "other")
+    line = assert_one_line_error(cli("hosts", "confirm-down", "other", dsn=host_dsn, config=config), 1)
+    assert "refused `unitvisor hosts confirm-down`" in line and "unitvisor_admin (the database owner)" in line, line
+    assert conn.execute("SELECT down_confirmed_at FROM unitvisor.hosts WHERE id = 'other'").fetchone() == (None,)
+    result = cli("hosts", "confirm-down", "other", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ("host other (active) confirmed down: declared dead once silent for its "
+                             "host_dead_after, unless it is heard from first\n")
+    [other] = [h for h in json.loads(cli("hosts", "--json", dsn=dsn).stdout) if h["id"] == "other"]
+    assert other["down_confirmed_at"] is not None and other["down_confirmed_by"] == conn.info.user
+    assert f"other: confirmed down by {conn.info.user}" in cli("hosts", dsn=dsn).stdout
+    line = assert_one_line_error(cli("hosts", "confirm-down", "nobody", dsn=dsn), 1)
+    assert line == "unitvisor: no host nobody (see `unitvisor hosts`)", line
+
+
 # -- show: the drained host by name, and the next attempt's time -------------------------------------------
 
 

@@ -32,6 +32,7 @@ DATABASE_COMMANDS = [
     pytest.param(["hosts"], id="hosts"),
     pytest.param(["hosts", "--json"], id="hosts-json"),
     pytest.param(["hosts", "forget", "web-7"], id="hosts-forget"),
+    pytest.param(["hosts", "confirm-down", "web-7"], id="hosts-confirm-down"),
     pytest.param(["drain", "web-7"], id="drain"),
     pytest.param(["undrain", "web-7"], id="undrain"),
     pytest.param(["reconcile", "--dry-run"], id="reconcile"),

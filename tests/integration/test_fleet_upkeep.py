@@ -1,7 +1,7 @@
 """Migration 019 (issue 23, points 1 and 2) against the real schema: the fleet upkeep's turn, once per
 interval for the whole fleet; explain_waiting computing each refusal once per kind of run and going on
-where its last pass stopped; declare_dead's guards (the declarer late, most of the fleet late, the cap);
-the heartbeat alone.
+where its last pass stopped; declare_dead's guards (the declarer late, most of the fleet late, the cap;
+most of the fleet silent at once, and the operator's confirmation, since 036); the heartbeat alone.
 
 Every test here fails on the schema before 019 (the functions, or the behaviour, are new). Time is moved
 with SQL (heartbeat_at, turn_at), never slept through.
@@ -9,6 +9,7 @@ with SQL (heartbeat_at, turn_at), never slept through.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import psycopg
 import pytest
 
 from supervisor import heartbeat, store
-from tests.integration.conftest import connected, register, silence
+from tests.integration.conftest import bind_host_role, connected, register, session_as, silence
 
 MINUTE = timedelta(minutes=1)
 
@@ -223,17 +224,83 @@ def test_a_fleet_that_mostly_died_is_still_declared(conn: psycopg.Connection, fl
     assert sorted(d.host_id for d in declare(conn, fleet["declarer"]).dead) == ["a", "b", "c", "d"]
 
 
-def test_at_most_the_cap_is_declared_at_once_the_longest_silent_first(conn: psycopg.Connection, fleet) -> None:
-    for seconds, host in enumerate("abcde"):
-        silence(conn, host, 100 + seconds)
+def test_at_most_the_cap_is_declared_at_once_the_longest_silent_first(conn: psycopg.Connection, dsn: str,
+                                                                      fleet) -> None:
+    """Five silent past a cap of two, with five more hosts on time: not most of the fleet (a rack of a
+    large one), so paced by the cap, not held as fleet-silent."""
+    with contextlib.ExitStack() as stack:
+        for host in "fghij":
+            register(stack.enter_context(connection(dsn)), host)
+        for seconds, host in enumerate("abcde"):
+            silence(conn, host, 100 + seconds)
+        declaration = declare(conn, fleet["declarer"], cap=2)
+        assert sorted(d.host_id for d in declaration.dead) == ["d", "e"]
+        assert (declaration.held, declaration.held_why) == (3, "cap")
+        assert "max_dead_per_pass is 2" in declaration.held_detail
+        declaration = declare(conn, fleet["declarer"], cap=2)
+        assert (sorted(d.host_id for d in declaration.dead), declaration.held) == (["b", "c"], 1)
+        declaration = declare(conn, fleet["declarer"], cap=2)
+        assert ([d.host_id for d in declaration.dead], declaration.held, declaration.held_why) == (["a"], 0, None)
+
+
+def test_nobody_is_declared_while_most_of_the_fleet_is_silent_at_once(conn: psycopg.Connection, fleet) -> None:
+    """Three of the five others overdue, past a cap of two: the database (or its network) is more likely
+    behind than three hosts dead; the two others on time do not make the fleet late (036)."""
+    for host in "abc":
+        silence(conn, host, 100)
     declaration = declare(conn, fleet["declarer"], cap=2)
-    assert sorted(d.host_id for d in declaration.dead) == ["d", "e"]
-    assert (declaration.held, declaration.held_why) == (3, "cap")
-    assert "max_dead_per_pass is 2" in declaration.held_detail
+    assert (declaration.dead, declaration.held, declaration.held_why) == ([], 3, "fleet-silent")
+    assert declaration.held_detail.startswith("3 of the 5 other hosts are silent at once")
+    assert "unitvisor hosts confirm-down HOST" in declaration.held_detail
+    assert {h: states(conn)[h] for h in "abc"} == dict.fromkeys("abc", "active")
+    # One comes back: two silent are within the cap, and declared.
+    silence(conn, "c", 0)
+    assert sorted(d.host_id for d in declare(conn, fleet["declarer"], cap=2).dead) == ["a", "b"]
+
+
+def test_a_host_confirmed_down_is_declared_whatever_the_fleet_wide_guards_say(conn: psycopg.Connection,
+                                                                               fleet) -> None:
+    for host in "abc":
+        silence(conn, host, 100)
+    assert store.confirm_host_down(conn, "b") == "active"
     declaration = declare(conn, fleet["declarer"], cap=2)
-    assert (sorted(d.host_id for d in declaration.dead), declaration.held) == (["b", "c"], 1)
+    assert ([d.host_id for d in declaration.dead], declaration.held, declaration.held_why) == (["b"], 2,
+                                                                                              "fleet-silent")
+    assert declaration.held_detail.startswith("2 of the 5 other hosts are silent at once")
+    reason, confirmed = conn.execute("SELECT dead_reason, down_confirmed_at FROM unitvisor.hosts "
+                                     "WHERE id = 'b'").fetchone()
+    assert reason.endswith(f"declared dead by host declarer, confirmed down by {conn.info.user}"), reason
+    assert confirmed is None  # declared: the confirmation is spent
+    # Under fleet-late too (d and e late, not overdue), and first under the cap.
+    for host in "de":
+        silence(conn, host, 40)
+    store.confirm_host_down(conn, "c")
+    declaration = declare(conn, fleet["declarer"], cap=1)
+    assert ([d.host_id for d in declaration.dead], declaration.held, declaration.held_why) == (["c"], 1, "fleet-late")
+    assert store.confirm_host_down(conn, "c") == "dead"  # nothing to confirm; no such host: None
+    assert store.confirm_host_down(conn, "nobody") is None
+
+
+def test_a_confirmation_ends_when_the_host_is_heard_from(conn: psycopg.Connection, fleet) -> None:
+    """A host confirmed down that heartbeats was not down: the fleet-wide guards hold it again."""
+    for host in "abc":
+        silence(conn, host, 100)
+    for host in "ab":
+        store.confirm_host_down(conn, host)
+    assert store.renew_heartbeat(conn, fleet["a"]) == "active"
+    heard = conn.execute("SELECT id, down_confirmed_at IS NOT NULL FROM unitvisor.hosts WHERE id IN ('a', 'b') "
+                         "ORDER BY id").fetchall()
+    assert heard == [("a", False), ("b", True)]
+    silence(conn, "a", 100)  # silent again: moving the heartbeat back is not hearing from it
     declaration = declare(conn, fleet["declarer"], cap=2)
-    assert ([d.host_id for d in declaration.dead], declaration.held, declaration.held_why) == (["a"], 0, None)
+    assert ([d.host_id for d in declaration.dead], declaration.held_why) == (["b"], "fleet-silent")
+
+
+def test_only_the_database_owner_confirms_a_host_down(conn: psycopg.Connection, postgres, fleet) -> None:
+    """A host role may not: one broken (or hostile) host could have the whole fleet declared."""
+    role = bind_host_role(conn, postgres, "a")
+    with session_as(conn, role), pytest.raises(psycopg.errors.InsufficientPrivilege):
+        store.confirm_host_down(conn, "b")
 
 
 def test_a_declaration_and_an_old_daemons_never_overlap(conn: psycopg.Connection, dsn: str, fleet) -> None:

@@ -1,0 +1,161 @@
+-- unitvisor schema: no mass declaration when most of the fleet goes silent at once (issue 23, point 2),
+-- and the operator's word for a host that is really down.
+--
+-- declare_dead (019) holds its declarations while the declarer is late, or while most of the other
+-- live hosts are late: the database is behind, not the silent hosts. Its fleet-late guard counts only
+-- the hosts not yet overdue, so that a rack that lost power is still declared by the hosts that are
+-- left. But once most of the fleet is overdue at once the late hosts that are left are few, and the
+-- guard no longer holds: bench.scale with 1,000 simulated hosts on an overloaded database (their
+-- heartbeats refused by max_connections or timed out) had up to 893 hosts overdue at once, and the cap
+-- alone paced the declarations: 275 live hosts declared dead, 5 a pass (docs/benchmarks.md, 0.8.0
+-- measured). That many hosts silent at once is far more likely the database, or the network in front
+-- of it, than that many machines dead; declaring them turns the database's trouble into the fleet's
+-- (every run of theirs `lost` and taken again, every host fenced and registering anew).
+--
+-- So a fourth guard, 'fleet-silent': while more silent hosts than [fleet] max_dead_per_pass are
+-- overdue at once, and they are more than half of the other hosts (active or draining, or stopped with
+-- a run open), nobody is declared. Kubernetes' node lifecycle controller does the same in a zone whose
+-- nodes are all unready ("full disruption": it stops evicting), and slows down past 55 % unready; here
+-- a slower pace would still kill the live hosts of a long overload, only later. What it costs: a real
+-- loss of most of a large fleet (a data centre's power) is not taken over by itself. Up to
+-- max_dead_per_pass hosts are declared whatever their share, so a small fleet (two hosts, one dead;
+-- four, three dead) is taken over as before, and a rack of a large fleet is too.
+--
+-- The operator who knows that a host is down says so: `unitvisor hosts confirm-down HOST`
+-- (confirm_host_down, the database owner's: a host role may not, or one broken host could have the
+-- fleet declared). A host confirmed down is declared as soon as it is overdue, by its own
+-- host_dead_after as always (its self-fence counts on that time), whatever the fleet-wide guards say
+-- (fleet-late, fleet-silent); the declarer's own lateness and the cap still hold, confirmed hosts
+-- first. The confirmation ends when the host is heard from again (a heartbeat or a registration: it was
+-- not down) and when it is declared.
+
+ALTER TABLE unitvisor.hosts ADD COLUMN down_confirmed_at timestamptz;
+ALTER TABLE unitvisor.hosts ADD COLUMN down_confirmed_by text;
+
+-- A host heard from is not down: its confirmation ends. A trigger with a WHEN clause, so that the
+-- heartbeat of a host that nobody confirmed (every heartbeat, nearly always) calls no function.
+CREATE FUNCTION unitvisor.end_down_confirmation() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.down_confirmed_at := NULL;
+    NEW.down_confirmed_by := NULL;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER hosts_heard_from BEFORE UPDATE OF heartbeat_at ON unitvisor.hosts
+    FOR EACH ROW WHEN (OLD.down_confirmed_at IS NOT NULL AND NEW.heartbeat_at > OLD.heartbeat_at)
+    EXECUTE FUNCTION unitvisor.end_down_confirmation();
+REVOKE EXECUTE ON FUNCTION unitvisor.end_down_confirmation() FROM PUBLIC;
+
+-- The operator's word that a host is down (its machine is off, or gone): it is declared dead once it
+-- is overdue, whatever the fleet-wide guards say. Returns the host's state; NULL when there is no such
+-- host. A dead host needs none (it is declared already): its state is returned and nothing changes.
+-- Granted to no role: the database owner's (as hosts add and hosts forget are).
+CREATE FUNCTION unitvisor.confirm_host_down(host_id text) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    found_state text;
+BEGIN
+    UPDATE unitvisor.hosts h SET down_confirmed_at = now(), down_confirmed_by = session_user
+    WHERE h.id = confirm_host_down.host_id AND h.state <> 'dead';
+    SELECT h.state INTO found_state FROM unitvisor.hosts h WHERE h.id = confirm_host_down.host_id;
+    RETURN found_state;
+END $$;
+REVOKE EXECUTE ON FUNCTION unitvisor.confirm_host_down(text) FROM PUBLIC;
+
+-- declare_dead as in 019 (the same lock, the same hosts, the same reasons and rows), with the
+-- fleet-silent guard and the operator's confirmations above. The fleet-wide guards (fleet-late,
+-- fleet-silent) hold the hosts nobody confirmed down; the declarer's own lateness holds all; the cap
+-- takes the confirmed first, then the longest silent.
+CREATE OR REPLACE FUNCTION unitvisor.declare_dead(declarer text, declarer_epoch bigint,
+                                                  connected_for double precision, max_hosts integer)
+RETURNS TABLE (host_id text, silent_sec double precision, dead_after_sec double precision,
+               held integer, held_why text, held_detail text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    me unitvisor.hosts;
+    connected double precision;
+    own_age double precision;
+    overdue integer;
+    confirmed integer;
+    others integer;
+    late integer;
+    fleet_why text;
+    fleet_detail text;
+BEGIN
+    PERFORM unitvisor.check_fence(declare_dead.declarer, declare_dead.declarer_epoch);
+    SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = declare_dead.declarer;
+    IF NOT unitvisor.host_acts_for_fleet(me) THEN
+        RETURN;
+    END IF;
+    connected := least(extract(epoch FROM now() - me.started_at)::double precision,
+                       coalesce(declare_dead.connected_for, 0));
+    -- The lock declare_dead_hosts takes: a 0.7 daemon's declaration and this one never overlap.
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-fleet-upkeep', 0)) THEN
+        RETURN;
+    END IF;
+    SELECT count(*), count(*) FILTER (WHERE h.down_confirmed_at IS NOT NULL) INTO overdue, confirmed
+    FROM unitvisor.hosts h
+    WHERE h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
+      AND coalesce(h.dead_after_sec, 60) <= connected;
+    IF overdue = 0 THEN
+        RETURN;
+    END IF;
+    own_age := extract(epoch FROM clock_timestamp() - me.heartbeat_at)::double precision;
+    IF own_age > greatest(2 * coalesce(me.poll_interval_sec, 10), coalesce(me.dead_after_sec, 60) / 2) THEN
+        RETURN QUERY SELECT NULL::text, NULL::double precision, NULL::double precision, overdue, 'declarer-late',
+            format('this host''s own heartbeat is %s s old (over two of its poll intervals and half its '
+                   'host_dead_after): the database or this daemon is behind', round(own_age::numeric));
+        RETURN;
+    END IF;
+    SELECT count(*), count(*) FILTER (WHERE h.heartbeat_at < now() - make_interval(secs => greatest(
+                                          2 * coalesce(h.poll_interval_sec, 10), coalesce(h.dead_after_sec, 60) / 2)))
+    INTO others, late
+    FROM unitvisor.hosts h
+    WHERE h.id <> declare_dead.declarer AND h.state IN ('active', 'draining') AND NOT unitvisor.host_is_overdue(h);
+    IF late * 2 > others AND late >= 2 THEN
+        fleet_why := 'fleet-late';
+        fleet_detail := format('%s of the %s other live hosts are late too: the database is behind, not the %s '
+                               'silent host(s)', late, others, overdue - confirmed);
+    ELSIF overdue > declare_dead.max_hosts AND overdue > others THEN
+        fleet_why := 'fleet-silent';
+        fleet_detail := format('%s of the %s other hosts are silent at once, more than half of them and more than '
+                               '[fleet] max_dead_per_pass (%s): the database or its network is more likely behind '
+                               'than that many hosts down; `unitvisor hosts confirm-down HOST` has a host that is '
+                               'really down declared', overdue - confirmed, overdue + others, declare_dead.max_hosts);
+    END IF;
+    RETURN QUERY
+    WITH chosen AS (
+        SELECT h.id FROM unitvisor.hosts h
+        WHERE h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
+          AND coalesce(h.dead_after_sec, 60) <= connected
+          AND (fleet_why IS NULL OR h.down_confirmed_at IS NOT NULL)
+        ORDER BY h.down_confirmed_at IS NULL, h.heartbeat_at, h.id LIMIT greatest(declare_dead.max_hosts, 0)
+        FOR UPDATE
+    ),
+    declared AS (
+        UPDATE unitvisor.hosts h SET state = 'dead', epoch = nextval('unitvisor.host_epochs'), dead_at = now(),
+            drained_before_death = (h.state = 'draining'),
+            dead_reason = format('silent for %s s (its host_dead_after is %s s); declared dead by host %s%s',
+                                 round(extract(epoch FROM now() - h.heartbeat_at)::numeric),
+                                 coalesce(h.dead_after_sec, 60), declare_dead.declarer,
+                                 CASE WHEN h.down_confirmed_at IS NOT NULL
+                                      THEN format(', confirmed down by %s', h.down_confirmed_by) ELSE '' END),
+            down_confirmed_at = NULL, down_confirmed_by = NULL
+        FROM chosen WHERE h.id = chosen.id
+        RETURNING h.id, extract(epoch FROM now() - h.heartbeat_at)::double precision AS silent,
+                  coalesce(h.dead_after_sec, 60)::double precision AS dead_after
+    ),
+    summary AS (
+        SELECT greatest(overdue - count(*), 0)::integer AS held,
+               -- the fleet-wide guard when it held any host nobody confirmed, else the cap
+               CASE WHEN fleet_why IS NOT NULL AND overdue > confirmed THEN fleet_why
+                    WHEN overdue > count(*) THEN 'cap' END AS why
+        FROM declared
+    )
+    SELECT d.id, d.silent, d.dead_after, s.held, s.why,
+           CASE s.why WHEN 'cap' THEN format('%s more silent host(s) wait for the next pass ([fleet] '
+                                             'max_dead_per_pass is %s)', s.held, declare_dead.max_hosts)
+                      ELSE fleet_detail END
+    FROM summary s LEFT JOIN declared d ON true;
+END $$;
