@@ -76,7 +76,8 @@ and a note on stderr says the list may be partial; the JSON on stdout stays a li
 (a stopped or dead host whose next registration makes it `draining`: it was drained when it stopped
 or died, or drained while stopped), `conflict` (what a refused second daemon said, while it lasts),
 `down_confirmed_at` and `down_confirmed_by` (`hosts confirm-down`: `null` unless an operator confirmed
-the host down and it was not heard from since), `labels` (its `[host] labels`, `{}` for none: what a run's `host_labels` must be among).
+the host down and it was not heard from since), `labels` (its `[host] labels`, `{}` for none: what a
+run's `host_labels` must be among).
 
 `unitvisor schedules --json`: a list of `name`, `cron`, `timezone`, `run` (the schedule's submit_run
 arguments), `overlap`, `catch_up`, `paused`, `next_due` (`null`: never again), `last_due`, `last_result`,
