@@ -1,3 +1,3 @@
 """unitvisor: a systemd-native host supervisor. The import package is `supervisor`."""
 
-__version__ = "0.10.0"
+__version__ = "0.11.0"

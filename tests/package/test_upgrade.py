@@ -1,9 +1,9 @@
-"""A rolling upgrade across a schema change, in the order README.md's Upgrade section gives: two clean-room hosts
-on one PostgreSQL run the previous release (0.9.0, schemas 001 to 015, 017 to 024 and 026 to 030) with runs in
-flight; the new version's `unitvisor migrate` (from the new .deb, unpacked, not installed) applies the later
-migrations under them; then one host is upgraded, then the other. At every step both daemons claim and finish
-new runs; at the end every run succeeded with exactly one attempt, whose unit systemd started once, none is
-missing, and both daemons report the new version.
+"""A rolling upgrade across a schema change, in the order README.md's Upgrade section gives: two clean-room hosts on
+one PostgreSQL run the previous release (0.10.0, schemas 001 to 015, 017 to 024, 026 to 030 and 032 to 035) with
+runs in flight; the new version's `unitvisor migrate` (from the new .deb, unpacked, not installed) applies the later
+migrations under them; then one host is upgraded, then the other. At every step both daemons claim and finish new
+runs; at the end every run succeeded with exactly one attempt, whose unit systemd started once, none is missing, and
+both daemons report the new version.
 
 The steps are the tests of this module, in order, on the same two hosts.
 """
@@ -26,15 +26,16 @@ from tests.harness.cleanroom import Cleanroom
 from tests.harness.host import REPO, wait_for
 from tests.package.test_cleanroom import ALLOWED, DB_PASSWORD, SERVICE, Host, say
 
-PREVIOUS_RELEASE = "791c07f"  # 0.9.0: schemas 001 to 015, 017 to 024 and 026 to 030
-PREVIOUS_VERSION = "0.9.0"
+PREVIOUS_RELEASE = "9e01b0c"  # 0.10.0: schemas 001 to 015, 017 to 024, 026 to 030 and 032 to 035
+PREVIOUS_VERSION = "0.10.0"
 PREVIOUS_SCHEMA = ("001_schema", "002_fleet", "003_run_policy", "004_roles", "005_sql_api", "006_lifecycle",
                    "007_outcome_record", "008_retention", "009_claim_cost", "010_wake_targets",
                    "011_commit_wake_cost", "012_expiry_owner", "013_fleet_promises", "014_host_reads",
                    "015_run_privilege", "017_accounting", "018_admission_pressure", "019_fleet_upkeep",
                    "020_claim_gate", "021_operator", "022_argument_checks", "023_refusals_now",
                    "024_drain_through_stop", "026_graceful_stop", "027_failure_rules", "028_schedules",
-                   "029_heartbeat_cost", "030_hold_freeze")
+                   "029_heartbeat_cost", "030_hold_freeze", "032_concurrency_limits", "033_placement",
+                   "034_river", "035_dependencies")
 # Long enough to be in flight from before the migration until after the second host's upgrade
 # (12 to 22 s on the 2-core test machine, but 65 s once on a loaded one; in_flight_untouched fails if
 # it was not). The last step waits for them to end, so this is also what the module's run costs.
@@ -161,9 +162,6 @@ def test_the_new_versions_migrate_applies_the_new_migrations_under_the_old_daemo
     assert f"version {__version__}" in h1.run(*new_cli, "--version").stdout
     new = [version for version, _ in store.migration_files() if version not in PREVIOUS_SCHEMA]
     assert new, "this release has no migration of its own: the test would prove nothing about one"
-    # 0.10.0's 034 creates the role unitvisor_river: README, Upgrade, has it made first, once per cluster,
-    # as the superuser, so that the migrate itself runs as before.
-    fleet.db.psql("CREATE ROLE unitvisor_river NOLOGIN")
     # As the hosts' own role, a member of unitvisor_admin: from 0.3.0 on, no migration needs a superuser
     # (README, Upgrade; store.migrate applies them under SET ROLE unitvisor_admin).
     assert h1.run(*new_cli, "migrate", timeout=120).stdout.strip() == f"applied: {', '.join(new)}"
