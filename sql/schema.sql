@@ -856,7 +856,11 @@ CREATE TABLE unitvisor.fleet_upkeep (
     turn_at timestamptz NOT NULL DEFAULT '-infinity',
     turn_host text,
     explained_at timestamptz,
-    explained_job bigint
+    explained_job bigint,
+    -- The last time declare_dead held its declarations because something was behind (036: declarer-late,
+    -- fleet-late, fleet-silent): silent hosts get
+    -- their host_dead_after again from then (a grace after a disruption).
+    fleet_held_at timestamptz
 );
 INSERT INTO unitvisor.fleet_upkeep DEFAULT VALUES;
 
@@ -2173,14 +2177,16 @@ END $$;
 -- * most of the fleet is silent at once (036): more than max_hosts, and more than half of the other
 --   hosts, are overdue: the database or its network is more likely behind than that many hosts down;
 -- * at most max_hosts are declared at once, the longest silent first; the rest wait for the next pass.
--- A host the operator confirmed down (confirm_host_down) is held by neither fleet-wide guard, and comes
--- first under the cap; sql/migrations/036_fleet_silent.sql says why.
+-- * after a fleet-wide hold, a grace (036): a host is declared once silent for its host_dead_after
+--   since the later of its heartbeat and the last hold ('fleet-recovering' until then);
+-- A host the operator confirmed down (confirm_host_down) is held by neither fleet-wide guard nor the
+-- grace, and comes first under the cap; sql/migrations/036_fleet_silent.sql says why.
 -- Held declarations are said in held (how many) and held_why ('declarer-late', 'fleet-late',
--- 'fleet-silent', 'cap')
+-- 'fleet-silent', 'fleet-recovering', 'cap')
 -- with held_detail, on every row; a pass that declares nobody but held some returns one row whose
 -- host_id is NULL. The caller settles the declared hosts' open attempts in the same transaction.
-CREATE FUNCTION unitvisor.declare_dead(declarer text, declarer_epoch bigint, connected_for double precision,
-                                       max_hosts integer)
+CREATE FUNCTION unitvisor.declare_dead(declarer text, declarer_epoch bigint,
+                                                  connected_for double precision, max_hosts integer)
 RETURNS TABLE (host_id text, silent_sec double precision, dead_after_sec double precision,
                held integer, held_why text, held_detail text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -2194,6 +2200,8 @@ DECLARE
     late integer;
     fleet_why text;
     fleet_detail text;
+    held_at timestamptz;
+    in_grace integer;
 BEGIN
     PERFORM unitvisor.check_fence(declare_dead.declarer, declare_dead.declarer_epoch);
     SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = declare_dead.declarer;
@@ -2215,6 +2223,7 @@ BEGIN
     END IF;
     own_age := extract(epoch FROM clock_timestamp() - me.heartbeat_at)::double precision;
     IF own_age > greatest(2 * coalesce(me.poll_interval_sec, 10), coalesce(me.dead_after_sec, 60) / 2) THEN
+        UPDATE unitvisor.fleet_upkeep u SET fleet_held_at = now();  -- the database is behind: a disruption
         RETURN QUERY SELECT NULL::text, NULL::double precision, NULL::double precision, overdue, 'declarer-late',
             format('this host''s own heartbeat is %s s old (over two of its poll intervals and half its '
                    'host_dead_after): the database or this daemon is behind', round(own_age::numeric));
@@ -2236,12 +2245,23 @@ BEGIN
                                'than that many hosts down; `unitvisor hosts confirm-down HOST` has a host that is '
                                'really down declared', overdue - confirmed, overdue + others, declare_dead.max_hosts);
     END IF;
+    IF fleet_why IS NOT NULL THEN
+        UPDATE unitvisor.fleet_upkeep u SET fleet_held_at = now();
+    END IF;
+    SELECT u.fleet_held_at INTO held_at FROM unitvisor.fleet_upkeep u;
+    -- Silent hosts within their host_dead_after of the last fleet-wide hold (none while one holds now).
+    SELECT count(*) INTO in_grace FROM unitvisor.hosts h
+    WHERE fleet_why IS NULL AND h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
+      AND coalesce(h.dead_after_sec, 60) <= connected AND h.down_confirmed_at IS NULL
+      AND held_at > now() - make_interval(secs => coalesce(h.dead_after_sec, 60));
     RETURN QUERY
     WITH chosen AS (
         SELECT h.id FROM unitvisor.hosts h
         WHERE h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
           AND coalesce(h.dead_after_sec, 60) <= connected
-          AND (fleet_why IS NULL OR h.down_confirmed_at IS NOT NULL)
+          AND (h.down_confirmed_at IS NOT NULL
+               OR (fleet_why IS NULL AND (held_at IS NULL
+                                          OR held_at <= now() - make_interval(secs => coalesce(h.dead_after_sec, 60)))))
         ORDER BY h.down_confirmed_at IS NULL, h.heartbeat_at, h.id LIMIT greatest(declare_dead.max_hosts, 0)
         FOR UPDATE
     ),
@@ -2262,12 +2282,17 @@ BEGIN
         SELECT greatest(overdue - count(*), 0)::integer AS held,
                -- the fleet-wide guard when it held any host nobody confirmed, else the cap
                CASE WHEN fleet_why IS NOT NULL AND overdue > confirmed THEN fleet_why
+                    WHEN in_grace > 0 THEN 'fleet-recovering'
                     WHEN overdue > count(*) THEN 'cap' END AS why
         FROM declared
     )
     SELECT d.id, d.silent, d.dead_after, s.held, s.why,
            CASE s.why WHEN 'cap' THEN format('%s more silent host(s) wait for the next pass ([fleet] '
                                              'max_dead_per_pass is %s)', s.held, declare_dead.max_hosts)
+                      WHEN 'fleet-recovering' THEN format(
+                          '%s silent host(s) get their host_dead_after again from the end of the fleet''s last '
+                          'disruption (a fleet-wide hold %s s ago): hosts come back from one over some time',
+                          in_grace, round(extract(epoch FROM now() - held_at)::numeric))
                       ELSE fleet_detail END
     FROM summary s LEFT JOIN declared d ON true;
 END $$;

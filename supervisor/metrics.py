@@ -40,7 +40,7 @@ PRUNED_TABLES = ("runs", "attempts", "events", "jobs")  # the counts of a retent
 # Why a schedule's due time made no run: its last run was still live (overlap skip), or submit_run refused it.
 SCHEDULE_SKIPPED_REASONS = ("overlap", "refused")
 # Why the fleet upkeep held a silent host's declaration back (unitvisor.declare_dead, sql/019_fleet_upkeep.sql, 036).
-HELD_REASONS = ("declarer-late", "fleet-late", "fleet-silent", "cap")
+HELD_REASONS = ("declarer-late", "fleet-late", "fleet-silent", "fleet-recovering", "cap")
 HOST_STATES = ("active", "draining", "unregistered")
 
 # Buckets that suit each quantity. A claim's latency is NOTIFY-fast when a host is free (well under a
@@ -147,7 +147,8 @@ class Metrics:
         self.dead_declarations_held = Counter(
             "unitvisor_dead_declarations_held", "Silent hosts this daemon's fleet upkeep found and did not declare "
             "dead in a pass, by why: declarer-late (its own heartbeat was late), fleet-late (most hosts were), "
-            "fleet-silent (most hosts were silent at once), cap ([fleet] max_dead_per_pass)", ["reason"], registry=r)
+            "fleet-silent (most hosts were silent at once), fleet-recovering (within host_dead_after of such a hold), "
+            "cap ([fleet] max_dead_per_pass)", ["reason"], registry=r)
         for reason in HELD_REASONS:
             self.dead_declarations_held.labels(reason)
         self.upkeep_failures = Counter("unitvisor_fleet_upkeep_failures", "Fleet upkeep passes of this daemon that "

@@ -1063,7 +1063,7 @@ def declare_dead_hosts(conn: Connection, fence: Fence, connected_for: float) -> 
 @dataclass(frozen=True)
 class Declaration:
     """One pass of declare_dead: the hosts declared dead, and how many more silent hosts were held back
-    and why ('declarer-late', 'fleet-late', 'fleet-silent' or 'cap'; None when none was)."""
+    and why ('declarer-late', 'fleet-late', 'fleet-silent', 'fleet-recovering' or 'cap'; None when none was)."""
 
     dead: list[DeadHost]
     held: int = 0

@@ -29,6 +29,24 @@
 -- first. The confirmation ends when the host is heard from again (a heartbeat or a registration: it was
 -- not down) and when it is declared.
 
+-- And after a fleet-wide hold, a grace. When the fleet comes back from a mass silence, the hosts do
+-- not all come back at once: in bench.scale's 1,000-host burst (docs/benchmarks.md, 0.11.0) the fleet-
+-- silent guard held 761, then 713, then 602 silent hosts; at the next pass 175 were silent (fewer than
+-- half), and the cap began declaring the longest silent, 5 a pass (silent for 239 to 277 s), while the
+-- others came back (held: 170, then 153, then 29 two passes later): 20 live hosts declared dead in
+-- all, each batch right after a fleet-wide hold (fleet-silent, or fleet-late). A host silent through a
+-- disruption is no more likely dead than the hosts that came back. So every hold because something is
+-- behind (declarer-late, fleet-late, fleet-silent) is recorded (fleet_upkeep.fleet_held_at), and a
+-- host is declared only once it has been silent for its host_dead_after since the later of its last
+-- heartbeat and the last such hold: after a disruption every silent host gets its full host_dead_after
+-- again, as Kubernetes' node lifecycle controller resets every node's probe time when a zone leaves
+-- full disruption, and Nomad gives every client failover_heartbeat_ttl after a leader election. Held
+-- so, a pass says 'fleet-recovering'. Its cost: a host that really died during a disruption is
+-- declared host_dead_after after the disruption ends, not at once. A host confirmed down is not held
+-- by it.
+
+ALTER TABLE unitvisor.fleet_upkeep ADD COLUMN fleet_held_at timestamptz;
+
 ALTER TABLE unitvisor.hosts ADD COLUMN down_confirmed_at timestamptz;
 ALTER TABLE unitvisor.hosts ADD COLUMN down_confirmed_by text;
 
@@ -64,9 +82,9 @@ END $$;
 REVOKE EXECUTE ON FUNCTION unitvisor.confirm_host_down(text) FROM PUBLIC;
 
 -- declare_dead as in 019 (the same lock, the same hosts, the same reasons and rows), with the
--- fleet-silent guard and the operator's confirmations above. The fleet-wide guards (fleet-late,
--- fleet-silent) hold the hosts nobody confirmed down; the declarer's own lateness holds all; the cap
--- takes the confirmed first, then the longest silent.
+-- fleet-silent guard, the grace after a fleet-wide hold and the operator's confirmations above. The
+-- fleet-wide guards (fleet-late, fleet-silent) and the grace hold the hosts nobody confirmed down; the
+-- declarer's own lateness holds all; the cap takes the confirmed first, then the longest silent.
 CREATE OR REPLACE FUNCTION unitvisor.declare_dead(declarer text, declarer_epoch bigint,
                                                   connected_for double precision, max_hosts integer)
 RETURNS TABLE (host_id text, silent_sec double precision, dead_after_sec double precision,
@@ -82,6 +100,8 @@ DECLARE
     late integer;
     fleet_why text;
     fleet_detail text;
+    held_at timestamptz;
+    in_grace integer;
 BEGIN
     PERFORM unitvisor.check_fence(declare_dead.declarer, declare_dead.declarer_epoch);
     SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = declare_dead.declarer;
@@ -103,6 +123,7 @@ BEGIN
     END IF;
     own_age := extract(epoch FROM clock_timestamp() - me.heartbeat_at)::double precision;
     IF own_age > greatest(2 * coalesce(me.poll_interval_sec, 10), coalesce(me.dead_after_sec, 60) / 2) THEN
+        UPDATE unitvisor.fleet_upkeep u SET fleet_held_at = now();  -- the database is behind: a disruption
         RETURN QUERY SELECT NULL::text, NULL::double precision, NULL::double precision, overdue, 'declarer-late',
             format('this host''s own heartbeat is %s s old (over two of its poll intervals and half its '
                    'host_dead_after): the database or this daemon is behind', round(own_age::numeric));
@@ -124,12 +145,23 @@ BEGIN
                                'than that many hosts down; `unitvisor hosts confirm-down HOST` has a host that is '
                                'really down declared', overdue - confirmed, overdue + others, declare_dead.max_hosts);
     END IF;
+    IF fleet_why IS NOT NULL THEN
+        UPDATE unitvisor.fleet_upkeep u SET fleet_held_at = now();
+    END IF;
+    SELECT u.fleet_held_at INTO held_at FROM unitvisor.fleet_upkeep u;
+    -- Silent hosts within their host_dead_after of the last fleet-wide hold (none while one holds now).
+    SELECT count(*) INTO in_grace FROM unitvisor.hosts h
+    WHERE fleet_why IS NULL AND h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
+      AND coalesce(h.dead_after_sec, 60) <= connected AND h.down_confirmed_at IS NULL
+      AND held_at > now() - make_interval(secs => coalesce(h.dead_after_sec, 60));
     RETURN QUERY
     WITH chosen AS (
         SELECT h.id FROM unitvisor.hosts h
         WHERE h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
           AND coalesce(h.dead_after_sec, 60) <= connected
-          AND (fleet_why IS NULL OR h.down_confirmed_at IS NOT NULL)
+          AND (h.down_confirmed_at IS NOT NULL
+               OR (fleet_why IS NULL AND (held_at IS NULL
+                                          OR held_at <= now() - make_interval(secs => coalesce(h.dead_after_sec, 60)))))
         ORDER BY h.down_confirmed_at IS NULL, h.heartbeat_at, h.id LIMIT greatest(declare_dead.max_hosts, 0)
         FOR UPDATE
     ),
@@ -150,12 +182,17 @@ BEGIN
         SELECT greatest(overdue - count(*), 0)::integer AS held,
                -- the fleet-wide guard when it held any host nobody confirmed, else the cap
                CASE WHEN fleet_why IS NOT NULL AND overdue > confirmed THEN fleet_why
+                    WHEN in_grace > 0 THEN 'fleet-recovering'
                     WHEN overdue > count(*) THEN 'cap' END AS why
         FROM declared
     )
     SELECT d.id, d.silent, d.dead_after, s.held, s.why,
            CASE s.why WHEN 'cap' THEN format('%s more silent host(s) wait for the next pass ([fleet] '
                                              'max_dead_per_pass is %s)', s.held, declare_dead.max_hosts)
+                      WHEN 'fleet-recovering' THEN format(
+                          '%s silent host(s) get their host_dead_after again from the end of the fleet''s last '
+                          'disruption (a fleet-wide hold %s s ago): hosts come back from one over some time',
+                          in_grace, round(extract(epoch FROM now() - held_at)::numeric))
                       ELSE fleet_detail END
     FROM summary s LEFT JOIN declared d ON true;
 END $$;
