@@ -133,8 +133,8 @@ test-pass-system: venv-debian
 # `make test-pass-debian PYTEST_REPORT=--collect-only` with `make test-trixie PYTEST_REPORT=--collect-only`.
 # TRIXIE_TESTS narrows it (`make test TRIXIE_TESTS=tests/unit` for a quick run); `make test` and so CI run
 # the whole selection. 0.9.0's fresh-clone run with it took 24.6 minutes for this pass and pushed the
-# others past CI's 45; since the .deb's builds no longer run spin (0.10.0) it fits: 25.0 minutes for
-# this pass beside the others and 31.2 for .ci/run. README, Tests.
+# others past CI's 45; since the .deb's builds no longer run spin (0.10.0) it fits: 0.11.0's fresh-clone
+# run took 23.4 minutes for this pass beside the others and 30.2 for .ci/run. README, Tests.
 TRIXIE_TESTS ?=
 test-trixie: venv
 	$(VENV)/bin/python -m tests.harness.trixie $(PYTEST_REPORT) $(DEBIAN_SELECTION) $(TRIXIE_TESTS)
