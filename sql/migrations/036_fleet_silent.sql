@@ -114,7 +114,12 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-fleet-upkeep', 0)) THEN
         RETURN;
     END IF;
-    SELECT count(*), count(*) FILTER (WHERE h.down_confirmed_at IS NOT NULL) INTO overdue, confirmed
+    SELECT u.fleet_held_at INTO held_at FROM unitvisor.fleet_upkeep u;
+    -- The silent hosts; those confirmed down; those within their host_dead_after of the last hold.
+    SELECT count(*), count(*) FILTER (WHERE h.down_confirmed_at IS NOT NULL),
+           count(*) FILTER (WHERE h.down_confirmed_at IS NULL
+                              AND held_at > now() - make_interval(secs => coalesce(h.dead_after_sec, 60)))
+    INTO overdue, confirmed, in_grace
     FROM unitvisor.hosts h
     WHERE h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
       AND coalesce(h.dead_after_sec, 60) <= connected;
@@ -146,14 +151,9 @@ BEGIN
                                'really down declared', overdue - confirmed, overdue + others, declare_dead.max_hosts);
     END IF;
     IF fleet_why IS NOT NULL THEN
+        -- (held_at keeps the previous hold: this pass's own reason, fleet_why, comes before the grace's)
         UPDATE unitvisor.fleet_upkeep u SET fleet_held_at = now();
     END IF;
-    SELECT u.fleet_held_at INTO held_at FROM unitvisor.fleet_upkeep u;
-    -- Silent hosts within their host_dead_after of the last fleet-wide hold (none while one holds now).
-    SELECT count(*) INTO in_grace FROM unitvisor.hosts h
-    WHERE fleet_why IS NULL AND h.id <> declare_dead.declarer AND unitvisor.host_is_overdue(h)
-      AND coalesce(h.dead_after_sec, 60) <= connected AND h.down_confirmed_at IS NULL
-      AND held_at > now() - make_interval(secs => coalesce(h.dead_after_sec, 60));
     RETURN QUERY
     WITH chosen AS (
         SELECT h.id FROM unitvisor.hosts h
