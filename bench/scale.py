@@ -34,6 +34,7 @@ What each figure means, and the latest results: docs/benchmarks.md, Fleet at sca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import heapq
 import json
@@ -46,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
@@ -55,6 +57,7 @@ import psycopg
 
 from bench.run import CLIENT_ROLE, RESULTS, database, interrupt_on_sigterm, loadavg, machine_facts, save, say, summary
 from supervisor import __version__, config, daemon, store, systemd
+from tests.harness.host import REPO
 from tests.harness.postgres import Postgres
 
 # Two connections per daemon: its work connection (with its LISTEN, since 0.4.0) and, while its loop is
@@ -573,6 +576,17 @@ def measure(pg: Postgres, n: int, sizes: Sizes, baseline: Path | None = None,
     return result
 
 
+@contextlib.contextmanager
+def keep_server_log(pg: Postgres, to: Path | None) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if to is not None and (pg.dir / "log").exists():
+            to.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(pg.dir / "log", to)
+            say(f"the server's log: {to}")
+
+
 def baseline_code(baseline: Path) -> str:
     """A directory whose only entry is `supervisor`, a link to the baseline checkout's package."""
     code = tempfile.mkdtemp(prefix="unitvisor-baseline-")
@@ -580,12 +594,15 @@ def baseline_code(baseline: Path) -> str:
     return code
 
 
-def run(sizes: Sizes, baseline: Path | None = None, baseline_fleets: list[int] | None = None) -> dict[str, Any]:
+def run(sizes: Sizes, baseline: Path | None = None, baseline_fleets: list[int] | None = None,
+        server_log: Path | None = None) -> dict[str, Any]:
     """Every fleet size of `sizes`, each first with the baseline's code where `baseline_fleets` (default:
-    every size) has it."""
+    every size) has it. The throwaway server's log is copied to `server_log` at the end, whatever
+    happened: 0.11.0's 1,000 hosts saw every session end at once, and the log that said why went with
+    the cluster."""
     baseline_fleets = sizes.fleets if baseline_fleets is None else baseline_fleets
     started = dt.datetime.now(dt.UTC)
-    with database() as pg:
+    with database() as pg, keep_server_log(pg, server_log):
         # bench.run's cluster, with room for the largest fleet's connections (the default 100 would not do).
         needed = CONNECTIONS_PER_DAEMON * max(sizes.fleets) + SPARE_CONNECTIONS
         # (a real deployment: docs/fleet.md, The ceiling of one PostgreSQL)
@@ -661,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--behind-key", type=int, help="(S5) runs behind one concurrency key [default: 10000]")
     parser.add_argument("--out", type=Path, help="the JSON file [default: bench/results/scale.json, "
                         "or scale-tiny.json with --tiny]")
+    parser.add_argument("--server-log", type=Path, default=REPO / "build" / "scale-server.log",
+                        help="where the throwaway PostgreSQL's log is kept [default: build/scale-server.log]")
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()
     if args.fleets:
@@ -676,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / ("scale-tiny.json" if args.tiny else "scale.json")
     interrupt_on_sigterm()
     baseline_fleets = [int(v) for v in args.baseline_fleets.split(",")] if args.baseline_fleets else None
-    results = run(sizes, args.baseline, baseline_fleets)
+    results = run(sizes, args.baseline, baseline_fleets, args.server_log)
     save(out, results)
     print(table(results))
     print(f"\nresults: {out}")

@@ -36,9 +36,11 @@ def _get(data: dict, path: tuple[str, ...]) -> object:
 def test_bench_scale_tiny_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     # Seconds on this 2-core machine; the bound is for a machine loaded by other suites.
-    result = subprocess.run([sys.executable, "-m", "bench.scale", "--tiny", "--out", str(out)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    log = tmp_path / "server.log"
+    result = subprocess.run([sys.executable, "-m", "bench.scale", "--tiny", "--out", str(out),
+                             "--server-log", str(log)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "database system is ready to accept connections" in log.read_text()  # the server's own log, kept
     assert "Fleet at scale" in result.stdout, result.stdout
     data = json.loads(out.read_text())
     assert data["systemd"].startswith("fake")
