@@ -813,6 +813,9 @@ CREATE TABLE unitvisor.hosts (
     -- the fleet-wide guards say; ended when the host is heard from again, or declared.
     down_confirmed_at timestamptz,
     down_confirmed_by text,
+    -- When it was last heard from after being silent past its host_dead_after, not declared (036):
+    -- declare_dead gives every silent host its host_dead_after again from then.
+    returned_late_at timestamptz,
     CONSTRAINT hosts_state_valid CHECK (state IN ('active', 'draining', 'stopped', 'dead')),
     CONSTRAINT hosts_pressure_state_valid
         CHECK (pressure_state IS NULL OR pressure_state IN ('off', 'open', 'slowed', 'stopped'))
@@ -2214,7 +2217,9 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-fleet-upkeep', 0)) THEN
         RETURN;
     END IF;
-    SELECT u.fleet_held_at INTO held_at FROM unitvisor.fleet_upkeep u;
+    -- The fleet's last disruption: its last hold, or a silent host heard from again (returned_late_at).
+    SELECT greatest(u.fleet_held_at, (SELECT max(h.returned_late_at) FROM unitvisor.hosts h))
+    INTO held_at FROM unitvisor.fleet_upkeep u;
     -- The silent hosts; those confirmed down; those within their host_dead_after of the last hold.
     SELECT count(*), count(*) FILTER (WHERE h.down_confirmed_at IS NOT NULL),
            count(*) FILTER (WHERE h.down_confirmed_at IS NULL
@@ -2290,8 +2295,9 @@ BEGIN
            CASE s.why WHEN 'cap' THEN format('%s more silent host(s) wait for the next pass ([fleet] '
                                              'max_dead_per_pass is %s)', s.held, declare_dead.max_hosts)
                       WHEN 'fleet-recovering' THEN format(
-                          '%s silent host(s) get their host_dead_after again from the end of the fleet''s last '
-                          'disruption (a fleet-wide hold %s s ago): hosts come back from one over some time',
+                          '%s silent host(s) get their host_dead_after again from the fleet''s last disruption (a '
+                          'fleet-wide hold, or a silent host heard from again, %s s ago): hosts come back from one '
+                          'over some time',
                           in_grace, round(extract(epoch FROM now() - held_at)::numeric))
                       ELSE fleet_detail END
     FROM summary s LEFT JOIN declared d ON true;
@@ -2310,6 +2316,23 @@ END $$;
 CREATE TRIGGER hosts_heard_from BEFORE UPDATE OF heartbeat_at ON unitvisor.hosts
     FOR EACH ROW WHEN (OLD.down_confirmed_at IS NOT NULL AND NEW.heartbeat_at > OLD.heartbeat_at)
     EXECUTE FUNCTION unitvisor.end_down_confirmation();
+
+-- A silent host heard from again before anyone declared it (its heartbeat, or its daemon registering
+-- again) proves that silence is not death just now: returned_late_at, which declare_dead takes as a
+-- disruption, as it does its own holds. Written on the host's own row by the update that carries the
+-- heartbeat, so that a fleet coming back at once does not queue on one shared row. A WHEN clause, so
+-- that a heartbeat on time (every heartbeat, nearly always) calls no function.
+CREATE FUNCTION unitvisor.note_late_return() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.returned_late_at := NEW.heartbeat_at;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER hosts_heard_late BEFORE UPDATE OF heartbeat_at ON unitvisor.hosts
+    FOR EACH ROW WHEN (OLD.state IN ('active', 'draining') AND NEW.state IN ('active', 'draining')
+                       AND OLD.heartbeat_at < NEW.heartbeat_at - make_interval(secs => coalesce(OLD.dead_after_sec, 60)))
+    EXECUTE FUNCTION unitvisor.note_late_return();
 
 -- The operator's word that a host is down (its machine is off, or gone): it is declared dead once it
 -- is overdue, whatever the fleet-wide guards say. Returns the host's state; NULL when there is no such

@@ -898,7 +898,7 @@ def list_hosts(conn: Connection) -> list[dict[str, Any]]:
                       h.epoch, h.instance, h.can_start, h.cannot_start_reason, h.allowed_executables,
                       h.run_user, h.allowed_users, h.poll_interval_sec, h.dead_after_sec, h.dead_at, h.dead_reason,
                       h.conflict_detail, extract(epoch FROM now() - h.conflict_at)::float8 AS conflict_age,
-                      h.down_confirmed_at, h.down_confirmed_by,
+                      h.down_confirmed_at, h.down_confirmed_by, h.returned_late_at,
                       h.pressure_state, h.pressure_resource, h.pressure_figures, h.pressure_detail,
                       extract(epoch FROM now() - h.pressure_at)::float8 AS pressure_age,
                       h.pressure_at IS NOT NULL AND h.pressure_at < h.started_at AS pressure_stale,

@@ -54,6 +54,7 @@ def hosts(click_ctx: click.Context, as_json: bool) -> None:
             "comes_back_draining": r["comes_back_draining"],
             "conflict": r["conflict_detail"] if "conflict" in fleet.host_display_state(r) else None,
             "down_confirmed_at": iso(r["down_confirmed_at"]), "down_confirmed_by": r["down_confirmed_by"],
+            "returned_late_at": iso(r["returned_late_at"]),
             "pressure": _pressure_json(r),
             "labels": r["labels"],
         } for r in rows], indent=2))

@@ -170,13 +170,21 @@ def states(conn: psycopg.Connection) -> dict[str, str]:
     return dict(conn.execute("SELECT id, state FROM unitvisor.hosts").fetchall())
 
 
+def disrupted(conn: psycopg.Connection, seconds: float) -> None:
+    """Pretend the fleet's last disruption was `seconds` ago: its last hold, and any silent host's
+    return (036)."""
+    conn.execute("UPDATE unitvisor.fleet_upkeep SET fleet_held_at = now() - make_interval(secs => %s)", (seconds,))
+    conn.execute("UPDATE unitvisor.hosts SET returned_late_at = now() - make_interval(secs => %s) "
+                 "WHERE returned_late_at IS NOT NULL", (seconds,))
+
+
 def grace_over(conn: psycopg.Connection, declarer: store.Fence, held: int) -> list[str]:
     """After a hold because something was behind, the silent hosts get their host_dead_after again
     (036): the next pass holds them ('fleet-recovering'); moved past it, the pass declares them."""
     declaration = declare(conn, declarer)
     assert (declaration.dead, declaration.held, declaration.held_why) == ([], held, "fleet-recovering")
-    assert "get their host_dead_after again from the end of the fleet's last disruption" in declaration.held_detail
-    conn.execute("UPDATE unitvisor.fleet_upkeep SET fleet_held_at = fleet_held_at - interval '61 seconds'")
+    assert "get their host_dead_after again from the fleet's last disruption" in declaration.held_detail
+    disrupted(conn, 61)
     return sorted(d.host_id for d in declare(conn, declarer).dead)
 
 
@@ -303,10 +311,52 @@ def test_after_a_disruption_a_silent_host_gets_its_host_dead_after_again_unless_
     declaration = declare(conn, fleet["declarer"], cap=2)
     assert ([d.host_id for d in declaration.dead], declaration.held, declaration.held_why) == (
         ["b"], 1, "fleet-recovering")
-    conn.execute("UPDATE unitvisor.fleet_upkeep SET fleet_held_at = now() - interval '59 seconds'")
+    disrupted(conn, 59)
     assert declare(conn, fleet["declarer"], cap=2).held_why == "fleet-recovering"  # a's host_dead_after is 60 s
-    conn.execute("UPDATE unitvisor.fleet_upkeep SET fleet_held_at = now() - interval '61 seconds'")
+    disrupted(conn, 61)
     assert [d.host_id for d in declare(conn, fleet["declarer"], cap=2).dead] == ["a"]
+
+
+def test_a_silent_host_heard_from_again_gives_the_others_their_host_dead_after_again(
+        conn: psycopg.Connection, fleet) -> None:
+    """No hold, but a host silent past its host_dead_after and not declared yet heartbeats: silence is
+    not death just now (a fleet reconnecting after the database's trouble, a few hosts at a time, the
+    last of them after the guards have let go: bench.scale's 1,000 hosts, 0.11.0). The other silent
+    hosts get their host_dead_after again from then; a host confirmed down does not."""
+    for host in "abc":
+        silence(conn, host, 100)
+    store.confirm_host_down(conn, "c")
+    assert store.renew_heartbeat(conn, fleet["a"]) == "active"
+    declaration = declare(conn, fleet["declarer"])
+    assert ([d.host_id for d in declaration.dead], declaration.held, declaration.held_why) == (
+        ["c"], 1, "fleet-recovering")
+    assert "a silent host heard from again, 0 s ago" in declaration.held_detail
+    disrupted(conn, 61)
+    assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["b"]
+
+
+def test_only_a_return_past_host_dead_after_is_a_disruption(conn: psycopg.Connection, dsn: str, fleet) -> None:
+    """A heartbeat on time, or late but within host_dead_after, marks nothing; nor does a dead host's
+    registration (it was declared: its return is a new registration, not evidence about the others).
+    A daemon that registers again after being silent past it (restarted, not declared) marks it."""
+    silence(conn, "a", 59)
+    store.renew_heartbeat(conn, fleet["a"])
+    store.renew_heartbeat(conn, fleet["b"])
+    for host in "fg":
+        with connection(dsn) as first:
+            register(first, host)
+    silence(conn, "f", 100)
+    assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["f"]
+    silence(conn, "g", 100)
+    for host in "fg":
+        with connection(dsn) as again:
+            register(again, host)
+    assert list(late_returns(conn)) == ["g"]
+
+
+def late_returns(conn: psycopg.Connection) -> dict[str, object]:
+    return dict(conn.execute("SELECT id, returned_late_at FROM unitvisor.hosts "
+                             "WHERE returned_late_at IS NOT NULL").fetchall())
 
 
 def test_a_confirmation_ends_when_the_host_is_heard_from(conn: psycopg.Connection, fleet) -> None:
