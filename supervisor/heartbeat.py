@@ -25,6 +25,7 @@ it fenced and registers again).
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,13 @@ CHECK_EVERY = 0.5
 LATE_POLLS = 1.5
 # The thread's connection is closed once the loop has kept time for this many poll intervals.
 CLOSE_AFTER_POLLS = 6
+# After a failed send, the next waits 1 s, then twice as long each time, at most half a poll interval,
+# each pause a random part of that (from half to all of it). Checking every CHECK_EVERY, a host that
+# cannot connect (a server refusing sessions at max_connections answers at once) tried twice a second:
+# a fleet of them reconnecting at once is the storm that keeps the server from answering (bench.scale's
+# 1,000 hosts, 0.11.0). Half a poll interval still leaves several tries within host_dead_after.
+RETRY_FIRST = 1.0
+RETRY_MAX_POLLS = 0.5
 
 
 @dataclass
@@ -61,11 +69,14 @@ class AsideHeartbeat:
         self.loop = loop
         self.late_after = LATE_POLLS * poll_interval
         self.close_after = CLOSE_AFTER_POLLS * poll_interval
+        self.retry_max = RETRY_MAX_POLLS * poll_interval
         self.alive_within = dead_after / 2
         self.on_sent = on_sent
         self.conn: psycopg.Connection | None = None
         self.last_sent = 0.0
         self.error = ""
+        self.failures = 0
+        self.retry_at = 0.0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -100,6 +111,9 @@ class AsideHeartbeat:
             if self.conn is not None and now - self.last_sent > self.close_after:
                 self._close()
             return False
+        if now < self.retry_at:
+            return False
+        began = time.monotonic()
         try:
             if self.conn is None:
                 self.conn = store.connect(self.loop.dsn())
@@ -110,8 +124,11 @@ class AsideHeartbeat:
             if str(exc) != self.error:
                 event("heartbeat-aside-failed", level=logging.WARNING, host=fence.host_id, detail=store.one_line(exc))
             self.error = str(exc)
+            pause = min(self.retry_max, RETRY_FIRST * 2 ** self.failures) * random.uniform(0.5, 1.0)
+            self.failures += 1
+            self.retry_at = now + (time.monotonic() - began) + pause
             return False
-        self.error = ""
+        self.error, self.failures, self.retry_at = "", 0, 0.0
         if now - self.last_sent > self.close_after:  # the first of a late spell: said once, not each time
             event("heartbeat-aside", level=logging.WARNING, host=fence.host_id,
                   detail=f"the loop's last heartbeat was sent {now - (self.loop.renewed_at() or now):.0f}s ago; "

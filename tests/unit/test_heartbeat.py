@@ -97,9 +97,31 @@ def test_a_failure_closes_the_connection_and_is_said_once(loop, db):
     loop.alive_at = 115.0
     a = aside(loop)
     assert a.check(116.0) is False
-    assert a.check(116.5) is False
+    assert a.check(117.1) is False  # the first pause is at most 1 s
     assert db.conn.close.call_count == 2 and a.conn is None
     assert [c.args[0] for c in db.event.call_args_list] == ["heartbeat-aside-failed"]
+
+
+def test_a_host_that_cannot_connect_tries_less_and_less_often(loop, db, mocker):
+    """Not twice a second (its check's pace): a fleet that cannot connect, all trying at once, is the
+    storm that keeps the server from answering. 1 s, then twice as long, at most half a poll interval,
+    each pause from half to all of that."""
+    mocker.patch.object(heartbeat.random, "uniform", side_effect=lambda low, high: high)
+    db.connect.side_effect = psycopg.OperationalError("sorry, too many clients already")
+    loop.alive_at = 115.0
+    a = aside(loop)
+    tried, now = [], 116.0
+    while now < 140.0:
+        before = db.connect.call_count
+        a.check(now)
+        if db.connect.call_count > before:
+            tried.append(now)
+        now = round(now + heartbeat.CHECK_EVERY, 1)
+        loop.alive_at = now
+    assert tried == [116.0, 117.0, 119.0, 123.0, 128.0, 133.0, 138.0]
+    db.connect.side_effect = None
+    a.check(143.0)
+    assert (a.failures, a.retry_at) == (0, 0.0)  # sent: the next failure pauses 1 s again
 
 
 def test_the_connection_is_closed_once_the_loop_kept_time_again(loop, db):
