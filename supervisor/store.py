@@ -343,12 +343,14 @@ def _migration_lock(conn: Connection, on_wait: Callable[[str], None] | None) -> 
 
 def _retrying_lock_timeouts(what: str, work: Callable[[], None]) -> None:
     """work() (one transaction), tried again after a pause when it timed out waiting for a table lock
-    that another session holds; a DatabaseError naming `what` once MIGRATION_LOCK_TRIES are spent."""
+    that another session holds, or was chosen to end a deadlock with one (a migration locks several
+    tables, a daemon's statement takes some of them in another order; either is rolled back whole);
+    a DatabaseError naming `what` once MIGRATION_LOCK_TRIES are spent."""
     for attempt in range(1, MIGRATION_LOCK_TRIES + 1):
         try:
             work()
             return
-        except psycopg.errors.LockNotAvailable as exc:
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
             if attempt == MIGRATION_LOCK_TRIES:
                 raise DatabaseError(
                     f"{what}: a table lock was not granted within lock_timeout, {attempt} times "

@@ -53,11 +53,14 @@
 -- least once every host_dead_after (a host that keeps losing its network) declares only the hosts
 -- confirmed down; the pass says 'fleet-recovering' each time, and the metric counts it.
 
-ALTER TABLE unitvisor.fleet_upkeep ADD COLUMN fleet_held_at timestamptz;
-
+-- hosts before fleet_upkeep, the order in which the heartbeat locks them: the other order deadlocked
+-- with a daemon's statement in test_migrate_big (fleet_upkeep held, hosts awaited); store.migrate now
+-- tries a migration chosen to end a deadlock again, as one that timed out on a lock.
 ALTER TABLE unitvisor.hosts ADD COLUMN down_confirmed_at timestamptz;
 ALTER TABLE unitvisor.hosts ADD COLUMN down_confirmed_by text;
 ALTER TABLE unitvisor.hosts ADD COLUMN returned_late_at timestamptz;
+
+ALTER TABLE unitvisor.fleet_upkeep ADD COLUMN fleet_held_at timestamptz;
 
 -- A host heard from is not down: its confirmation ends. A trigger with a WHEN clause, so that the
 -- heartbeat of a host that nobody confirmed (every heartbeat, nearly always) calls no function.

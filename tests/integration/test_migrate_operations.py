@@ -136,6 +136,37 @@ def test_a_migration_that_waits_for_a_table_lock_is_tried_again(empty_dsn: str, 
             release.join()
 
 
+def test_a_migration_chosen_to_end_a_deadlock_is_tried_again(empty_dsn: str, tmp_path: Path) -> None:
+    """A migration that locks two tables, and a session that takes them in the other order: the
+    server ends the deadlock by rolling one of them back; when it is the migration, it is tried again
+    and applies. Before, `unitvisor migrate` failed with "deadlock detected" (test_migrate_big in CI,
+    036 and a submit)."""
+    sql_dir = sql_dir_up_to(tmp_path, 1)
+    with store.connect(empty_dsn) as conn:
+        store.migrate(conn, sql_dir)
+    (sql_dir / "002_two_tables.sql").write_text("ALTER TABLE unitvisor.hosts ADD COLUMN note text;\n"
+                                                "SELECT pg_sleep(2);\n"
+                                                "ALTER TABLE unitvisor.runs ADD COLUMN note text;\n")
+    with store.connect(empty_dsn) as other, store.connect(empty_dsn) as conn:
+        other.execute("SET deadlock_timeout = '30s'")  # so that the migration's check finds the cycle
+        other.execute("BEGIN")
+        other.execute("LOCK TABLE unitvisor.runs IN ACCESS SHARE MODE")
+
+        def the_other_order() -> None:
+            time.sleep(1)  # the migration holds hosts and sleeps
+            other.execute("LOCK TABLE unitvisor.hosts IN ACCESS SHARE MODE")  # granted once it is rolled back
+            other.execute("COMMIT")
+
+        second = threading.Thread(target=the_other_order)
+        second.start()
+        try:
+            assert store.migrate(conn, sql_dir) == ["002_two_tables"]
+        finally:
+            second.join()
+        assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attname = 'note' AND attrelid IN "
+                            "('unitvisor.hosts'::regclass, 'unitvisor.runs'::regclass)").fetchone()[0] == 2
+
+
 def test_a_constraint_left_not_valid_is_validated_by_the_next_migrate(dsn: str) -> None:
     """A validation cut short (Ctrl-C, a crash) is finished by the next migrate, even with nothing left
     to apply; a row that violates it is named, and the constraint stays, enforced on new rows."""
