@@ -113,6 +113,7 @@ class AsideHeartbeat:
             return False
         if now < self.retry_at:
             return False
+        late_by = now - (self.loop.renewed_at() or now)  # read now: the loop may send its own meanwhile
         began = time.monotonic()
         try:
             if self.conn is None:
@@ -131,7 +132,7 @@ class AsideHeartbeat:
         self.error, self.failures, self.retry_at = "", 0, 0.0
         if now - self.last_sent > self.close_after:  # the first of a late spell: said once, not each time
             event("heartbeat-aside", level=logging.WARNING, host=fence.host_id,
-                  detail=f"the loop's last heartbeat was sent {now - (self.loop.renewed_at() or now):.0f}s ago; "
+                  detail=f"the loop's last heartbeat was sent {late_by:.0f}s ago; "
                          "sending it on a connection of its own while the loop is busy")
         self.last_sent = now
         if state is None:  # the epoch is over: the loop finds out and registers again

@@ -61,12 +61,19 @@ def test_a_late_loop_gets_its_heartbeat_sent_on_a_connection_of_its_own(loop, db
     sent: list[int] = []
     a = aside(loop, sent)
     loop.alive_at = 112.0  # busy, but alive: it fed its watchdog 4 s ago
+
+    def the_loop_sends_its_own_meanwhile(*_: object) -> str:
+        loop.renewed_at = 117.0
+        return "active"
+
+    db.renew.side_effect = the_loop_sends_its_own_meanwhile
     assert a.check(116.0) is True
     db.connect.assert_called_once_with("dbname=x")
     db.renew.assert_called_once_with(db.conn, FENCE)
     assert loop.renewals == [(200.0, 9200.0)]  # from the send time, as the loop's own probe
     assert sent == [1]
     assert [c.args[0] for c in db.event.call_args_list] == ["heartbeat-aside"]  # said once per late spell
+    assert "was sent 16s ago" in db.event.call_args.kwargs["detail"]  # not from the renewal it just made
     loop.renewed_at = 100.0
     assert a.check(117.0) is True
     assert db.connect.call_count == 1 and db.event.call_count == 1  # the same connection, nothing said again
