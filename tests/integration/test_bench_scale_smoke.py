@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.harness.host import REPO
@@ -54,3 +55,21 @@ def test_bench_scale_tiny_writes_every_figure(tmp_path: Path) -> None:
     assert fleet["trickle"]["claimed"] == fleet["trickle"]["submits"] == data["sizes"]["trickle"]
     assert fleet["burst"]["claimed"] == fleet["burst"]["runs"] == data["sizes"]["burst"]
     assert fleet["trickle"]["woken"]["daemons_that_claimed"]["n"] == data["sizes"]["trickle"]
+
+
+
+def test_the_servers_cpu_keeps_what_ended_backends_used(postgres) -> None:
+    """A window in which sessions end must not lose their CPU (0.11.0's 1,000 hosts: (S4) negative)."""
+    from bench.scale import server_cpu
+
+    before = server_cpu(postgres)
+    with postgres.connect() as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        conn.execute("SELECT count(*) FROM generate_series(1, 3000000)")
+        used = server_cpu(postgres) - before
+    assert used > 0.05
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # until the postmaster reaped it
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
+    assert server_cpu(postgres) - before >= used
