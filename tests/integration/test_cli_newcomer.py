@@ -134,15 +134,18 @@ def test_wait_exits_75_when_the_database_goes_away(dsn: str, conn: psycopg.Conne
     proc = subprocess.Popen([*command, "--config", str(empty_config), "wait", str(run_id)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
     try:
-        # Its session, once it is polling; then the database ends it, as a restart or failover would.
+        # Its session, once it is polling (its last statement is run_status); then the database ends it,
+        # as a restart or failover would. Any other session of the database would not do: CI's loaded
+        # PyPI pass once found another, killed it a second later, before the wait had even connected,
+        # and the wait then waited for ever.
         deadline = time.monotonic() + 20
         pids: list[int] = []
         while not pids and time.monotonic() < deadline:
             pids = [row[0] for row in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND application_name = 'unitvisor' AND query LIKE '%%unitvisor.run_status(%%'")]
             time.sleep(0.1)
-        assert pids, "the wait never connected"
-        time.sleep(1)  # past the schema check and the id lookup: in the polling loop
+        assert pids, "the wait never polled"
         for pid in pids:
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
         out, err = proc.communicate(timeout=30)
