@@ -44,6 +44,9 @@ def connection(dsn: str) -> Iterator[psycopg.Connection]:
     with store.connect(dsn) as other:
         other.execute("SET statement_timeout = '10s'")
         yield other
+        # Its host locks go with the session, but only once its backend ends, after close() returns: a
+        # host registered again at once on a new session could find its own lock still held.
+        other.execute("SELECT pg_advisory_unlock_all()")
 
 
 # -- the turn ------------------------------------------------------------------------------------
