@@ -327,21 +327,56 @@ def _cpu_seconds(pid: int, reaped: bool = False) -> float:
     return sum(int(f) for f in fields[11:15 if reaped else 13]) / CLK_TCK
 
 
-def server_cpu(pg: Postgres) -> float:
-    """CPU seconds used so far by the PostgreSQL server: the postmaster with the processes it forked
-    that have ended (its children's times, once it reaped them), and every one still there. Counting
-    only the live ones made a window's figure negative when backends ended in it (0.11.0's 1,000 hosts:
-    the daemons' idle_session_timeout ended hundreds of sessions)."""
+# The titles of the server's other processes (PostgreSQL 15 to 18), none of them a session.
+_OTHER_SERVER_PROCESSES = ("logical replication", "logger", "stats collector", "archiver", "startup", "walsender",
+                           "walreceiver", "walsummarizer", "io worker", "slotsync worker")
+
+
+def _server_kind(pid: int) -> str:
+    """What a server process is, from the title PostgreSQL gives it: `postgres: walwriter`, `postgres:
+    autovacuum worker`, or a session's `postgres: <user> <database> <client> <state>`."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "sessions"
+    title = title.removeprefix("postgres: ")
+    for kind in ("walwriter", "checkpointer", "background writer", "autovacuum"):
+        if title.startswith(kind):
+            return kind
+    return "other" if title.startswith(_OTHER_SERVER_PROCESSES) else "sessions"
+
+
+def server_cpu_by_kind(pg: Postgres) -> dict[str, float]:
+    """CPU seconds used so far by the PostgreSQL server, by kind of process: the sessions (the daemons'
+    statements), each of the server's own workers (what the writes those statements make cost it
+    later: WAL, checkpoints, vacuum), and `ended`, the processes that ended and were reaped with the
+    postmaster's own time (autovacuum workers, each ending after its table; sessions that closed).
+    Counting only the live ones made a window's figure negative when backends ended in it (0.11.0's
+    1,000 hosts: the daemons' idle_session_timeout ended hundreds of sessions)."""
     postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
-    total = _cpu_seconds(postmaster, reaped=True)
+    kinds = {"ended": _cpu_seconds(postmaster, reaped=True) - _cpu_seconds(postmaster)}
+    kinds["other"] = _cpu_seconds(postmaster)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
         if ppid == postmaster:
-            total += _cpu_seconds(int(stat.parent.name))
-    return total
+            pid = int(stat.parent.name)
+            kind = _server_kind(pid)
+            kinds[kind] = kinds.get(kind, 0.0) + _cpu_seconds(pid)
+    return kinds
+
+
+def server_cpu(pg: Postgres) -> float:
+    """CPU seconds used so far by the PostgreSQL server, every process of it (server_cpu_by_kind)."""
+    return sum(server_cpu_by_kind(pg).values())
+
+
+def cpu_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """A window's server CPU by kind: what each kind used between two readings (a kind may appear or
+    go: an autovacuum worker ends, and its time moves to `ended`)."""
+    return {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in sorted(set(before) | set(after))}
 
 
 class Fleet:
@@ -409,16 +444,36 @@ class Fleet:
             (json.dumps(self.epochs),)).fetchone()[0]
 
     def _idle_window(self) -> dict[str, Any]:
+        """`idle_seconds` of the fleet as it is: the server's CPU (in all, and by kind of process) and the
+        daemons' statements, per host and minute, with the statements that took the server's time."""
         self.conn.execute("SELECT pg_stat_statements_reset()")
-        cpu, began = server_cpu(self.pg), time.monotonic()
+        cpu, began = server_cpu_by_kind(self.pg), time.monotonic()
         time.sleep(self.sizes.idle_seconds)
         seconds = time.monotonic() - began
-        cpu = server_cpu(self.pg) - cpu
-        minutes = seconds / 60
-        return {"seconds": seconds, "server_cpu_seconds": cpu, "loadavg": loadavg(),
-                "server_cpu_ms_per_host_per_minute": cpu * 1000 / self.n / minutes,
+        by_kind = cpu_since(cpu, server_cpu_by_kind(self.pg))
+        total, minutes = sum(by_kind.values()), seconds / 60
+        return {"seconds": seconds, "server_cpu_seconds": total, "loadavg": loadavg(),
+                "server_cpu_ms_per_host_per_minute": total * 1000 / self.n / minutes,
+                "server_cpu_share_of_one_core": total / seconds,
+                "server_cpu_ms_per_host_per_minute_by_kind": {
+                    kind: used * 1000 / self.n / minutes for kind, used in by_kind.items()},
                 "statements_per_host_per_minute": self._daemon_statements() / self.n / minutes,
-                "claim_statements_per_host_per_minute": self._daemon_statements(CLAIM_STATEMENT) / self.n / minutes}
+                "claim_statements_per_host_per_minute": self._daemon_statements(CLAIM_STATEMENT) / self.n / minutes,
+                "top_statements": self._top_statements(self.n * minutes, "per_host_per_minute")}
+
+    def _top_statements(self, per: float, unit: str, count: int = 8) -> list[dict[str, Any]]:
+        """The daemons' statements since pg_stat_statements' reset, those that took the server the most
+        time first (time in the executor, which includes waiting for a lock or for the CPU): what a
+        window's figure is made of, divided by `per` (hosts times minutes, or runs), named by `unit`."""
+        rows = self.conn.execute(
+            r"""SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 120), sum(s.calls)::bigint,
+                       sum(s.total_exec_time)::float8
+                FROM pg_stat_statements s JOIN pg_roles u ON u.oid = s.userid JOIN pg_database d ON d.oid = s.dbid
+                WHERE u.rolname <> %s AND d.datname = %s
+                GROUP BY 1 ORDER BY 3 DESC LIMIT %s""", (CLIENT_ROLE, self.dbname, count)).fetchall()
+        return [{"statement": query, f"calls_{unit}": calls / per, f"exec_ms_{unit}": spent / per,
+                 "mean_ms": spent / calls if calls else 0.0}
+                for query, calls, spent in rows]
 
     def _submit_sql(self, count: int, argv0: str, key: str | None) -> None:
         with self.conn.transaction():
@@ -462,19 +517,9 @@ class Fleet:
     def idle(self) -> dict[str, Any]:
         """(S1) The fleet with nothing to do, after its first poll intervals have passed."""
         time.sleep(min(self.sizes.idle_seconds, 10.0))  # past the start: every daemon in its steady loop
-        self.conn.execute("SELECT pg_stat_statements_reset()")
-        cpu, began = server_cpu(self.pg), time.monotonic()
-        time.sleep(self.sizes.idle_seconds)
-        seconds = time.monotonic() - began
-        cpu = server_cpu(self.pg) - cpu
-        statements = self._daemon_statements()
-        minutes = seconds / 60
+        window = self._idle_window()
         connections = self.connections()
-        return {"seconds": seconds, "server_cpu_seconds": cpu, "loadavg": loadavg(),
-                "server_cpu_ms_per_host_per_minute": cpu * 1000 / self.n / minutes,
-                "server_cpu_share_of_one_core": cpu / seconds,
-                "statements_per_host_per_minute": statements / self.n / minutes,
-                "connections": connections, "connections_per_host": connections / self.n}
+        return {**window, "connections": connections, "connections_per_host": connections / self.n}
 
     def _submit(self, count: int) -> tuple[list[str], float]:
         """`count` runs in one transaction; their ids and the commit's time on the database's clock. The
@@ -516,23 +561,26 @@ class Fleet:
 
     def burst(self) -> dict[str, Any]:
         """(S3) `burst` runs in one transaction, claimed by the fleet."""
-        before, cpu = self._daemon_statements(CLAIM_STATEMENT), server_cpu(self.pg)
+        self.conn.execute("SELECT pg_stat_statements_reset()")
+        before, cpu = self._daemon_statements(CLAIM_STATEMENT), server_cpu_by_kind(self.pg)
         sim, wall, cores = self.simulation_cpu(), time.monotonic(), os.cpu_count() or 1
         self.burst_window = (time.time(), math.inf)
         began = time.monotonic()
         ids, at = self._submit(self.sizes.burst)
         latencies = self._latencies_ms(dict.fromkeys(ids, at), self.sizes.burst_timeout)
         self.burst_window = (self.burst_window[0], time.time())
+        by_kind = cpu_since(cpu, server_cpu_by_kind(self.pg))
         per_host = self.conn.execute(
             "SELECT count(DISTINCT host_id) FROM unitvisor.attempts WHERE attempt = 1 AND run_id = ANY(%s::uuid[])",
             (ids,)).fetchone()[0]
         return {"runs": self.sizes.burst, "claimed": len(latencies), "seconds": time.monotonic() - began,
                 "claim_latency_ms": summary(latencies), "hosts_that_claimed": per_host,
                 "claim_statements": self._daemon_statements(CLAIM_STATEMENT) - before, "loadavg": loadavg(),
-                "server_cpu_seconds": server_cpu(self.pg) - cpu,
+                "server_cpu_seconds": sum(by_kind.values()), "server_cpu_seconds_by_kind": by_kind,
                 # of the whole machine (every core): the simulation's own part of the load, and the server's
                 "simulation_cpu_share": (self.simulation_cpu() - sim) / (time.monotonic() - wall) / cores,
-                "server_cpu_share": (server_cpu(self.pg) - cpu) / (time.monotonic() - wall) / cores}
+                "server_cpu_share": sum(by_kind.values()) / (time.monotonic() - wall) / cores,
+                "top_statements": self._top_statements(self.sizes.burst, "per_run")}
 
     def woken(self) -> dict[str, Any]:
         """(S2) how many daemons each single submit made run a claim: the distinct hosts whose store.claim

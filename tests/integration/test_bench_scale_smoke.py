@@ -22,13 +22,16 @@ FIGURES = [
     ("trickle", "woken", "empty_claims", "p50"), ("trickle", "woken", "share_of_fleet_p50"),
     ("burst", "claim_statements"), ("burst", "hosts_that_claimed"), ("burst", "seconds"),
     ("start_seconds",), ("workers",),
+    ("idle", "server_cpu_ms_per_host_per_minute_by_kind", "sessions"),
+    ("burst", "server_cpu_seconds_by_kind", "sessions"),
+    ("burst", "top_statements", 0, "exec_ms_per_run"),  # (the tiny idle window may see no statement)
     ("burst", "daemon_claims", "empty"), ("burst", "simulation_cpu_share"), ("hosts_declared_dead",),
     *(("waiting", phase, key) for phase in ("refused", "behind_key")
       for key in ("server_cpu_ms_per_host_per_minute", "claim_statements_per_host_per_minute")),
 ]
 
 
-def _get(data: dict, path: tuple[str, ...]) -> object:
+def _get(data: dict, path: tuple[str | int, ...]) -> object:
     for key in path:
         data = data[key]
     return data
@@ -60,14 +63,17 @@ def test_bench_scale_tiny_writes_every_figure(tmp_path: Path) -> None:
 
 def test_the_servers_cpu_keeps_what_ended_backends_used(postgres) -> None:
     """A window in which sessions end must not lose their CPU (0.11.0's 1,000 hosts: (S4) negative)."""
-    from bench.scale import server_cpu
+    from bench.scale import cpu_since, server_cpu, server_cpu_by_kind
 
-    before = server_cpu(postgres)
+    before, kinds = server_cpu(postgres), server_cpu_by_kind(postgres)
     with postgres.connect() as conn:
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         conn.execute("SELECT count(*) FROM generate_series(1, 3000000)")
         used = server_cpu(postgres) - before
+        by_kind = cpu_since(kinds, server_cpu_by_kind(postgres))
     assert used > 0.05
+    assert by_kind["sessions"] > 0.8 * used  # the session's, not the server's own processes'
+    assert {"walwriter", "checkpointer", "ended"} <= set(by_kind)
     deadline = time.monotonic() + 10
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # until the postmaster reaped it
         time.sleep(0.05)
