@@ -608,10 +608,9 @@ class Daemon:
         self.fenced.refresh()
         self.reconciler.reconcile_pass()
         self._forget_fenced_settled_elsewhere()
-        self.reconciler.count_skips()
         self.metrics.reconciled(time.monotonic() - began)
         # Once a pass, not a poll: a count per limit, for a gauge a user alerts on over minutes.
-        self.limit_figures = self.reconciler.limit_figures()
+        self.limit_figures = self.reconciler.pass_figures()
         self.timers.reconcile = time.monotonic() + self.settings.daemon.reconcile_interval
 
     def _forget_fenced_settled_elsewhere(self) -> None:

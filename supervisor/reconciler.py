@@ -959,16 +959,17 @@ class Reconciler:
             self.metrics.expired(expired)
         return expired
 
-    def count_skips(self) -> int:
-        """Count the runs skipped since any daemon last looked (schema 035): a skip happens in whatever
-        transaction ends the run it needed (an outcome, a cancel from the CLI, an expiry), so no daemon
-        sees it happen; the database keeps each one until a daemon takes it (store.count_skips)."""
-        skipped = store.count_skips(self.conn, self.fence)  # autocommit: committed on return
-        if skipped:
-            event("runs-skipped", host=self.host_id, runs=skipped)
+    def pass_figures(self) -> dict[str, tuple[int, int]]:
+        """The fleet-wide figures of a reconcile pass (store.pass_figures): the runs skipped since any
+        daemon last looked (schema 035) are counted and said here, since a skip happens in whatever
+        transaction ends the run it needed (an outcome, a cancel from the CLI, an expiry) and no daemon
+        sees it happen; the named limits' live runs (schema 032) are returned, for the gauges."""
+        figures = store.pass_figures(self.conn, self.fence)  # autocommit: the skips taken are committed
+        if figures.skipped:
+            event("runs-skipped", host=self.host_id, runs=figures.skipped)
         if self.metrics is not None:
-            self.metrics.skipped(skipped)
-        return skipped
+            self.metrics.skipped(figures.skipped)
+        return figures.limits
 
     def submit_due_schedules(self) -> list[store.ScheduleTurn]:
         """Submit the run of each schedule due now, once per due time across the fleet (the database
@@ -985,10 +986,6 @@ class Reconciler:
                 overlapping=sum(1 for t in turns if t.result.startswith("skipped")),
                 refused=sum(1 for t in turns if t.result.startswith("refused")))
         return turns
-
-    def limit_figures(self) -> dict[str, tuple[int, int]]:
-        """The fleet's named limits (schema 032) for the metrics: name -> (runs live now, max_live)."""
-        return {r["name"]: (r["live"], r["max_live"]) for r in store.list_limits(self.conn)}
 
     def explain_waiting(self) -> int:
         """Say why runs wait that no live host accepts (in unitvisor.run_waits, and one event each), a

@@ -180,6 +180,7 @@ def test_a_named_limit_holds_its_runs_back_and_says_so(conn: psycopg.Connection)
     attempts = claim(conn)
     assert sorted(a.run_id for a in attempts) == sorted([batch[0], batch[1], other])
     assert [r["live"] for r in store.list_limits(conn)] == [2]
+    assert store.pass_figures(conn, register(conn, "h1")).limits == {"batch": (2, 2)}  # a daemon's gauges
     assert wait_reason(conn, batch[2]) == "limit batch: 2 of 2 live"
 
     finish(conn, attempts[0])

@@ -823,19 +823,19 @@ def test_a_reconcile_pass_reads_what_the_fence_stopped_first_and_forgets_what_a_
 def test_a_reconcile_pass_reads_the_named_limits_for_the_metrics(make, mocker):
     d = make()
     d.reconciler = mock.Mock()
-    d.reconciler.limit_figures.return_value = {"batch": (3, 20)}
+    d.reconciler.pass_figures.return_value = {"batch": (3, 20)}
     mocker.patch.object(store, "open_attempts")
     d._reconcile()
     assert d._metrics_state().limits == {"batch": (3, 20)}
 
 
-def test_a_reconcile_pass_counts_the_skips_after_the_pass(make):
+def test_a_reconcile_pass_takes_the_fleets_figures_after_the_pass(make):
     """Schema 035: the runs skipped since any daemon last looked are taken by each reconcile pass (a skip
     happens in whatever session ended the run it needed), after the pass itself."""
     d = make()
     d.reconciler = mock.Mock()
     d._reconcile()
-    assert [c[0] for c in d.reconciler.method_calls][:2] == ["reconcile_pass", "count_skips"]
+    assert [c[0] for c in d.reconciler.method_calls][:2] == ["reconcile_pass", "pass_figures"]
 
 
 def test_a_reconcile_pass_with_nothing_fenced_asks_nothing_more(make, mocker):

@@ -543,13 +543,13 @@ def test_reconciler_counts_the_runs_its_expire_call_ended(rec, mocker):
 
 def test_reconciler_counts_the_skips_it_took_from_the_database(rec, mocker):
     events = reconciler_mod.event  # the rec fixture's mock
-    mocker.patch.object(store, "count_skips", return_value=3)
-    assert rec.count_skips() == 3
+    mocker.patch.object(store, "pass_figures", return_value=store.PassFigures(3, {}))
+    assert rec.pass_figures() == {}
     assert value(rec.metrics, "unitvisor_runs_skipped_total") == 3
     events.assert_called_with("runs-skipped", host=rec.host_id, runs=3)
-    store.count_skips.side_effect = store.Fenced("epoch over")  # refused: nothing taken, nothing counted
+    store.pass_figures.side_effect = store.Fenced("epoch over")  # refused: nothing taken, nothing counted
     with pytest.raises(store.Fenced):
-        rec.count_skips()
+        rec.pass_figures()
     assert value(rec.metrics, "unitvisor_runs_skipped_total") == 3
 
 

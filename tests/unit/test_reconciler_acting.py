@@ -86,7 +86,7 @@ def st(mocker, log):
     defaults = {"open_attempts": [], "unit_owners": {}, "unclaimed_attempts": set(), "record_outcome": True,
                 "mark_started": None, "record_event": None, "declare_dead": store.Declaration([]), "explain_waiting": 0,
                 "expire_runs": 0, "record_outcomes": [True, True], "now": T0 + timedelta(seconds=30),
-                "record_output_tails": 0, "count_skips": 0}
+                "record_output_tails": 0, "pass_figures": store.PassFigures(0, {})}
     def logged(name, fake):
         def call(conn, *args, **kwargs):
             log.append((name, args, kwargs))
@@ -230,10 +230,10 @@ def test_expire_overdue_asks_the_database_with_this_hosts_fence(rec, st):
     st.expire_runs.assert_called_once_with(rec.conn, FENCE)
 
 
-def test_count_skips_asks_the_database_with_this_hosts_fence(rec, st):
-    st.count_skips.return_value = 0
-    assert rec.count_skips() == 0
-    st.count_skips.assert_called_once_with(rec.conn, FENCE)
+def test_pass_figures_asks_the_database_with_this_hosts_fence(rec, st):
+    st.pass_figures.return_value = store.PassFigures(0, {"batch": (3, 20)})
+    assert rec.pass_figures() == {"batch": (3, 20)}
+    st.pass_figures.assert_called_once_with(rec.conn, FENCE)
 
 
 def test_take_over_proposes_a_retry_of_a_lost_attempt_that_does_not_count(rec, st, log):
