@@ -2399,9 +2399,12 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT interval '60 seconds' $$;
 -- the previous daemon's: void, so that a daemon that died stopped, or one replaced by a 0.6.0 daemon
 -- that reports nothing, does not keep its host closed.
 -- Since 033 also the run's host_labels (migration 033 says why the failed host a retry avoids is not here).
+-- PL/pgSQL since 037, as the next three: planned once a session, where a SQL function not inlined was
+-- planned again at every call from a heartbeat.
 CREATE FUNCTION unitvisor.host_refusal(h unitvisor.hosts, r unitvisor.runs) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT CASE
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN CASE
         WHEN r.host_pin IS NOT NULL AND r.host_pin <> h.id THEN 'pinned to host ' || r.host_pin
         WHEN NOT h.can_start THEN 'cannot start units (' || coalesce(h.cannot_start_reason, 'unknown') || ')'
         -- Placement (033): every one of the run's host_labels among the host's labels, one containment
@@ -2420,8 +2423,8 @@ LANGUAGE sql STABLE AS $$
             THEN 'memory_max ' || r.memory_max || ' bytes is over the memory budget'
         WHEN h.pressure_state = 'stopped' AND h.pressure_at >= h.started_at
             THEN 'claims nothing under ' || coalesce(h.pressure_resource, 'some') || ' pressure'
-    END
-$$;
+    END;
+END $$;
 
 -- As in 003, the first of r's environment names that host h refuses, or NULL, by the rule above. Still
 -- the one function host_refusal asks (the claim, the probe and the explanation of a waiting run).
@@ -2499,9 +2502,14 @@ $$;
 -- the smallest concurrency_limit among r's and theirs (032), the live run with that limit (the earliest
 -- submitted of them), else the queued run of its key submitted just before it. Runs numbered NULL (submitted
 -- before this migration) come before every numbered run, and among themselves by created_at, then id.
+-- PL/pgSQL since 037 (host_refusal).
 CREATE FUNCTION unitvisor.concurrency_blocker(r unitvisor.runs) RETURNS uuid
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT CASE WHEN r.concurrency_key IS NOT NULL THEN coalesce(
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF r.concurrency_key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce(
         (SELECT l.id FROM (
              SELECT k.id, k.seq, k.concurrency_limit, count(*) OVER () AS live, min(k.concurrency_limit) OVER () AS tightest
              FROM unitvisor.runs k
@@ -2514,25 +2522,29 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
         (SELECT k.id FROM unitvisor.runs k
          WHERE k.concurrency_key = r.concurrency_key AND k.state = 'queued' AND k.seq IS NULL AND k.id <> r.id
            AND (r.seq IS NOT NULL OR (k.created_at, k.id) < (r.created_at, r.id))
-         ORDER BY k.created_at DESC, k.id DESC LIMIT 1)) END
-$$;
+         ORDER BY k.created_at DESC, k.id DESC LIMIT 1));
+END $$;
 
 -- concurrency_blocker's run in words, for a wait reason (NULL: r waits for no run of its key): its
 -- state, a held run's hold (a run behind a held head waits for its release), and with a limit above
--- one how many of the key's runs are live.
+-- one how many of the key's runs are live. PL/pgSQL since 037 (host_refusal).
 CREATE FUNCTION unitvisor.key_blocker_text(r unitvisor.runs) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT format('run %s (%s) with the same concurrency key', b.id,
-                  CASE WHEN b.state = 'queued' AND b.held_at IS NOT NULL THEN 'queued, held by ' || b.held_by
-                       ELSE b.state END)
-           || CASE WHEN b.state IN ('starting', 'running') AND least(r.concurrency_limit, b.concurrency_limit) > 1
-                   THEN format(', %s of %s live',
-                               (SELECT count(*) FROM unitvisor.runs k
-                                WHERE k.concurrency_key = r.concurrency_key AND k.state IN ('starting', 'running')),
-                               least(r.concurrency_limit, b.concurrency_limit))
-                   ELSE '' END
-    FROM unitvisor.runs b WHERE r.concurrency_key IS NOT NULL AND b.id = unitvisor.concurrency_blocker(r)
-$$;
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF r.concurrency_key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT format('run %s (%s) with the same concurrency key', b.id,
+                      CASE WHEN b.state = 'queued' AND b.held_at IS NOT NULL THEN 'queued, held by ' || b.held_by
+                           ELSE b.state END)
+               || CASE WHEN b.state IN ('starting', 'running') AND least(r.concurrency_limit, b.concurrency_limit) > 1
+                       THEN format(', %s of %s live',
+                                   (SELECT count(*) FROM unitvisor.runs k
+                                    WHERE k.concurrency_key = r.concurrency_key AND k.state IN ('starting', 'running')),
+                                   least(r.concurrency_limit, b.concurrency_limit))
+                       ELSE '' END
+        FROM unitvisor.runs b WHERE b.id = unitvisor.concurrency_blocker(r));
+END $$;
 
 -- Every check of a named limit's arguments (set_limit): the first refused, in a message that names it;
 -- NULL when all pass.
@@ -2592,16 +2604,17 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- The first named limit (by name) that holds r back now, in words ("limit batch: 20 of 20 live"), or
--- NULL: for wait reasons (explain_waiting) and an expired run's (waited_for).
+-- NULL: for wait reasons (explain_waiting) and an expired run's (waited_for). PL/pgSQL since 037.
 CREATE FUNCTION unitvisor.limit_text(r unitvisor.runs) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT format('limit %s: %s of %s live', s.name, s.live, s.max_live)
-    FROM (SELECT l.name, l.max_live,
-                 (SELECT count(*) FROM unitvisor.runs x
-                  WHERE x.state IN ('starting', 'running') AND x.labels @> l.selector AND x.id <> r.id) AS live
-          FROM unitvisor.limits l WHERE r.labels @> l.selector) s
-    WHERE s.live >= s.max_live ORDER BY s.name LIMIT 1
-$$;
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN (SELECT format('limit %s: %s of %s live', s.name, s.live, s.max_live)
+        FROM (SELECT l.name, l.max_live,
+                     (SELECT count(*) FROM unitvisor.runs x
+                      WHERE x.state IN ('starting', 'running') AND x.labels @> l.selector AND x.id <> r.id) AS live
+              FROM unitvisor.limits l WHERE r.labels @> l.selector) s
+        WHERE s.live >= s.max_live ORDER BY s.name LIMIT 1);
+END $$;
 
 -- The claim's decision on the named limits r falls under: NULL when each has room for it, else the name
 -- of the first (by name) that has none, or whose lock another claim holds (that claim decides for the
@@ -4598,4 +4611,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('033_placement'),
     ('034_river'),
     ('035_dependencies'),
-    ('036_fleet_silent');
+    ('036_fleet_silent'),
+    ('037_cached_plans');
