@@ -2399,8 +2399,8 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT interval '60 seconds' $$;
 -- the previous daemon's: void, so that a daemon that died stopped, or one replaced by a 0.6.0 daemon
 -- that reports nothing, does not keep its host closed.
 -- Since 033 also the run's host_labels (migration 033 says why the failed host a retry avoids is not here).
--- PL/pgSQL since 037, as the next three: planned once a session, where a SQL function not inlined was
--- planned again at every call from a heartbeat.
+-- PL/pgSQL since 037, as concurrency_blocker, key_blocker_text and limit_text below: planned once a
+-- session, where a SQL function not inlined was planned again at every call from a heartbeat.
 CREATE FUNCTION unitvisor.host_refusal(h unitvisor.hosts, r unitvisor.runs) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
