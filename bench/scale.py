@@ -354,8 +354,8 @@ def server_cpu_by_kind(pg: Postgres) -> dict[str, float]:
     Counting only the live ones made a window's figure negative when backends ended in it (0.11.0's
     1,000 hosts: the daemons' idle_session_timeout ended hundreds of sessions)."""
     postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
-    kinds = {"ended": _cpu_seconds(postmaster, reaped=True) - _cpu_seconds(postmaster)}
-    kinds["other"] = _cpu_seconds(postmaster)
+    own = _cpu_seconds(postmaster)
+    kinds = {"ended": _cpu_seconds(postmaster, reaped=True) - own, "other": own}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
@@ -368,15 +368,17 @@ def server_cpu_by_kind(pg: Postgres) -> dict[str, float]:
     return kinds
 
 
-def server_cpu(pg: Postgres) -> float:
-    """CPU seconds used so far by the PostgreSQL server, every process of it (server_cpu_by_kind)."""
-    return sum(server_cpu_by_kind(pg).values())
-
-
 def cpu_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """A window's server CPU by kind: what each kind used between two readings (a kind may appear or
     go: an autovacuum worker ends, and its time moves to `ended`)."""
     return {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in sorted(set(before) | set(after))}
+
+
+# The daemons' statements in pg_stat_statements: every role's but the bench's own, in the fleet's database
+# (the two parameters, in this order: CLIENT_ROLE, the database's name).
+_DAEMON_STATEMENTS = """FROM pg_stat_statements s JOIN pg_roles u ON u.oid = s.userid
+                        JOIN pg_database d ON d.oid = s.dbid
+                        WHERE u.rolname <> %s AND d.datname = %s"""
 
 
 class Fleet:
@@ -427,9 +429,7 @@ class Fleet:
 
     def _daemon_statements(self, pattern: str = "%") -> int:
         return self.conn.execute(
-            """SELECT coalesce(sum(s.calls), 0)::bigint FROM pg_stat_statements s
-               JOIN pg_roles u ON u.oid = s.userid JOIN pg_database d ON d.oid = s.dbid
-               WHERE u.rolname <> %s AND d.datname = %s AND s.query LIKE %s""",
+            f"SELECT coalesce(sum(s.calls), 0)::bigint {_DAEMON_STATEMENTS} AND s.query LIKE %s",
             (CLIENT_ROLE, self.dbname, pattern)).fetchone()[0]
 
     def simulation_cpu(self) -> float:
@@ -466,11 +466,9 @@ class Fleet:
         time first (time in the executor, which includes waiting for a lock or for the CPU): what a
         window's figure is made of, divided by `per` (hosts times minutes, or runs), named by `unit`."""
         rows = self.conn.execute(
-            r"""SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 120), sum(s.calls)::bigint,
-                       sum(s.total_exec_time)::float8
-                FROM pg_stat_statements s JOIN pg_roles u ON u.oid = s.userid JOIN pg_database d ON d.oid = s.dbid
-                WHERE u.rolname <> %s AND d.datname = %s
-                GROUP BY 1 ORDER BY 3 DESC LIMIT %s""", (CLIENT_ROLE, self.dbname, count)).fetchall()
+            rf"""SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 120), sum(s.calls)::bigint,
+                        sum(s.total_exec_time)::float8 {_DAEMON_STATEMENTS}
+                 GROUP BY 1 ORDER BY 3 DESC LIMIT %s""", (CLIENT_ROLE, self.dbname, count)).fetchall()
         return [{"statement": query, f"calls_{unit}": calls / per, f"exec_ms_{unit}": spent / per,
                  "mean_ms": spent / calls if calls else 0.0}
                 for query, calls, spent in rows]
@@ -570,16 +568,17 @@ class Fleet:
         latencies = self._latencies_ms(dict.fromkeys(ids, at), self.sizes.burst_timeout)
         self.burst_window = (self.burst_window[0], time.time())
         by_kind = cpu_since(cpu, server_cpu_by_kind(self.pg))
+        server = sum(by_kind.values())
         per_host = self.conn.execute(
             "SELECT count(DISTINCT host_id) FROM unitvisor.attempts WHERE attempt = 1 AND run_id = ANY(%s::uuid[])",
             (ids,)).fetchone()[0]
         return {"runs": self.sizes.burst, "claimed": len(latencies), "seconds": time.monotonic() - began,
                 "claim_latency_ms": summary(latencies), "hosts_that_claimed": per_host,
                 "claim_statements": self._daemon_statements(CLAIM_STATEMENT) - before, "loadavg": loadavg(),
-                "server_cpu_seconds": sum(by_kind.values()), "server_cpu_seconds_by_kind": by_kind,
+                "server_cpu_seconds": server, "server_cpu_seconds_by_kind": by_kind,
                 # of the whole machine (every core): the simulation's own part of the load, and the server's
                 "simulation_cpu_share": (self.simulation_cpu() - sim) / (time.monotonic() - wall) / cores,
-                "server_cpu_share": sum(by_kind.values()) / (time.monotonic() - wall) / cores,
+                "server_cpu_share": server / (time.monotonic() - wall) / cores,
                 "top_statements": self._top_statements(self.sizes.burst, "per_run")}
 
     def woken(self) -> dict[str, Any]:
