@@ -3718,7 +3718,8 @@ BEGIN
 END $$;
 
 -- notify_spawn_targets as in 011, each live host's free slots from host_open_attempts (one row per host)
--- instead of a count of the fleet's open attempts grouped by host, in the submitter's COMMIT.
+-- instead of a count of the fleet's open attempts grouped by host, in the submitter's COMMIT (020); since
+-- 038, kinds of run that every live host with room refuses wake nobody.
 CREATE FUNCTION unitvisor.notify_spawn_targets() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -3728,6 +3729,9 @@ DECLARE
     kinds jsonb := coalesce(nullif(current_setting('unitvisor.spawn_kinds', true), ''), '[]')::jsonb;
     targets text[] := '{}';
     room text[];
+    kind unitvisor.runs;
+    widen boolean;
+    nobody boolean;
     payload text;
 BEGIN
     IF wanted = 0 AND cardinality(pins) = 0 THEN
@@ -3750,14 +3754,32 @@ BEGIN
             FROM fit f WINDOW w AS (ORDER BY f.free DESC, f.id))
         SELECT coalesce(array_agg(id) FILTER (WHERE before < wanted OR n <= 2), '{}'), coalesce(array_agg(id), '{}')
         INTO targets, room FROM ranked;
-        -- Every kind accepted by one of them, or every host with room. Not asked when they are every host
-        -- with room already (011).
-        IF cardinality(targets) > 0 AND cardinality(targets) < cardinality(room) AND (jsonb_array_length(kinds) > 32 OR EXISTS (
-                SELECT 1 FROM jsonb_array_elements(kinds) AS e(k)
-                WHERE NOT EXISTS (SELECT 1 FROM unitvisor.hosts h
-                                  WHERE h.id = ANY (targets)
-                                    AND unitvisor.host_refusal(h, jsonb_populate_record(NULL::unitvisor.runs, e.k)) IS NULL))) THEN
-            targets := room;
+        IF cardinality(targets) > 0 AND jsonb_array_length(kinds) > 32 THEN
+            targets := room;  -- more kinds than noted (note_spawn_jobs keeps 33): every host with room, unasked
+        ELSIF cardinality(targets) > 0 AND (cardinality(targets) < cardinality(room) OR cardinality(room) > 2) THEN
+            -- Each kind: accepted by a host named, else by another host with room, else by none. One kind the
+            -- named refuse and another accepts names every host with room (010); kinds that every host with
+            -- room refuses name nobody (038). Not asked of one or two hosts with room, all named (011): waking
+            -- them for nothing costs less than asking, on the latency of every submit.
+            widen := false;
+            nobody := jsonb_array_length(kinds) > 0;
+            -- One row per kind, read once: host_refusal is then asked with the same record per host.
+            FOR kind IN SELECT (jsonb_populate_record(NULL::unitvisor.runs, e.k)).* FROM jsonb_array_elements(kinds) AS e(k) LOOP
+                IF EXISTS (SELECT 1 FROM unitvisor.hosts h
+                           WHERE h.id = ANY (targets) AND unitvisor.host_refusal(h, kind) IS NULL) THEN
+                    nobody := false;
+                ELSIF EXISTS (SELECT 1 FROM unitvisor.hosts h
+                              WHERE h.id = ANY (room) AND NOT h.id = ANY (targets)
+                                AND unitvisor.host_refusal(h, kind) IS NULL) THEN
+                    widen := true;
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF widen THEN
+                targets := room;
+            ELSIF nobody THEN
+                targets := '{}';
+            END IF;
         END IF;
     END IF;
     targets := ARRAY(SELECT DISTINCT t FROM unnest(targets || pins) AS t ORDER BY t);
@@ -4612,4 +4634,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('034_river'),
     ('035_dependencies'),
     ('036_fleet_silent'),
-    ('037_cached_plans');
+    ('037_cached_plans'),
+    ('038_wake_who_accepts');

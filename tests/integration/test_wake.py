@@ -100,6 +100,32 @@ def test_a_full_fleet_is_named_nobody_but_a_pin_still_is(conn: psycopg.Connectio
         assert named(spawn_listener) == {"h2"}
 
 
+def test_a_submit_that_no_host_accepts_wakes_nobody_but_its_pins(conn: psycopg.Connection, dsn: str,
+                                                                spawn_listener: psycopg.Connection) -> None:
+    # 038: a rollout whose executable no allowlist names yet. Waking every host for it would cost a claim
+    # on each for nothing (with 1,000 hosts, bench.scale saw them starve heartbeats until live hosts were
+    # declared dead); each host's heartbeat finds the runs again if an allowlist is widened.
+    with fleet(dsn, conn, 4, allowed=("/bin/*",), max_runs=5):
+        store.submit_run(conn, argv=["/opt/new/tool"])
+        assert named(spawn_listener) == frozenset()
+        with conn.transaction():  # a burst that would need every host, of the same kind
+            for _ in range(30):
+                store.submit_run(conn, argv=["/opt/new/tool"])
+        assert named(spawn_listener) == frozenset()
+        store.submit_run(conn, argv=["/opt/new/tool"], host_pin="h3")
+        assert named(spawn_listener) == {"h3"}  # its host is told, and explains it (a refusal)
+
+
+def test_a_refused_kind_beside_an_accepted_one_wakes_for_the_accepted(conn: psycopg.Connection, dsn: str,
+                                                                     spawn_listener: psycopg.Connection) -> None:
+    with fleet(dsn, conn, 4, allowed=("/bin/*",)):
+        with conn.transaction():
+            store.submit_run(conn, argv=["/opt/new/tool"])
+            store.submit_run(conn, argv=["/bin/true"])
+        targets = named(spawn_listener)
+        assert targets is not None and len(targets) == 2
+
+
 def test_one_transaction_of_many_submits_sends_one_notification_for_all_of_them(
         conn: psycopg.Connection, dsn: str, spawn_listener: psycopg.Connection) -> None:
     with fleet(dsn, conn, 5, max_runs=10):

@@ -1,8 +1,9 @@
 """What the submitter's COMMIT costs before its NOTIFY goes out (sql/011_commit_wake_cost.sql, issue 14's
 latency): the wake targets of 010 are computed in a deferred trigger, inside the COMMIT, and their costliest
 part is asking host_refusal whether the hosts named accept every kind of run submitted. That question is
-asked only when its answer can change whom the notification names, never when the hosts named are every
-live host with room already. Which hosts are named is tests/integration/test_wake.py's.
+asked only when its answer can change whom the notification names: never of one or two hosts with room,
+all named (011), and of more, once a kind when the first host asked accepts it (038). Which hosts are
+named is tests/integration/test_wake.py's.
 
 Counted, not timed, as tests/integration/test_claim_cost.py counts: pg_stat_xact_user_functions
 (track_functions = 'all', which only a superuser may set, hence no run as the bound roles here), with
@@ -17,7 +18,7 @@ from supervisor import store
 from tests.integration.conftest import fleet, wait_notifies
 
 
-def refusals_asked_at_commit(conn: psycopg.Connection, runs: int) -> int:
+def refusals_asked_at_commit(conn: psycopg.Connection, runs: int, argv0: str = "/bin/true") -> int:
     """host_refusal calls made by the commit-time trigger of a transaction that submits `runs` runs
     (committed: its notification goes out)."""
     def calls() -> int:
@@ -26,7 +27,7 @@ def refusals_asked_at_commit(conn: psycopg.Connection, runs: int) -> int:
 
     with conn.transaction():
         conn.execute("SET LOCAL track_functions = 'all'")
-        conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true']) FROM generate_series(1, %s)", (runs,))
+        conn.execute("SELECT unitvisor.submit_run(ARRAY[%s::text]) FROM generate_series(1, %s)", (argv0, runs))
         before = calls()
         conn.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the deferred trigger fires here, not at COMMIT
         return calls() - before
@@ -39,16 +40,30 @@ def named(spawn_listener: psycopg.Connection) -> frozenset[str] | None:
 
 def test_a_lone_host_is_named_without_asking_whether_it_accepts(conn: psycopg.Connection, dsn: str,
                                                                  spawn_listener: psycopg.Connection) -> None:
-    with fleet(dsn, conn, 1):
+    with fleet(dsn, conn, 1, allowed=("/bin/*",)):
         assert refusals_asked_at_commit(conn, 1) == 0
+        assert named(spawn_listener) == {"h1"}
+        # Even for a run it refuses (038 asks only beyond two hosts with room): waking it for nothing costs
+        # one claim, asking would cost every submit.
+        assert refusals_asked_at_commit(conn, 1, "/opt/new/tool") == 0
         assert named(spawn_listener) == {"h1"}
 
 
-def test_a_burst_that_needs_every_host_names_them_without_asking(conn: psycopg.Connection, dsn: str,
-                                                                 spawn_listener: psycopg.Connection) -> None:
+def test_a_burst_that_needs_every_host_asks_once_a_kind(conn: psycopg.Connection, dsn: str,
+                                                        spawn_listener: psycopg.Connection) -> None:
+    # Every host is named already; whether one accepts the kind at all decides whether any is (038): the
+    # first host asked accepts /bin/true.
     with fleet(dsn, conn, 3, max_runs=2):
-        assert refusals_asked_at_commit(conn, 10) == 0
+        assert refusals_asked_at_commit(conn, 10) == 1
         assert named(spawn_listener) == {"h1", "h2", "h3"}
+
+
+def test_a_kind_no_host_accepts_is_asked_of_every_host_with_room(conn: psycopg.Connection, dsn: str,
+                                                                  spawn_listener: psycopg.Connection) -> None:
+    # Once each: the three hosts with room, two of them named first, none accepting.
+    with fleet(dsn, conn, 3, allowed=("/bin/*",)):
+        assert refusals_asked_at_commit(conn, 1, "/opt/new/tool") == 3
+        assert named(spawn_listener) == frozenset()
 
 
 def test_a_submit_that_names_some_of_the_hosts_still_asks(conn: psycopg.Connection, dsn: str,
