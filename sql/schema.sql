@@ -3660,8 +3660,8 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- What one inserting statement adds to its transaction's notes: the number of unpinned runs
--- (unitvisor.spawn_unpinned), the pins (unitvisor.spawn_pins, a JSON array), and the kinds of unpinned
+-- What one inserting statement adds to its transaction's notes, of the jobs a host could claim now (038):
+-- the number of unpinned runs (unitvisor.spawn_unpinned), the pins (unitvisor.spawn_pins, a JSON array), and the kinds of unpinned
 -- run (unitvisor.spawn_kinds, a JSON array of what host_refusal reads, at most 33: more means "mixed").
 CREATE FUNCTION unitvisor.note_spawn_jobs() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -3671,11 +3671,50 @@ DECLARE
     kinds jsonb;
     noted jsonb;
 BEGIN
-    SELECT count(*) FILTER (WHERE r.host_pin IS NULL),
-           coalesce(jsonb_agg(DISTINCT r.host_pin) FILTER (WHERE r.host_pin IS NOT NULL), '[]')
-    INTO unpinned, pins
-    FROM new_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
-    WHERE j.state = 'available';
+    -- The jobs a host could claim now (038): due, and without a concurrency key or among the first of their
+    -- key's new runs, as many as the key has room for: its limit less its live runs and the queued runs
+    -- ahead of them, which start first (concurrency_blocker). Each count stops at the limit: what a
+    -- submit costs does not grow with a key's backlog.
+    WITH fresh AS MATERIALIZED (
+        SELECT r.id, r.host_pin, r.concurrency_key, r.seq, coalesce(r.concurrency_limit, 1) AS key_limit,
+               r.argv[1] AS argv0, r.run_user,
+               r.environment, r.memory_max, r.host_labels,
+               row_number() OVER (PARTITION BY r.concurrency_key ORDER BY r.seq NULLS FIRST, r.created_at, r.id) AS place
+        FROM new_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
+        WHERE j.state = 'available' AND j.scheduled_at <= now()),
+    keys AS (
+        SELECT k.concurrency_key,
+               k.key_limit
+               - (SELECT count(*) FROM (SELECT 1 FROM unitvisor.runs r
+                                        WHERE r.concurrency_key = k.concurrency_key AND r.state IN ('starting', 'running')
+                                        LIMIT k.key_limit) live)
+               - (SELECT count(*) FROM (SELECT 1 FROM unitvisor.runs r
+                                        WHERE r.concurrency_key = k.concurrency_key AND r.state = 'queued'
+                                          AND (r.seq < k.first_seq OR r.seq IS NULL)
+                                        LIMIT k.key_limit) ahead) AS room
+        FROM (SELECT f.concurrency_key, min(f.seq) AS first_seq, min(f.key_limit) AS key_limit
+              FROM fresh f WHERE f.concurrency_key IS NOT NULL GROUP BY f.concurrency_key) k),
+    startable AS MATERIALIZED (
+        SELECT f.* FROM fresh f LEFT JOIN keys k ON k.concurrency_key = f.concurrency_key
+        WHERE f.concurrency_key IS NULL OR f.place <= k.room)
+    SELECT (SELECT count(*) FROM startable s WHERE s.host_pin IS NULL),
+           (SELECT coalesce(jsonb_agg(DISTINCT s.host_pin), '[]') FROM startable s WHERE s.host_pin IS NOT NULL),
+           (SELECT coalesce(jsonb_agg(x.k), '[]') FROM (
+                -- The environment's names only, each with an empty value: host_refusal reads the names,
+                -- and the values (which may be secrets) must not go into the session's settings, where
+                -- the submitter's current_setting, pg_settings and any error context would show them.
+                SELECT DISTINCT jsonb_build_object('argv', ARRAY[s.argv0], 'run_user', s.run_user,
+                                                   'environment', (SELECT coalesce(jsonb_object_agg(e.name, ''), '{}')
+                                                                   FROM jsonb_object_keys(
+                                                                       CASE WHEN jsonb_typeof(s.environment) = 'object'
+                                                                            THEN s.environment ELSE '{}' END) AS e(name)),
+                                                   'memory_max', s.memory_max,
+                                                   -- 033: host_refusal reads them; fewer of them is accepted
+                                                   -- by more hosts, as @> below assumes.
+                                                   'host_labels', s.host_labels) AS k
+                FROM startable s WHERE s.host_pin IS NULL
+                LIMIT 33) x)
+    INTO unpinned, pins, kinds;
     IF unpinned = 0 AND pins = '[]' THEN
         RETURN NULL;
     END IF;
@@ -3688,22 +3727,6 @@ BEGIN
         PERFORM set_config('unitvisor.spawn_pins', pins::text, true);
     END IF;
     IF unpinned > 0 THEN
-        SELECT coalesce(jsonb_agg(k), '[]') INTO kinds FROM (
-            -- The environment's names only, each with an empty value: host_refusal reads the names,
-            -- and the values (which may be secrets) must not go into the session's settings, where
-            -- the submitter's current_setting, pg_settings and any error context would show them.
-            SELECT DISTINCT jsonb_build_object('argv', ARRAY[r.argv[1]], 'run_user', r.run_user,
-                                               'environment', (SELECT coalesce(jsonb_object_agg(e.name, ''), '{}')
-                                                               FROM jsonb_object_keys(
-                                                                   CASE WHEN jsonb_typeof(r.environment) = 'object'
-                                                                        THEN r.environment ELSE '{}' END) AS e(name)),
-                                               'memory_max', r.memory_max,
-                                               -- 033: host_refusal reads them; fewer of them is accepted
-                                               -- by more hosts, as @> below assumes.
-                                               'host_labels', r.host_labels) AS k
-            FROM new_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
-            WHERE j.state = 'available' AND r.host_pin IS NULL
-            LIMIT 33) x;
         noted := coalesce(nullif(current_setting('unitvisor.spawn_kinds', true), ''), '[]')::jsonb;
         -- A kind that one already noted contains (same argv[0], user and memory_max, environment names
         -- a superset) is accepted wherever that one is: host_refusal refuses on the names it finds.
@@ -4635,4 +4658,4 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('035_dependencies'),
     ('036_fleet_silent'),
     ('037_cached_plans'),
-    ('038_wake_who_accepts');
+    ('038_wake_for_work');

@@ -6,7 +6,7 @@ tests/unit/test_daemon_loop.py's."""
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -124,6 +124,43 @@ def test_a_refused_kind_beside_an_accepted_one_wakes_for_the_accepted(conn: psyc
             store.submit_run(conn, argv=["/bin/true"])
         targets = named(spawn_listener)
         assert targets is not None and len(targets) == 2
+
+
+def test_runs_that_cannot_start_yet_wake_nobody(conn: psycopg.Connection, dsn: str,
+                                                spawn_listener: psycopg.Connection) -> None:
+    # 038: a claim could not take them now, so no host is woken for them; the heartbeat finds them when
+    # they can start (a not_before reached, the run ahead of them on their key ended).
+    with fleet(dsn, conn, 4):
+        store.submit_run(conn, argv=["/bin/true"], not_before=datetime.now(UTC) + timedelta(hours=1))
+        assert spawn_notes(spawn_listener, timeout=0.5) == []
+        store.submit_run(conn, argv=["/bin/true"], concurrency_key="k")
+        first = named(spawn_listener)  # the key's first run can start: two hosts, as any run
+        assert first is not None and len(first) == 2
+        with conn.transaction():  # behind it on its key, in one transaction and in many
+            for _ in range(30):
+                store.submit_run(conn, argv=["/bin/true"], concurrency_key="k")
+        store.submit_run(conn, argv=["/bin/true"], concurrency_key="k", host_pin="h4")
+        assert spawn_notes(spawn_listener, timeout=0.5) == []
+        store.submit_run(conn, argv=["/bin/true"])  # and a run that can start still wakes
+        assert named(spawn_listener) == first
+
+
+def test_a_key_wakes_for_as_many_runs_as_it_has_room_for(conn: psycopg.Connection, dsn: str,
+                                                         spawn_listener: psycopg.Connection) -> None:
+    with fleet(dsn, conn, 5, max_runs=10) as fences:
+        # Its limit, 3, in one transaction of many submits and in one statement: as three keyless runs
+        # would (the test below), not as twenty.
+        with conn.transaction():
+            for _ in range(20):
+                store.submit_run(conn, argv=["/bin/true"], concurrency_key="k", concurrency_limit=3)
+        assert named(spawn_listener) == {"h1", "h2", "h3"}
+        conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'], concurrency_key => 'j', concurrency_limit => 3)"
+                     " FROM generate_series(1, 20)")
+        assert named(spawn_listener) == {"h1", "h2", "h3"}
+        # Room for none: one of k's twenty is live, nineteen queued ahead of a new one.
+        assert len(store.claim(conn, fences[0], 10, FMT)) == 2  # one run of a key per claim: k's and j's
+        store.submit_run(conn, argv=["/bin/true"], concurrency_key="k", concurrency_limit=3)
+        assert spawn_notes(spawn_listener, timeout=0.5) == []
 
 
 def test_one_transaction_of_many_submits_sends_one_notification_for_all_of_them(
