@@ -81,4 +81,6 @@ def test_the_servers_cpu_keeps_what_ended_backends_used(postgres) -> None:
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # until the postmaster reaped it
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists()
-    assert server_cpu() - before >= used
+    # Within a clock tick: the figures are sums of ticks (1/100 s) in floating point, added up in another
+    # order (a rehearsal saw 4.1 - 3.84 < 0.26 by 1e-15). A lost session would take all of `used` away.
+    assert server_cpu() - before >= used - 0.01
