@@ -3786,8 +3786,10 @@ BEGIN
             -- them for nothing costs less than asking, on the latency of every submit.
             widen := false;
             nobody := jsonb_array_length(kinds) > 0;
-            -- One row per kind, read once: host_refusal is then asked with the same record per host.
-            FOR kind IN SELECT (jsonb_populate_record(NULL::unitvisor.runs, e.k)).* FROM jsonb_array_elements(kinds) AS e(k) LOOP
+            -- One row per kind, read once (in FROM: `(f()).*` in a select list calls f once a column):
+            -- host_refusal is then asked with the same record per host.
+            FOR kind IN SELECT r.* FROM jsonb_array_elements(kinds) AS e(k),
+                                        jsonb_populate_record(NULL::unitvisor.runs, e.k) AS r LOOP
                 IF EXISTS (SELECT 1 FROM unitvisor.hosts h
                            WHERE h.id = ANY (targets) AND unitvisor.host_refusal(h, kind) IS NULL) THEN
                     nobody := false;
