@@ -2901,7 +2901,8 @@ $$;
 -- over when a limit it falls under is full (claim_limits, after the key's check), and the limit is
 -- remembered as full for the rest of the claim. Since 033: host_labels in its kinds, a job passed over by
 -- the host it avoids (avoid_host) while another live host accepts it, until avoid_failed_host_grace
--- after it is due, and the event saying why it took it anyway.
+-- after it is due, and the event saying why it took it anyway. Since 039: the job's lock before the key's
+-- and the limits', and a job another claim holds or took passed over without counting as looked at.
 CREATE FUNCTION unitvisor.claim_jobs(
     host_id text, host_epoch bigint, batch integer, unit_format text,
     starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')
@@ -2919,6 +2920,7 @@ DECLARE
     shared integer := 0;
     taken integer := 0;
     looked integer := 0;
+    gone integer := 0;  -- 039: jobs another claim holds, or took since this walk began
     next_attempt integer;
     name text;
     enough bigint;
@@ -3041,6 +3043,18 @@ BEGIN
             END IF;
             CONTINUE;  -- backfill: a smaller run behind it may fit
         END IF;
+        -- The job's own lock first (039), then the key's and the limits': a job that another claim holds,
+        -- or took since this walk's snapshot, is passed over for one lookup, and is not one this claim
+        -- looked at. A job locked here and then passed over (its key held or blocked, a limit full) stays
+        -- locked until this claim ends, a moment in which no other claim could take it either but rarely:
+        -- the key and the limits are the fleet's, not this host's.
+        PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.id = job.id AND j.state = 'available' FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            looked := looked - 1;
+            gone := gone + 1;
+            EXIT WHEN gone > 32 * claim_jobs.batch;
+            CONTINUE;
+        END IF;
         IF job.concurrency_key IS NOT NULL THEN
             -- The key's lock, then the decision again from a snapshot taken after it (006).
             CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended('unitvisor-concurrency-key:' || job.concurrency_key, 0));
@@ -3052,8 +3066,6 @@ BEGIN
             saturated := saturated || (SELECT l.selector FROM unitvisor.limits l WHERE l.name = full_limit);
             CONTINUE;
         END IF;
-        PERFORM 1 FROM unitvisor.spawn_jobs j WHERE j.id = job.id AND j.state = 'available' FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;  -- another claim has it, or took it since this loop's query began
         UPDATE unitvisor.spawn_jobs j SET state = 'claimed', claimed_by = claim_jobs.host_id, claimed_at = now()
         WHERE j.id = job.id;
         SELECT coalesce(max(a.attempt), 0) + 1 INTO next_attempt FROM unitvisor.attempts a WHERE a.run_id = job.run_id;
@@ -4660,4 +4672,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('035_dependencies'),
     ('036_fleet_silent'),
     ('037_cached_plans'),
-    ('038_wake_for_work');
+    ('038_wake_for_work'),
+    ('039_claim_under_contention');

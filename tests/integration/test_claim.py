@@ -265,6 +265,36 @@ def test_a_claim_skips_jobs_locked_by_another_claim(conn: psycopg.Connection, ds
     assert attempt_count(conn) == 6
 
 
+def _while_h1_holds(conn: psycopg.Connection, dsn: str, held: int, more: int, batch: int) -> tuple[int, int]:
+    """h1 claims `held` jobs and keeps them locked (uncommitted) while h2 claims with `batch`, of `held +
+    more` queued in that order: how many h2 got, and how many h1 holds."""
+    for _ in range(held + more):
+        submit(conn)
+    age_jobs(conn)  # older than spread_grace: this is about locks, not about each host's share
+    with store.connect(dsn) as other:
+        other.execute("SET statement_timeout = '10s'")
+        register(conn, "h1")
+        register(other, "h2")
+        with conn.transaction():
+            mine = claim(conn, host="h1", batch=held)
+            theirs = claim(other, host="h2", batch=batch)
+            other.commit()
+    return len(theirs), len(mine)
+
+
+def test_jobs_another_claim_holds_are_not_counted_as_looked_at(conn: psycopg.Connection, dsn: str) -> None:
+    """039: before it, the 10 jobs h1 holds counted against h2's 4 x batch (8) jobs looked at, and h2's
+    claim came back empty with 5 jobs free behind them: in a burst, most claims of a loaded fleet."""
+    assert _while_h1_holds(conn, dsn, held=10, more=5, batch=2) == (2, 10)
+
+
+def test_a_claim_passes_over_at_most_32_batches_of_jobs_others_hold(conn: psycopg.Connection, dsn: str) -> None:
+    """The bound on the walk (039): past 32 x batch jobs that other claims hold, the claim stops, empty
+    here though 5 jobs are free behind the 70 held; the next claim, or another host's, takes them."""
+    assert _while_h1_holds(conn, dsn, held=70, more=5, batch=2) == (0, 70)
+    assert len(claim(conn, host="h2", batch=2)) == 2  # h1's claim committed: its jobs are no longer walked
+
+
 def test_concurrent_claims_never_claim_a_job_twice(conn: psycopg.Connection, dsn: str) -> None:
     total = 200
     ids = {submit(conn) for _ in range(total)}
