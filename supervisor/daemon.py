@@ -784,8 +784,13 @@ class Daemon:
         if admission.state == pressure.SLOWED and time.monotonic() < self.slowed_until:
             self.timers.reclaim = min(self.timers.reclaim, self.slowed_until)
             return
-        take = daemon.claim_batch if admission.limit is None else admission.limit
+        most = daemon.claim_batch if admission.limit is None else admission.limit
         while not self.stopping:
+            # No claim for a host whose slots are all taken: the database would answer none (issue 23: in a
+            # burst, the claim after the one that filled the host was most of the empty claims left).
+            take = min(most, self.settings.host.max_runs - self.reconciler.in_flight)
+            if take <= 0:
+                return
             sent = time.monotonic()
             claimed = store.claim(self.conn, self.fence, take, unitspec.UNIT_NAME_FORMAT)
             self.metrics.claimed(claimed, sent)

@@ -427,6 +427,36 @@ def test_a_full_batch_claims_again(make, st):
     assert d.claimed == 3
 
 
+def _with_slots(make, max_runs: int, batch: int = 32) -> Daemon:
+    return make(dataclasses.replace(make_settings(), host=HostSettings(id="h1", name="host-1", max_runs=max_runs),
+                                    daemon=DaemonSettings(claim_batch=batch)))
+
+
+def test_a_host_with_every_slot_taken_claims_nothing(make, st):
+    d = _with_slots(make, max_runs=4)
+    d.reconciler = mock.Mock(in_flight=4)
+    d._claim_and_spawn()
+    st.claim.assert_not_called()
+    assert d.timers.reclaim == math.inf
+
+
+def test_a_claim_asks_for_no_more_than_the_free_slots(make, st):
+    d = _with_slots(make, max_runs=10)
+    d.reconciler = mock.Mock(in_flight=7)
+    d._claim_and_spawn()
+    st.claim.assert_called_once_with(d.conn, d.fence, 3, "unitvisor-run-%s-%s.service")
+
+
+def test_full_batches_stop_when_the_host_is_full(make, st):
+    """Without the free slots counted, a third claim would be sent, for the database to answer none."""
+    d = _with_slots(make, max_runs=4, batch=2)
+    d.reconciler = mock.Mock(in_flight=0)
+    st.claim.side_effect = [[claimed_pair(1), claimed_pair(2)], [claimed_pair(3), claimed_pair(4)], []]
+    d._claim_and_spawn()
+    assert st.claim.call_count == 2
+    assert d.claimed == 4 and d.reconciler.in_flight == 4
+
+
 def _spawning(make, mocker, systemd):
     """A daemon whose claim returns three runs, with a real Reconciler and the two marks spied on."""
     d = make()
