@@ -141,6 +141,7 @@ class FakeWatcher:
         self.changed: set[str] = set()
         self.lock = threading.Lock()
         self.connected = False
+        self.signalled: dict[str, systemd.UnitState] = {}  # names only: the fake systemd's reads cost nothing
 
     def connect(self) -> None:
         self.connected = True
@@ -213,7 +214,7 @@ class FakeSystemd:
                 active_enter_usec=unit.active_enter_usec)
         self.watcher.signal(name)
 
-    def state(self, name: str) -> systemd.UnitState | None:
+    def state(self, name: str, signalled: systemd.UnitState | None = None) -> systemd.UnitState | None:
         with self.lock:
             return self.units.get(name)
 

@@ -17,7 +17,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import FrameType
@@ -46,7 +46,7 @@ from supervisor.log import event
 from supervisor.metrics import Metrics, State
 from supervisor.model import Attempt, Run
 from supervisor.reconciler import Reconciler
-from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, Watcher
+from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitState, Watcher
 
 log = logging.getLogger("unitvisor")
 
@@ -501,7 +501,8 @@ class Daemon:
         now = time.monotonic()
         settled_before = self.reconciler.settled
         if changed:
-            self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, unit_names=sorted(changed)))
+            self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, unit_names=sorted(changed)),
+                                     signalled=self.watcher.signalled)
         # A settled run frees a slot: claim again now rather than at the next poll, or a backlog
         # larger than max_runs drains one batch per poll interval.
         wake_claim = wake_claim or self.reconciler.settled > settled_before
@@ -681,13 +682,18 @@ class Daemon:
         backlog = pruned.full(retention.batch_size)
         self.timers.retention = time.monotonic() + (RETENTION_PAUSE if backlog else retention.interval)
 
-    def _reconcile_attempts(self, pairs: list[tuple[Run, Attempt]]) -> None:
+    def _reconcile_attempts(self, pairs: list[tuple[Run, Attempt]],
+                            signalled: Mapping[str, UnitState] | None = None) -> None:
+        """Decide on each attempt, on its unit's state as the signals just read said it where they said
+        it (Watcher.signalled), else as systemd says now."""
         if not pairs:
             return
+        signalled = signalled or {}
         self.fenced.refresh()  # a unit the fence stopped may be among them: settled as cut off, not as killed
         with self.reconciler.batched_outcomes():
             for run, attempt in pairs:
-                self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.reconcile_one(r, a))
+                self.reconciler.isolated(run, attempt, lambda r=run, a=attempt: self.reconciler.reconcile_one(
+                    r, a, signalled.get(a.unit_name)))
 
     def _on_notify(self, note: psycopg.Notify) -> None:
         """psycopg's handler for a notification it read while a query ran on the connection (it takes

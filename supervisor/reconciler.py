@@ -498,10 +498,11 @@ class Reconciler:
                 removed.append(unit)
         return removed
 
-    def reconcile_one(self, run: Run, attempt: Attempt) -> Decision:
-        """One attempt between passes: its unit changed, or its run was cancelled (decide_on_change)."""
+    def reconcile_one(self, run: Run, attempt: Attempt, signalled: UnitState | None = None) -> Decision:
+        """One attempt between passes: its unit changed, or its run was cancelled (decide_on_change).
+        `signalled`: the unit's state as its signals said it (Watcher.signalled), read from systemd otherwise."""
         return self._act(run, attempt, self._unless_seen(
-            run, attempt, decide_on_change(run, attempt, self.systemd.state(attempt.unit_name))))
+            run, attempt, decide_on_change(run, attempt, self.systemd.state(attempt.unit_name, signalled))))
 
     def _act(self, run: Run, attempt: Attempt, decision: Decision) -> Decision:
         self.apply(run, attempt, decision)

@@ -14,7 +14,7 @@ on every load) and behaves the same on pystemd 0.11 (Debian bookworm) and the ne
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -176,6 +176,10 @@ def accounting_from_properties(props: dict[bytes, Any]) -> Accounting:
     return Accounting(**values)
 
 
+# What no signal carries (systemd sends no PropertiesChanged for its counters): an ended unit's
+# accounting, read with a `Get` each also when its signals said the rest (Systemd.state).
+_ACCOUNTING_READS = tuple((SERVICE_IFACE, prop) for prop in _ACCOUNTING_PROPERTIES.values())
+
 # What `Systemd.state` reads of a unit, one `Get` each, in this order. Not `GetAll`: that marshals all
 # of a unit's ~400 properties, of which UnitState uses these (in the test bed, 0.8-1.2 ms of the
 # caller's CPU a `GetAll`, 0.4 ms these 14 `Get`s; one `GetAll` each of the Unit and Service
@@ -197,8 +201,29 @@ _STATE_PROPERTIES = (
     (SERVICE_IFACE, b"ExecMainStatus"),
     (SERVICE_IFACE, b"ExecMainStartTimestamp"),
     (SERVICE_IFACE, b"ExecMainExitTimestamp"),
-    *((SERVICE_IFACE, prop) for prop in _ACCOUNTING_PROPERTIES.values()),
+    *_ACCOUNTING_READS,
 )
+
+
+def unit_state(name: str, props: dict[bytes, Any]) -> UnitState:
+    """Pure: a unit's state from its properties as D-Bus gives them (a `Get` each, or a signal's
+    payload), defaults where one is absent."""
+    job = props.get(b"Job") or (0, b"/")
+    invocation = props.get(b"InvocationID") or []
+    return UnitState(
+        name=name,
+        active_state=_text(props.get(b"ActiveState", b"")),
+        sub_state=_text(props.get(b"SubState", b"")),
+        result=_text(props.get(b"Result", b"")),
+        exec_main_code=int(props.get(b"ExecMainCode", 0)),
+        exec_main_status=int(props.get(b"ExecMainStatus", 0)),
+        invocation_id=bytes(invocation).hex(),
+        job_pending=int(job[0]) != 0,
+        exec_main_start_usec=int(props.get(b"ExecMainStartTimestamp", 0)),
+        exec_main_exit_usec=int(props.get(b"ExecMainExitTimestamp", 0)),
+        active_enter_usec=int(props.get(b"ActiveEnterTimestamp", 0)),
+        accounting=accounting_from_properties(props),
+    )
 
 
 def _text(value: Any) -> str:
@@ -348,8 +373,25 @@ class Systemd(_Connection):
             self._refs.add(name)
         return True
 
-    def state(self, name: str) -> UnitState | None:
-        """The unit's state, or None when no unit of that name is loaded."""
+    def state(self, name: str, signalled: UnitState | None = None) -> UnitState | None:
+        """The unit's state, or None when no unit of that name is loaded.
+
+        `signalled`: its state as its last signals said (Watcher.signalled). A unit they say is not over
+        is taken as they say, without a call. An ended one needs what no signal carries, its accounting,
+        read at the unit's path (which its name gives: no GetUnit), and nothing else: an ended unit does
+        not change again (_STATE_PROPERTIES). Its accounting unread (the unit collected since, PID 1
+        saying no) is unknown, not a reason to lose the outcome its signals said."""
+        if signalled is not None:
+            if not signalled.has_ended:
+                return signalled
+            path = path_encode(UNIT_PATH_PREFIX, name.encode())
+            try:
+                counters = self._get(path, name, _ACCOUNTING_READS)
+            except SystemdUnavailable:
+                raise
+            except SystemdError:
+                counters = {}
+            return replace(signalled, accounting=accounting_from_properties(counters))
         try:
             path = self._call(MANAGER_PATH, MANAGER_IFACE, b"GetUnit",
                               apply_signature(b"s", [name.encode()]), f"looking up {name}")
@@ -357,8 +399,13 @@ class Systemd(_Connection):
             if isinstance(exc.__cause__, DBusNoSuchUnitError):
                 return None
             raise
+        return unit_state(name, self._get(path, name, _STATE_PROPERTIES))
+
+    def _get(self, path: bytes, name: str, reads: tuple[tuple[bytes, bytes], ...]) -> dict[bytes, Any]:
+        """Properties of one unit, a `Get` each; one this systemd does not know is left out (as GetAll
+        leaves it out: None for accounting, a default for the rest) and not asked for again."""
         props: dict[bytes, Any] = {}
-        for iface, prop in _STATE_PROPERTIES:
+        for iface, prop in reads:
             if prop in self._unknown:
                 continue
             try:
@@ -367,24 +414,8 @@ class Systemd(_Connection):
             except SystemdError as exc:
                 if not _is_unknown_property(exc.__cause__):
                     raise
-                # absent, as GetAll leaves it out: None (accounting) or the default below
                 self._unknown.add(prop)
-        job = props.get(b"Job") or (0, b"/")
-        invocation = props.get(b"InvocationID") or []
-        return UnitState(
-            name=name,
-            active_state=_text(props.get(b"ActiveState", b"")),
-            sub_state=_text(props.get(b"SubState", b"")),
-            result=_text(props.get(b"Result", b"")),
-            exec_main_code=int(props.get(b"ExecMainCode", 0)),
-            exec_main_status=int(props.get(b"ExecMainStatus", 0)),
-            invocation_id=bytes(invocation).hex(),
-            job_pending=int(job[0]) != 0,
-            exec_main_start_usec=int(props.get(b"ExecMainStartTimestamp", 0)),
-            exec_main_exit_usec=int(props.get(b"ExecMainExitTimestamp", 0)),
-            active_enter_usec=int(props.get(b"ActiveEnterTimestamp", 0)),
-            accounting=accounting_from_properties(props),
-        )
+        return props
 
     def load_state(self, name: str) -> str:
         """`loaded`, `not-found`, `masked`...: whether systemd has a unit file (or a builtin) for it."""
@@ -509,11 +540,27 @@ class Systemd(_Connection):
         self.unref(name)
 
 
-class Watcher(_Connection):
-    """A receive-only connection: systemd's signals about units, as a set of changed unit names.
+# What a unit's PropertiesChanged signals must carry for its state to be taken from them: every
+# property of _STATE_PROPERTIES but the counters, by interface.
+_SIGNALLED = {iface: frozenset(prop for i, prop in _STATE_PROPERTIES
+                               if i == iface and (i, prop) not in _ACCOUNTING_READS)
+              for iface in (UNIT_IFACE, SERVICE_IFACE)}
 
-    Signals are hints; the caller re-reads the state of every unit named (systemd coalesces and a
-    broker can drop, so a signal's payload is never trusted as the truth).
+
+class Watcher(_Connection):
+    """A receive-only connection: systemd's signals about units, as a set of changed unit names, and
+    for each the state its signals said when they say all of it (`signalled`).
+
+    PID 1 sends a unit's change as two PropertiesChanged signals back to back, its Service interface's
+    then its Unit interface's, each with the current value of every property of the interface that
+    emits changes (systemd 252 and 257; no counters). A Unit signal that comes right after its Service
+    signal is one moment of the unit, all that UnitState says but its accounting: the loop decides on
+    it without reading the unit again (issue 27: reading back every changed unit, GetUnit and 14
+    `Get`s, twice a run, was a fifth of the loop's time, in PID 1's queue behind the starts). A Unit
+    signal without its Service signal just before (one dropped by a broker, or the pair split by a
+    reconnect) says nothing of the unit's state: the name alone is noted, and the unit is read in
+    full, as every changed unit was before. A dropped Unit signal is what it was before: a change
+    the next reconcile pass finds.
     """
 
     _RULES = (
@@ -531,9 +578,14 @@ class Watcher(_Connection):
         # The object path of every unit whose name starts with the prefix starts with this (sd-bus
         # escapes a name character by character; only an empty name is special).
         self._path_prefix = path_encode(UNIT_PATH_PREFIX, prefix.encode()) if prefix else UNIT_PATH_PREFIX + b"/"
+        # The last Service signal of each unit whose Unit signal has not come yet (it comes next).
+        self._service: dict[bytes, dict[bytes, Any]] = {}
+        # The state each unit named by the last drain was in, by its signals, when they said all of it.
+        self.signalled: dict[str, UnitState] = {}
 
     def connect(self) -> None:
         self.close()
+        self._service.clear()  # a pair split by the reconnect is no pair
         bus = _open_bus()
         try:
             for rule in self._RULES:
@@ -552,10 +604,12 @@ class Watcher(_Connection):
         return self._bus.get_fd()
 
     def drain(self) -> tuple[set[str], bool]:
-        """Read every queued signal. Returns (changed unit names under our prefix, reloaded)."""
+        """Read every queued signal. Returns (changed unit names under our prefix, reloaded); `signalled`
+        then holds the state of those whose signals said all of it."""
         if self._bus is None:
             raise SystemdUnavailable("not subscribed to systemd's signals")
         changed: set[str] = set()
+        self.signalled = {}
         reloaded = False
         empty_in_a_row = 0
         # pystemd drops sd_bus_process()'s return code, and an internal step (a method reply, the
@@ -571,21 +625,42 @@ class Watcher(_Connection):
                 empty_in_a_row += 1
                 continue
             empty_in_a_row = 0
-            # The two headers only; a body is decoded for UnitRemoved alone. Decoding every signal
-            # (process_reply(True)), most of them PropertiesChanged of other units or with a body
-            # nobody reads, was a third of the daemon's CPU under load.
+            # The headers first; a body is decoded only for a unit of ours and for UnitRemoved. Decoding
+            # every signal (process_reply(True)), most of them PropertiesChanged of other units, was a
+            # third of the daemon's CPU under load.
             member = msg.get_member()
             if member == b"PropertiesChanged":
                 path = msg.get_path() or b""
                 if not path.startswith(self._path_prefix):
                     continue  # another unit's: not decoded
                 name = _text(path_decode(path, UNIT_PATH_PREFIX))
+                if not name.startswith(self._prefix):
+                    continue
+                msg.process_reply(False)
+                self.note_properties(name, path, msg.body[0], msg.body[1])
             elif member == b"UnitRemoved":
                 msg.process_reply(False)
                 name = _text(msg.body[0])
+                self._service.pop(_text(msg.body[1]).encode(), None)
+                # Ended and collected (a unit no one held): its last signals still say how it ended.
+                if name in self.signalled and not self.signalled[name].has_ended:
+                    del self.signalled[name]
             else:
                 reloaded = reloaded or member == b"Reloading"
                 continue
             if name.startswith(self._prefix):
                 changed.add(name)
         return changed, reloaded
+
+    def note_properties(self, name: str, path: bytes, interface: bytes, properties: dict[bytes, Any]) -> None:
+        """One PropertiesChanged signal of a unit of ours: a Service signal waits for its Unit signal,
+        and a Unit signal right after it makes the unit's state `signalled`; any other leaves it unsaid."""
+        if interface == SERVICE_IFACE:
+            self._service[path] = properties
+            return
+        service = self._service.pop(path, None)
+        if (interface == UNIT_IFACE and service is not None and _SIGNALLED[SERVICE_IFACE] <= service.keys()
+                and _SIGNALLED[UNIT_IFACE] <= properties.keys()):
+            self.signalled[name] = unit_state(name, {**service, **properties})
+        else:
+            self.signalled.pop(name, None)

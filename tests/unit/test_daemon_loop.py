@@ -463,6 +463,26 @@ def test_a_forged_notification_only_wakes_the_daemon(make, clock, mocker):
         assert FORGED_RUN not in repr(called.mock_calls)
 
 
+def test_changed_units_are_decided_on_the_state_their_signals_said(make, clock, mocker):
+    """Issue 27: a unit whose signals said all of its state is not read back from systemd; one whose
+    signals did not (Watcher.signalled lacks it) is read as before."""
+    d = make()
+    d.fence = store.Fence("h1", 7)
+    d.reconciler = mock.MagicMock(in_flight=2, settled=0)
+    d.timers = Timers(claim=clock.now + 60, reconcile=clock.now + 60)
+    said = mock.Mock(name="its state, as its signals said")
+    d.watcher.drain.return_value = ({"unitvisor-run-a-1.service", "unitvisor-run-b-1.service"}, False)
+    d.watcher.signalled = {"unitvisor-run-a-1.service": said}
+    a, b = (mock.Mock(unit_name=f"unitvisor-run-{x}-1.service") for x in "ab")
+    runs = mock.Mock(name="run a"), mock.Mock(name="run b")
+    d.conn = mock.Mock(fileno=mock.Mock(return_value=-1), pgconn=mock.Mock(notifies=mock.Mock(return_value=None)))
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    mocker.patch.object(daemon_mod.store, "open_attempts", return_value=[(runs[0], a), (runs[1], b)])
+    d.reconciler.isolated.side_effect = lambda run, attempt, work: work()
+    d._iteration()
+    assert d.reconciler.reconcile_one.call_args_list == [mock.call(runs[0], a, said), mock.call(runs[1], b, None)]
+
+
 @pytest.mark.parametrize(("fencing", "said"), [
     (False, "if this daemon is not back within 60s (host_dead_after) they are declared lost and may run again"),
     (True, "unless this daemon is back within 48s, unitvisor-fence stops them"),

@@ -266,6 +266,14 @@ def test_a_cut_off_unit_that_ended_settles_as_lost_and_leaves_the_set(rec, st, s
     systemd.release.assert_called_once_with(attempt.unit_name, "failed")
 
 
+def test_a_unit_seen_in_its_signals_is_decided_on_what_they_said(rec, st, systemd):
+    run, attempt = pair(1)
+    said = ended(attempt.unit_name, CLD_KILLED, 9, "signal")
+    systemd.state.return_value = said  # the accounting added, as Systemd.state(name, seen) does
+    assert rec.reconcile_one(run, attempt, said).outcome.outcome == "signal"
+    systemd.state.assert_called_once_with(attempt.unit_name, said)
+
+
 def test_a_cut_off_unit_that_exited_0_is_still_lost(rec, st, systemd):
     run, attempt = pair(1, max_attempts=2)
     rec.cut_off_units.add(attempt.unit_name)

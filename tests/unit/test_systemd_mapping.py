@@ -11,6 +11,7 @@ triples below are the ones sd-bus and PID 1 really produce (checked against a pr
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 from unittest import mock
 
@@ -690,13 +691,130 @@ def test_drain_decodes_paths_and_names_from_unitremoved_and_keeps_our_prefix(wat
     assert bus.process.call_count == 8
 
 
-def test_only_a_unitremoved_body_is_decoded(watcher, bus):
+def test_only_our_units_and_unitremoved_bodies_are_decoded(watcher, bus):
     ours, other = props_changed("unitvisor-run-a-1.service"), props_changed("ssh.service")
     removed = signal_msg(b"UnitRemoved", body=(b"unitvisor-run-b-2.service", b"/org/freedesktop/systemd1/unit/x"))
     reload = signal_msg(b"Reloading", body=(True,))
     bus.process.side_effect = [ours, other, removed, reload, empty(), empty()]
     assert watcher.drain() == ({"unitvisor-run-a-1.service", "unitvisor-run-b-2.service"}, True)
-    assert (ours.decoded, other.decoded, removed.decoded, reload.decoded) == (0, 0, 1, 0)
+    assert (ours.decoded, other.decoded, removed.decoded, reload.decoded) == (1, 0, 1, 0)
+
+
+# -- the state a unit's signals say (issue 27) --------------------------------------------------------
+
+# A unit's two signals of one change, as systemd 252 sent them in the test bed for `sh -c 'exit 3'`
+# (Type=exec): its Service interface's, then its Unit interface's, every property that emits changes.
+ENDED_SERVICE = {b"Result": b"exit-code", b"ExecMainStartTimestamp": 1_796_296_738_190_240,
+                 b"ExecMainExitTimestamp": 1_796_296_738_490_173, b"ExecMainCode": 1, b"ExecMainStatus": 3}
+ENDED_UNIT = {b"ActiveState": b"failed", b"SubState": b"failed", b"ActiveEnterTimestamp": 1_796_296_738_190_650,
+              b"Job": (0, b"/"), b"InvocationID": list(INVOCATION)}
+RUNNING_SERVICE = {**ENDED_SERVICE, b"Result": b"success", b"ExecMainExitTimestamp": 0, b"ExecMainCode": 0,
+                   b"ExecMainStatus": 0}
+RUNNING_UNIT = {**ENDED_UNIT, b"ActiveState": b"active", b"SubState": b"running"}
+
+
+def changed(unit, interface, values):
+    msg = props_changed(unit)
+    msg._body = (interface, values, [])
+    return msg
+
+
+def pair(unit, service, unit_values):
+    return [changed(unit, sd.SERVICE_IFACE, service), changed(unit, sd.UNIT_IFACE, unit_values)]
+
+
+def drained(watcher, bus, *messages):
+    bus.process.side_effect = [*messages, empty(), empty()]
+    return watcher.drain()
+
+
+def test_a_units_two_signals_of_one_change_are_its_state(watcher, bus):
+    assert drained(watcher, bus, *pair(UNIT, ENDED_SERVICE, ENDED_UNIT)) == ({UNIT}, False)
+    assert watcher.signalled == {UNIT: UnitState(UNIT, "failed", "failed", "exit-code", 1, 3, INVOCATION.hex(), False,
+                                            1_796_296_738_190_240, 1_796_296_738_490_173, 1_796_296_738_190_650)}
+
+
+def test_the_last_change_of_a_drain_is_the_state(watcher, bus):
+    drained(watcher, bus, *pair(UNIT, RUNNING_SERVICE, RUNNING_UNIT), *pair(UNIT, ENDED_SERVICE, ENDED_UNIT))
+    assert watcher.signalled[UNIT].has_ended and watcher.signalled[UNIT].exec_main_status == 3
+
+
+def test_another_units_signals_between_the_two_do_not_split_a_pair(watcher, bus):
+    other = "unitvisor-run-00000000-0000-4000-8000-000000000002-1.service"
+    service, unit = pair(UNIT, ENDED_SERVICE, ENDED_UNIT)
+    drained(watcher, bus, service, *pair(other, RUNNING_SERVICE, RUNNING_UNIT), unit)
+    assert watcher.signalled[UNIT].result == "exit-code" and not watcher.signalled[other].has_ended
+
+
+@pytest.mark.parametrize("messages", [
+    pytest.param(lambda: [changed(UNIT, sd.UNIT_IFACE, ENDED_UNIT)], id="a Unit signal alone"),
+    pytest.param(lambda: [*pair(UNIT, RUNNING_SERVICE, RUNNING_UNIT), changed(UNIT, sd.UNIT_IFACE, ENDED_UNIT)],
+                 id="its Service signal dropped: the earlier pair's Service values would say success"),
+    pytest.param(lambda: [changed(UNIT, sd.SERVICE_IFACE, ENDED_SERVICE)], id="a Service signal alone"),
+    pytest.param(lambda: pair(UNIT, {k: v for k, v in ENDED_SERVICE.items() if k != b"ExecMainStatus"}, ENDED_UNIT),
+                 id="a property missing"),
+    pytest.param(lambda: pair(UNIT, ENDED_SERVICE, {k: v for k, v in ENDED_UNIT.items() if k != b"Job"}),
+                 id="the Job missing"),
+])
+def test_signals_that_do_not_say_all_of_the_state_leave_the_unit_to_be_read(watcher, bus, messages):
+    assert drained(watcher, bus, *messages()) == ({UNIT}, False)
+    assert watcher.signalled == {}
+
+
+def test_a_service_signal_waits_for_its_unit_signal_in_the_next_drain(watcher, bus):
+    service, unit = pair(UNIT, ENDED_SERVICE, ENDED_UNIT)
+    drained(watcher, bus, service)
+    assert watcher.signalled == {}
+    drained(watcher, bus, unit)
+    assert watcher.signalled[UNIT].exec_main_status == 3
+
+
+def test_each_drain_says_only_what_it_read(watcher, bus):
+    drained(watcher, bus, *pair(UNIT, ENDED_SERVICE, ENDED_UNIT))
+    assert drained(watcher, bus) == (set(), False)
+    assert watcher.signalled == {}
+
+
+def test_a_reconnect_splits_a_pair(watcher, bus):
+    service, unit = pair(UNIT, ENDED_SERVICE, ENDED_UNIT)
+    drained(watcher, bus, service)
+    bus.call_method.return_value = answer(None)
+    watcher.connect()
+    drained(watcher, bus, unit)
+    assert watcher.signalled == {}
+
+
+def removed(unit):
+    return signal_msg(b"UnitRemoved", body=(unit.encode(), UNIT_PATH))
+
+
+def test_an_ended_unit_removed_keeps_the_state_its_signals_said(watcher, bus):
+    """A unit no daemon held is collected as it ends: its last signals are all that says how it ended."""
+    drained(watcher, bus, *pair(UNIT, ENDED_SERVICE, ENDED_UNIT), removed(UNIT))
+    assert watcher.signalled[UNIT].exec_main_status == 3
+
+
+def test_a_running_unit_removed_is_not_running(watcher, bus):
+    drained(watcher, bus, *pair(UNIT, RUNNING_SERVICE, RUNNING_UNIT), removed(UNIT))
+    assert watcher.signalled == {}
+
+
+def test_state_of_a_unit_its_signals_say_is_running_makes_no_call(bus):
+    running = sd.unit_state(UNIT, {**RUNNING_SERVICE, **RUNNING_UNIT})
+    assert Systemd().state(UNIT, signalled=running) is running
+    bus.call_method.assert_not_called()
+
+
+def test_state_of_a_unit_its_signals_say_ended_reads_its_accounting_alone(bus):
+    bus.call_method.side_effect = pid1({b"CPUUsageNSec": 12_000_000, b"IOReadBytes": 4096, b"IOWriteBytes": 0})
+    ended = sd.unit_state(UNIT, {**ENDED_SERVICE, **ENDED_UNIT})
+    state = Systemd().state(UNIT, signalled=ended)
+    assert state == dataclasses.replace(ended, accounting=sd.Accounting(cpu_usage_nsec=12_000_000, io_read_bytes=4096,
+                                                                         io_write_bytes=0))
+    # No GetUnit (the path is the name's), and of the Gets only the counters, which no signal carries.
+    assert [c.args[3] for c in bus.call_method.call_args_list] == [b"Get"] * 4
+    assert {c.args[4][1][1] for c in bus.call_method.call_args_list} == {
+        b"CPUUsageNSec", b"MemoryPeak", b"IOReadBytes", b"IOWriteBytes"}
 
 
 def test_a_unit_whose_name_only_resembles_the_prefix_is_not_ours(watcher, bus):
@@ -813,3 +931,16 @@ def test_a_connection_that_holds_nothing_starts_units_that_keep_themselves(bus, 
     bus.call_method.reset_mock()
     assert s.ref(UNIT) is True
     assert methods(bus) == [b"GetUnit"]  # read, never held
+
+
+def test_an_ended_unit_whose_accounting_cannot_be_read_keeps_the_outcome_its_signals_said(bus):
+    bus.call_method.side_effect = DBusError(-errno.ENXIO, b"org.freedesktop.DBus.Error.UnknownObject",
+                                            f"Unknown object '{UNIT_PATH.decode()}'.".encode())
+    ended = sd.unit_state(UNIT, {**ENDED_SERVICE, **ENDED_UNIT})
+    assert Systemd().state(UNIT, signalled=ended) == ended  # accounting unknown: None throughout
+
+
+def test_an_ended_unit_whose_accounting_is_read_on_a_lost_bus_is_unavailable(bus):
+    bus.call_method.side_effect = disconnected()
+    with pytest.raises(SystemdUnavailable):
+        Systemd().state(UNIT, signalled=sd.unit_state(UNIT, {**ENDED_SERVICE, **ENDED_UNIT}))
