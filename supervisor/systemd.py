@@ -4,7 +4,8 @@ Every method is a thin, synchronous call on one long-lived connection; D-Bus err
 few exceptions below so that no caller ever sees pystemd's types. State changes arrive on a second
 connection (`Watcher`) that only receives signals, so that the main loop can `select()` on its file
 descriptor: pystemd holds the GIL during calls, and a signal queued behind a method reply on a shared
-connection would be invisible to `select()`.
+connection would be invisible to `select()`. The signals of our units carry their state, which the
+loop decides on without reading it back (`Watcher`, `Systemd.state`).
 
 Methods are called with `call_method` and explicit signatures rather than through pystemd's
 introspected objects: that costs no introspection round trip per object (pystemd 0.11 re-introspects
