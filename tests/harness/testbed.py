@@ -110,6 +110,11 @@ class Testbed:
         self._layers_ready = True
 
     def boot(self, timeout: float = 60) -> None:
+        if self.running:
+            # A second nspawn would replace self.proc, and destroy() would then stop only that one: the
+            # first container outlived its session, its directory removed, out of cleanup_stale()'s reach.
+            raise TestbedError(f"test bed {self.name} is running already: boot() it again after a power cut "
+                               "or a reboot, not before")
         if not self._layers_ready:
             self._prepare_layers()
         cmd = ["systemd-nspawn", "-q", "-D", str(self.root), "--register=no", "--keep-unit",
