@@ -554,14 +554,14 @@ class Watcher(_Connection):
 
     PID 1 sends a unit's change as two PropertiesChanged signals back to back, its Service interface's
     then its Unit interface's, each with the current value of every property of the interface that
-    emits changes (systemd 252 and 257; no counters). A Unit signal that comes right after its Service
-    signal is one moment of the unit, all that UnitState says but its accounting: the loop decides on
-    it without reading the unit again (issue 27: reading back every changed unit, GetUnit and 14
-    `Get`s, twice a run, was a fifth of the loop's time, in PID 1's queue behind the starts). A Unit
-    signal without its Service signal just before (one dropped by a broker, or the pair split by a
-    reconnect) says nothing of the unit's state: the name alone is noted, and the unit is read in
-    full, as every changed unit was before. A dropped Unit signal is what it was before: a change
-    the next reconcile pass finds.
+    emits changes (seen with systemd 252 in the test bed, tests/system/test_signalled_state.py; no
+    counters). A Unit signal that comes right after its Service signal is one moment of the unit, all
+    that UnitState says but its accounting: the loop decides on it without reading the unit again (issue
+    27: reading back every changed unit, GetUnit and 14 `Get`s, was a fifth of the loop's time, in PID
+    1's queue behind the starts). A Unit signal without its Service signal just before (one dropped by
+    a broker, or the pair split by a reconnect) says nothing of the unit's state: the name alone is
+    noted, and the unit is read in full, as every changed unit was before. A dropped Unit signal is
+    what it was before: a change the next reconcile pass finds.
     """
 
     _RULES = (
@@ -638,7 +638,7 @@ class Watcher(_Connection):
                 if not name.startswith(self._prefix):
                     continue
                 msg.process_reply(False)
-                self.note_properties(name, path, msg.body[0], msg.body[1])
+                self._note_properties(name, path, msg.body[0], msg.body[1])
             elif member == b"UnitRemoved":
                 msg.process_reply(False)
                 name = _text(msg.body[0])
@@ -653,7 +653,7 @@ class Watcher(_Connection):
                 changed.add(name)
         return changed, reloaded
 
-    def note_properties(self, name: str, path: bytes, interface: bytes, properties: dict[bytes, Any]) -> None:
+    def _note_properties(self, name: str, path: bytes, interface: bytes, properties: dict[bytes, Any]) -> None:
         """One PropertiesChanged signal of a unit of ours: a Service signal waits for its Unit signal,
         and a Unit signal right after it makes the unit's state `signalled`; any other leaves it unsaid."""
         if interface == SERVICE_IFACE:
