@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,23 @@ def silence(conn: psycopg.Connection, host: str, seconds: float) -> None:
     """Pretend the host was last heard from `seconds` ago (by the database's clock)."""
     conn.execute("UPDATE unitvisor.hosts SET heartbeat_at = now() - make_interval(secs => %s) WHERE id = %s",
                  (seconds, host))
+
+
+def declared(dead: Iterable[Any], silenced: dict[str, float]) -> list[tuple[str, float]]:
+    """The declared hosts as (host, dead_after), each checked to have been silent for what `silence`
+    set, give or take the moment between the two: a loaded machine once took over 0.5 s there, which
+    rounding the silence did not absorb."""
+    dead = list(dead)
+    for d in dead:
+        assert silenced[d.host_id] <= d.silent < silenced[d.host_id] + 5, (d, silenced)
+    return sorted((d.host_id, d.dead_after) for d in dead)
+
+
+def silence_said(text: str, seconds: int) -> str:
+    """`text` with the "silent for N s" that `silence(..., seconds)` led to said as `seconds` when N is
+    up to 4 s more (see declared), so that a test can compare the whole text."""
+    return re.sub(r"silent for (\d+) s",
+                  lambda m: f"silent for {seconds} s" if seconds <= int(m[1]) <= seconds + 4 else m[0], text)
 
 
 def connected(conn: psycopg.Connection, host: str, seconds: float = 3600.0) -> None:

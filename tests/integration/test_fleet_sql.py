@@ -32,9 +32,11 @@ from tests.integration.conftest import (
     age_jobs,
     backend_gone,
     connected,
+    declared,
     host_profile,
     register,
     silence,
+    silence_said,
 )
 
 # Each test runs twice: as the superuser, and with every host call of the store made as a login role
@@ -407,11 +409,12 @@ def test_a_host_declared_dead_can_write_nothing(conn: psycopg.Connection, dsn: s
         connected(conn, "h2")
         with other.transaction():
             [dead] = store.declare_dead_hosts(other, h2, connected_for=3600)
-        assert (dead.host_id, round(dead.silent), dead.dead_after) == ("h1", 120, 60.0)
+        assert declared([dead], {"h1": 120}) == [("h1", 60.0)]
         row = host_row(conn, "h1")
         assert row["state"] == "dead" and row["epoch"] > h1.epoch
         assert row["dead_at"] is not None
-        assert row["dead_reason"] == "silent for 120 s (its host_dead_after is 60 s); declared dead by host h2"
+        assert silence_said(row["dead_reason"], 120) == (
+            "silent for 120 s (its host_dead_after is 60 s); declared dead by host h2")
 
         # Before and after its attempts were settled by the declarer: every write of h1 is refused.
         for settled in (False, True):
@@ -464,7 +467,8 @@ def test_takeover_settles_each_run_by_its_own_policy(conn: psycopg.Connection, d
         for label, (run_id, _) in runs.items():
             [row] = store.get_attempts(conn, run_id)
             assert (row.outcome, row.exit_status, row.ended_at is not None) == ("lost", None, True), label
-            assert row.reason == lost_reason(dead[0]) and "h1" in row.reason and "silent for 90 s" in row.reason
+            assert row.reason == lost_reason(dead[0]) and "h1" in row.reason
+            assert "silent for 90 s" in silence_said(row.reason, 90)
             last = store.get_events(conn, run_id)[-1]
             assert (last["host_id"], last["attempt"]) == ("h2", 1), label
         state = {label: store.get_run(conn, run_id).state for label, (run_id, _) in runs.items()}
@@ -505,8 +509,8 @@ def test_a_dead_host_rejoins_with_a_new_epoch_and_its_old_fence_stays_refused(
     registration = store.register_host(conn, host_profile("h1"))  # the same instance, after a reboot say
     assert registration.registered and registration.state == "active"
     assert registration.epoch > host_epoch_at_death > old.epoch  # one for the death, one for the rejoin
-    assert registration.detail == ("rejoined after being declared dead (silent for 120 s (its host_dead_after "
-                                   "is 60 s); declared dead by host h2)")
+    assert silence_said(registration.detail, 120) == (
+        "rejoined after being declared dead (silent for 120 s (its host_dead_after is 60 s); declared dead by host h2)")
     row = host_row(conn, "h1")
     assert (row["state"], row["dead_at"], row["dead_reason"]) == ("active", None, None)
 
@@ -536,8 +540,7 @@ def test_only_hosts_silent_for_longer_than_their_own_dead_after_are_declared(
         before = {h: host_row(conn, h)["epoch"] for h in ("slow", "fresh", "declarer")}
 
         dead = store.declare_dead_hosts(conn, declarer, connected_for=10_000)
-        assert sorted((d.host_id, round(d.silent), d.dead_after) for d in dead) == [
-            ("draining", 61, 60.0), ("quick", 30, 20.0)]
+        assert declared(dead, {"quick": 30, "draining": 61}) == [("draining", 60.0), ("quick", 20.0)]
         assert {h: host_row(conn, h)["state"] for h in ("quick", "draining", "slow", "fresh", "declarer")} == {
             "quick": "dead", "draining": "dead", "slow": "active", "fresh": "active", "declarer": "active"}
         assert {h: host_row(conn, h)["epoch"] for h in before} == before
@@ -756,7 +759,7 @@ def test_wait_reasons_of_pinned_runs(conn: psycopg.Connection, dsn: str) -> None
                 for host in ("ghost", "dead", "draining", "refuses", "cannot", "silent")}
         assert store.explain_waiting(conn, timedelta(0)) == 6
         assert store.explain_waiting(conn, timedelta(0)) == 0
-        assert {host: wait_reason(conn, run_id) for host, run_id in runs.items()} == {
+        assert {host: silence_said(wait_reason(conn, run_id), 120) for host, run_id in runs.items()} == {
             "ghost": "pinned to host ghost, which is not known (see unitvisor hosts)",
             "dead": ("pinned to host dead, which is dead (silent for 120 s (its host_dead_after is 60 s); declared "
                      "dead by host h0)"),
