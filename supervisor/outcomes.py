@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from supervisor.model import Run
@@ -126,8 +126,40 @@ def stop_timed_out(outcome: Outcome) -> bool:
     return outcome.outcome in ("cancelled", "timeout") and outcome.reason.endswith(": killed by SIGKILL")
 
 
+# How early before its runtime limit a command may end and still be taken as ended by it (timeout_cause):
+# the two timestamps are systemd's, taken as it handles each event, and the limit's timer fires late,
+# never early; the slack only absorbs their rounding.
+_RUNTIME_SLACK_USEC = 10_000
+
+
+def timeout_cause(runtime_max_sec: int | None, active_enter_usec: int, exec_main_exit_usec: int) -> str:
+    """Which of systemd's timers gave an ended unit its `timeout` result, by the unit's own timestamps:
+
+    - "runtime": RuntimeMaxSec, the run's runtime limit, ended the command (it ran that long);
+    - "start": TimeoutStartSec: the unit never became active, so the command was never exec'd (Type=exec);
+    - "after": the command ended on its own before any runtime limit, and a timeout came after it. The
+      ExecStopPost that keeps pids.peak (taskspeak) runs in the run's cgroup, under its CPU quota, within
+      TimeoutStopSec: on a loaded VM guest under `--cpu 20%` it once took longer than the 10 s, and the
+      run, which had exited 0, was recorded as a runtime limit it did not have. An outside
+      `systemctl stop` whose stop timed out is the other way here.
+
+    Judged by the unit, not the run's row alone: a run with a runtime limit may still end before it."""
+    if not active_enter_usec:
+        return "start"
+    if runtime_max_sec is not None and (
+            not exec_main_exit_usec
+            or exec_main_exit_usec - active_enter_usec >= runtime_max_sec * 1_000_000 - _RUNTIME_SLACK_USEC):
+        return "runtime"
+    return "after"
+
+
+# systemd's result for a main process that ended this way on its own (what "after" classifies by).
+_RESULT_OF_EXIT = {CLD_KILLED: "signal", CLD_DUMPED: "core-dump"}
+
+
 def classify(result: str, code: int, status: int, *, cancel_requested: bool,
-             program_ran: bool | None = None, stop_signal: str | None = None) -> Outcome:
+             program_ran: bool | None = None, stop_signal: str | None = None,
+             timed_out_by: str = "runtime") -> Outcome:
     """The outcome of an ended unit.
 
     `program_ran` is what is known about whether the command itself ran (execve() succeeded): True,
@@ -141,11 +173,22 @@ def classify(result: str, code: int, status: int, *, cancel_requested: bool,
 
     `stop_signal`: the run's stop signal (schema 026), when known: the reason of a cancel or of a
     runtime limit then says which signal ended the run and whether the stop timed out into SIGKILL.
+
+    `timed_out_by`: for a `timeout` result, which timer it was (timeout_cause()): only "runtime" is the
+    outcome `timeout`; "start" is start-failed, and "after" the command's own end.
     """
     status_text = exit_status(code, status)
     if cancel_requested:
         detail = stop_detail(code, status, stop_signal)
         return Outcome("cancelled", status_text, "cancelled by request" + (f": {detail}" if detail else ""))
+    if result == "timeout" and timed_out_by == "start":
+        return Outcome("start-failed", status_text,
+                       "systemd's start timeout (TimeoutStartSec) passed before the command was started")
+    if result == "timeout" and timed_out_by == "after":
+        own = _RESULT_OF_EXIT.get(code, "success" if (code, status) == (CLD_EXITED, 0) else "exit-code")
+        ended = classify(own, code, status, cancel_requested=False, program_ran=program_ran)
+        return replace(ended, reason=ended.reason + "; systemd timed out after it ended (TimeoutStopSec: its "
+                                                    "ExecStopPost, or a stop from outside unitvisor)")
     if result in _RESULT_OUTCOMES:
         reason = {"timeout": "runtime limit reached", "oom-kill": "killed by the OOM killer",
                   "watchdog": "watchdog timeout"}[result]

@@ -68,7 +68,15 @@ from supervisor.config import Settings, cut_off_after
 from supervisor.journal import History, Journal, TailReader, Unreadable
 from supervisor.log import event
 from supervisor.model import Accounting, Attempt, Run
-from supervisor.outcomes import Outcome, classify, failure_verdict, is_setup_exit, retry_delay, run_state_after
+from supervisor.outcomes import (
+    Outcome,
+    classify,
+    failure_verdict,
+    is_setup_exit,
+    retry_delay,
+    run_state_after,
+    timeout_cause,
+)
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitBrief, UnitRefused, UnitState
 
 if TYPE_CHECKING:  # the CLI's passes count nothing, and need not import prometheus_client
@@ -138,7 +146,9 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
         # A Type=exec unit that ever became active had its command exec'd (see the note in outcomes.py).
         ran = True if unit.active_enter_usec else None
         outcome = classify(unit.result, unit.exec_main_code, unit.exec_main_status, cancel_requested=cancelled,
-                           program_ran=ran, stop_signal=stopsignals.stop_signal(run))
+                           program_ran=ran, stop_signal=stopsignals.stop_signal(run),
+                           timed_out_by=timeout_cause(run.runtime_max_sec, unit.active_enter_usec,
+                                                       unit.exec_main_exit_usec))
         return Decision(Action.SETTLE, name, f"unit ended: {outcome.reason}", outcome, unit.invocation_id or None,
                         unit)
     if cancelled:

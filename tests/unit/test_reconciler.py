@@ -190,7 +190,7 @@ def test_inactive_unit_settles():
 
 
 @pytest.mark.parametrize(("state", "outcome"), [
-    (dict(active="failed", sub="failed", result="timeout", code=CLD_KILLED, status=15), "timeout"),
+    (dict(active="failed", sub="failed", result="timeout", code=CLD_KILLED, status=15), "start-failed"),
     (dict(active="failed", sub="failed", result="oom-kill", code=CLD_KILLED, status=9), "oom-kill"),
     (dict(active="failed", sub="failed", result="core-dump", code=CLD_DUMPED, status=11), "core-dump"),
     (dict(active="failed", sub="failed", result="exit-code", code=CLD_EXITED, status=203), "start-failed"),
@@ -204,6 +204,44 @@ def test_ended_unit_settles_with_classified_outcome(state, outcome):
     assert d.action is Action.SETTLE
     assert d.outcome.outcome == outcome
     assert d.reason == f"unit ended: {d.outcome.reason}"
+
+
+ACTIVE_AT = 1_700_000_000_000_000  # systemd's realtime clock, microseconds
+
+
+@pytest.mark.parametrize(("runtime", "ran_sec", "code", "status", "outcome", "reason"), [
+    # RuntimeMaxSec ended it: it ran its limit (a stop signal it handled, then exit 0, is still the limit's).
+    (60, 60.2, CLD_KILLED, 15, "timeout", "runtime limit reached: ended by SIGTERM"),
+    (60, 60.0, CLD_EXITED, 0, "timeout", "runtime limit reached: exited 0 after SIGTERM"),
+    (60, 59.995, CLD_EXITED, 0, "timeout", "runtime limit reached: exited 0 after SIGTERM"),
+    # It ended on its own before its limit, or had none: the timeout came after it (its ExecStopPost
+    # under its CPU quota, a loaded VM guest), and the outcome is its own.
+    (60, 5.0, CLD_EXITED, 0, "success", "exited 0"),
+    (None, 5.0, CLD_EXITED, 0, "success", "exited 0"),
+    (None, 5.0, CLD_EXITED, 3, "exit-code", "exited with status 3"),
+    (None, 5.0, CLD_KILLED, 9, "signal", "killed by signal KILL"),
+    (None, 5.0, CLD_DUMPED, 11, "core-dump", "killed by signal SEGV, core dumped"),
+    (None, 5.0, CLD_EXITED, 203, "exit-code", "exited with status 203"),  # it was exec'd: its own status
+])
+def test_a_timeout_result_is_the_runtime_limits_only_when_the_run_ran_that_long(
+        runtime, ran_sec, code, status, outcome, reason):
+    u = UnitState(name=NAME, active_state="failed", sub_state="failed", result="timeout", exec_main_code=code,
+                  exec_main_status=status, invocation_id=INV, job_pending=False, active_enter_usec=ACTIVE_AT,
+                  exec_main_exit_usec=ACTIVE_AT + round(ran_sec * 1_000_000))
+    run = Run(id=RUN_ID, argv=["/bin/true"], runtime_max_sec=runtime)
+    d = decide(run, make_attempt(started=True), u)
+    after = "; systemd timed out after it ended (TimeoutStopSec: its ExecStopPost, or a stop from outside unitvisor)"
+    assert (d.action, d.outcome.outcome, d.outcome.reason) == (
+        Action.SETTLE, outcome, reason if outcome == "timeout" else reason + after)
+
+
+def test_a_timeout_result_of_a_unit_never_active_is_its_start_timeout():
+    """Type=exec: never active means never exec'd, whatever limit the run has."""
+    for runtime in (None, 60):
+        d = decide(Run(id=RUN_ID, argv=["/bin/true"], runtime_max_sec=runtime), make_attempt(started=True),
+                   unit(active="failed", sub="failed", result="timeout", code=CLD_KILLED, status=15))
+        assert d.outcome == Outcome("start-failed", "signal:TERM",
+                                    "systemd's start timeout (TimeoutStartSec) passed before the command was started")
 
 
 def test_setup_exit_of_a_unit_that_became_active_is_the_commands_own():
