@@ -863,7 +863,10 @@ CREATE TABLE unitvisor.fleet_upkeep (
     -- The last time declare_dead held its declarations because something was behind (036: declarer-late,
     -- fleet-late, fleet-silent): silent hosts get
     -- their host_dead_after again from then (a grace after a disruption).
-    fleet_held_at timestamptz
+    fleet_held_at timestamptz,
+    -- The last heartbeat's look for upkeep that found none (040, upkeep_looks): the looks are made again
+    -- a poll interval after it, so that an idle fleet is looked at once an interval, not every heartbeat.
+    looked_at timestamptz NOT NULL DEFAULT '-infinity'
 );
 INSERT INTO unitvisor.fleet_upkeep DEFAULT VALUES;
 
@@ -1976,6 +1979,31 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
       AND unitvisor.check_fence(set_host_pressure.host_id, set_host_pressure.host_epoch)
 $$;
 
+-- Whether the fleet has upkeep to do, for the heartbeat of host `me` (heartbeat's upkeep flag, the turn
+-- being due): a silent host other than `me`, a job due for longer than `waited`, or a queued run past its
+-- start deadline. Once an `every` while none of them is there: a look that finds nothing stamps
+-- fleet_upkeep.looked_at, and a look within `every` of that stamp is not made (false).
+CREATE FUNCTION unitvisor.upkeep_looks(me text, waited interval, every interval) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    found boolean;
+BEGIN
+    IF (SELECT u.looked_at FROM unitvisor.fleet_upkeep u) > now() - upkeep_looks.every THEN
+        RETURN false;
+    END IF;
+    found := EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> upkeep_looks.me AND unitvisor.host_is_overdue(o))
+          OR EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
+                     WHERE j.state = 'available' AND j.scheduled_at <= now() - upkeep_looks.waited)
+          OR EXISTS (SELECT 1 FROM unitvisor.runs r
+                     WHERE r.state = 'queued' AND r.start_deadline <= now() AND unitvisor.is_overdue(r));
+    IF NOT found THEN
+        UPDATE unitvisor.fleet_upkeep u SET looked_at = now()
+        WHERE u.id IN (SELECT v.id FROM unitvisor.fleet_upkeep v
+                       WHERE v.looked_at <= now() - upkeep_looks.every FOR UPDATE SKIP LOCKED);
+    END IF;
+    RETURN found;
+END $$;
+
 -- heartbeat as in 020, its upkeep flag true only while the fleet's turn is due (a poll interval after the
 -- last turn was given, fleet_upkeep_turn's own rule): then one or two daemons ask for the turn an
 -- interval, not every daemon of the fleet. Since 028 the flag is also set while a schedule is due,
@@ -1983,6 +2011,7 @@ $$;
 -- schedule is due for moments only).
 -- Since 030 its `cancels` is also true while a freeze request of this host waits: the poll that makes
 -- up for a lost notification (a 0.8.0 daemon then looks for cancels, and finds none).
+-- Since 040 its looks are upkeep_looks': once a poll interval while the fleet is idle.
 CREATE FUNCTION unitvisor.heartbeat(host_id text, host_epoch bigint, waited interval)
 RETURNS TABLE (host_state text, claimable boolean, cancels boolean, upkeep boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1996,13 +2025,9 @@ BEGIN
         EXISTS (SELECT 1 FROM unitvisor.attempts a JOIN unitvisor.runs r ON r.id = a.run_id
                 WHERE a.host_id = heartbeat.host_id AND a.outcome IS NULL
                   AND (r.cancel_requested_at IS NOT NULL OR unitvisor.freeze_pending(a))),
-        -- The turn first: while it is not due, the looks below are not made.
+        -- The turn first: while it is not due, the looks are not made.
         ((SELECT u.turn_at FROM unitvisor.fleet_upkeep u) <= now() - make_interval(secs => coalesce(h.poll_interval_sec, 10))
-         AND (EXISTS (SELECT 1 FROM unitvisor.hosts o WHERE o.id <> h.id AND unitvisor.host_is_overdue(o))
-              OR EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j
-                         WHERE j.state = 'available' AND j.scheduled_at <= now() - heartbeat.waited)
-              OR EXISTS (SELECT 1 FROM unitvisor.runs r
-                         WHERE r.state = 'queued' AND r.start_deadline <= now() AND unitvisor.is_overdue(r))))
+         AND unitvisor.upkeep_looks(h.id, heartbeat.waited, make_interval(secs => coalesce(h.poll_interval_sec, 10))))
         OR EXISTS (SELECT 1 FROM unitvisor.schedules s WHERE NOT s.paused AND s.next_due <= now());
 END $$;
 
@@ -4673,4 +4698,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('036_fleet_silent'),
     ('037_cached_plans'),
     ('038_wake_for_work'),
-    ('039_claim_under_contention');
+    ('039_claim_under_contention'),
+    ('040_upkeep_looked_at');

@@ -121,6 +121,12 @@ def silence_said(text: str, seconds: int) -> str:
                   lambda m: f"silent for {seconds} s" if seconds <= int(m[1]) <= seconds + 4 else m[0], text)
 
 
+def look_again(conn: psycopg.Connection) -> None:
+    """Pretend the fleet's last look for upkeep that found none was long ago (040, upkeep_looks): a
+    heartbeat now looks again, as the first one a poll interval later would."""
+    conn.execute("UPDATE unitvisor.fleet_upkeep SET looked_at = '-infinity'")
+
+
 def connected(conn: psycopg.Connection, host: str, seconds: float = 3600.0) -> None:
     """Pretend the host registered `seconds` ago (by the database's clock): declare_dead_hosts measures
     how long a declarer has been connected by its registration's age, not by what the caller says

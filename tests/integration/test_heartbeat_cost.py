@@ -16,7 +16,7 @@ from datetime import timedelta
 import psycopg
 
 from supervisor import store
-from tests.integration.conftest import register, silence
+from tests.integration.conftest import fence_of, look_again, register, silence
 
 
 def counted(conn: psycopg.Connection) -> dict[str, int]:
@@ -74,3 +74,46 @@ def test_only_a_heartbeat_that_could_get_the_fleets_turn_says_upkeep(conn: psyco
         conn.execute("UPDATE unitvisor.fleet_upkeep SET turn_at = now() - interval '11 seconds'")
         assert store.probe(other, h2, waited).upkeep is True
         assert store.fleet_upkeep_turn(other, h2, timedelta(seconds=10)) is True
+
+
+def host_scans(conn: psycopg.Connection, fence: store.Fence) -> tuple[store.Probe, int]:
+    """One heartbeat, committed (its stamp is what the next one reads): its answer, and how many times it
+    walked the host rows (the look for a silent host: no index answers it)."""
+    with conn.transaction():
+        query = "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = 'unitvisor' AND relname = 'hosts'"
+        before = conn.execute(query).fetchone()[0]
+        probe = store.probe(conn, fence, timedelta(seconds=20))
+        return probe, conn.execute(query).fetchone()[0] - before
+
+
+def test_an_idle_fleet_is_looked_at_once_a_poll_interval(conn: psycopg.Connection) -> None:
+    """040: in an idle fleet nobody takes the upkeep's turn, so it stays due, and before 040 every heartbeat
+    of every host made the looks, walking every host row (the heartbeat's executor time 1.17, 1.50 and
+    2.36 ms at 100, 300 and 1,000 hosts, bench.scale). Now one heartbeat an interval looks."""
+    me = register(conn, "me")
+    add_hosts(conn, 0, 20)
+    assert host_scans(conn, me) == (store.Probe("active", False, False, False), 1)
+    peer = fence_of(conn, "peer-007")
+    assert host_scans(conn, peer) == (store.Probe("active", False, False, False), 0)  # looked at just now
+    # The cost: a host that falls silent is seen by the next look, up to a poll interval later.
+    silence(conn, "peer-015", 1000)
+    assert host_scans(conn, me)[0].upkeep is False
+    look_again(conn)
+    assert host_scans(conn, me) == (store.Probe("active", False, False, True), 1)
+    # A look that finds upkeep to do is not remembered: every heartbeat says so until the turn is taken.
+    assert host_scans(conn, peer) == (store.Probe("active", False, False, True), 1)
+    assert store.fleet_upkeep_turn(conn, me, timedelta(seconds=10)) is True
+    assert host_scans(conn, peer) == (store.Probe("active", False, False, False), 0)
+
+
+def test_a_heartbeat_does_not_wait_for_the_upkeep_row(conn: psycopg.Connection, dsn: str) -> None:
+    """The row that keeps the look's stamp is also the turn's lease and the explain pass's bookmark: a
+    heartbeat that finds it locked looks, and leaves the stamp for the next heartbeat to write."""
+    me = register(conn, "me")
+    conn.execute("SET lock_timeout = '2s'")  # a heartbeat that waited would fail here, not hang
+    with store.connect(dsn) as holder, holder.transaction():
+        holder.execute("SELECT 1 FROM unitvisor.fleet_upkeep FOR UPDATE")
+        assert host_scans(conn, me) == (store.Probe("active", False, False, False), 1)
+        assert host_scans(conn, me)[1] == 1  # nothing stamped: this one looks again
+    host_scans(conn, me)
+    assert host_scans(conn, me)[1] == 0

@@ -14,7 +14,7 @@ import pytest
 from supervisor import globs, store, unitspec
 from supervisor.model import Accounting, Attempt
 from supervisor.outcomes import Outcome
-from tests.integration.conftest import fence_of, host_profile, register, silence, wait_notifies
+from tests.integration.conftest import fence_of, host_profile, look_again, register, silence, wait_notifies
 
 # Each test runs twice: as the superuser, and with every host call of the store made as a login role
 # bound to its host id (tests/integration/conftest.py, as_bound_roles).
@@ -621,7 +621,10 @@ def test_probe_says_whether_there_is_work(conn: psycopg.Connection) -> None:
     assert store.probe(conn, fence, WEEK) == store.Probe("active", False, False, False)
     store.cancel_run(conn, run.id)
     assert store.probe(conn, fence, WEEK).cancels is True
-    # upkeep: a job has waited for longer than `waited` (here: the one pinned to the unknown h2).
+    # upkeep: a job has waited for longer than `waited` (here: the one pinned to the unknown h2), seen by
+    # the first heartbeat a poll interval after the last look that found nothing (040).
+    assert store.probe(conn, fence, timedelta(0)).upkeep is False
+    look_again(conn)
     assert store.probe(conn, fence, timedelta(0)).upkeep is True
 
 
