@@ -743,6 +743,61 @@ def comparison(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+# Issue 27's floor for the daemon's CPU and statements per run: 0.5.0's full `make bench`
+# (docs/benchmarks.md, "0.5.0: one full run").
+BASELINE_050 = RESULTS / "full-0.5.0" / "run.json"
+
+
+def issue27_targets(r: dict[str, Any], baseline: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Issue 27's targets, each beside its baseline: the raw loop and the peers from this run, the daemon's
+    CPU and statements per run from `baseline` (0.5.0's run)."""
+    peers, limit, lat = r["peers"], r["limit"], r["latency"]
+    tp, off = r["throughput"], r["sandbox"]["unsandboxed"]
+    rows = {
+        "sandbox_off_vs_pystemd_peer_bare": (off["started_runs_per_s"], peers["pystemd-bare"]["runs_per_s"], 0.9),
+        "sandbox_off_vs_raw_loop_same_units": (off["started_runs_per_s"], limit["unsandboxed"]["starts_per_s"], 0.9),
+        "defaults_vs_raw_loop_same_units": (tp["started_runs_per_s"], limit["product"]["starts_per_s"], 0.9),
+    }
+    out: dict[str, dict[str, Any]] = {
+        name: {"value": value, "baseline": base, "ratio": value / base, "goal": f">= {floor} of the baseline",
+               "met": value >= floor * base} for name, (value, base, floor) in rows.items()}
+    gap = lat["to_active_minus_raw_start_to_active_p50_ms"]
+    out["latency_p50_minus_raw_start_to_active_ms"] = {
+        "value": lat["to_active_ms"]["p50"], "baseline": lat["raw_start_to_active_beside_ms"]["p50"], "ratio": None,
+        "goal": "within 3 ms of the baseline", "met": gap <= 3}
+    for name, value, base in (
+            ("daemon_cpu_ms_per_run", tp["daemon_cpu_ms_per_run"], baseline["throughput"]["daemon_cpu_ms_per_run"]),
+            ("statements_per_run", tp["statements_per_run"], baseline["throughput"]["statements_per_run"]),
+            ("sandbox_off_statements_per_run", off["statements_per_run"],
+             baseline["sandbox"]["unsandboxed"]["statements_per_run"])):
+        out[name] = {"value": value, "baseline": base, "ratio": value / base, "goal": "no worse than 0.5.0's",
+                     "met": value <= base}
+    return out
+
+
+def issue27_table(r: dict[str, Any]) -> str:
+    """Issue 27's targets as `make bench` prints them: each beside its baseline from the same run."""
+    names = {
+        "sandbox_off_vs_pystemd_peer_bare": "sandbox off, runs/s | pgqueuer + pystemd (bare units)",
+        "sandbox_off_vs_raw_loop_same_units": "sandbox off, runs/s | raw loop, the same units",
+        "defaults_vs_raw_loop_same_units": "packaged defaults, runs/s | raw loop, the same units",
+        "latency_p50_minus_raw_start_to_active_ms": "commit -> active p50 ms | raw start -> active p50, same units",
+        "daemon_cpu_ms_per_run": "daemon CPU ms per run (defaults) | 0.5.0's",
+        "statements_per_run": "statements per run (defaults) | 0.5.0's",
+        "sandbox_off_statements_per_run": "statements per run (sandbox off) | 0.5.0's",
+    }
+    rows = [("issue 27: figure | its baseline", "value", "baseline", "goal (ratio)", "")]
+    for key, name in names.items():
+        t = r["peers"]["issue27"][key]
+        ratio = f" ({t['ratio']:.2f})" if t["ratio"] is not None else ""
+        rows.append((name, f"{t['value']:.2f}", f"{t['baseline']:.2f}", t["goal"] + ratio,
+                     "met" if t["met"] else "MISSED"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def peers_table(r: dict[str, Any]) -> str:
     """(8): unitvisor, the raw loop and the peers side by side, then issue 14's goals."""
     peers, limit, lat, tp = r["peers"], r["limit"], r["latency"], r["throughput"]
@@ -872,6 +927,7 @@ def run(sizes: Sizes, profile: bool) -> dict[str, Any]:
             lat["to_active_minus_raw_start_to_active_p50_ms"] = (
                 lat["to_active_ms"]["p50"] - lat["raw_start_to_active_beside_ms"]["p50"])
             r["targets"] = targets(r)
+            r["peers"]["issue27"] = issue27_targets(r, json.loads(BASELINE_050.read_text()))
             r["wall_seconds"] = (dt.datetime.now(dt.UTC) - started).total_seconds()
             r["loadavg"]["end"] = loadavg()
             bench.host.stop()
@@ -918,6 +974,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     print()
     print(peers_table(results))
+    print()
+    print(issue27_table(results))
     print(f"\nresults: {out}")
     return 0
 

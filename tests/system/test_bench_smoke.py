@@ -47,6 +47,11 @@ FIGURES += [("peers", "comparison", goal, "value") for goal in (
     "defaults_vs_raw_loop_same_props", "sandbox_off_vs_pgqueuer_pystemd_bare",
     "sandbox_off_vs_2x_pgqueuer_systemd_run_bare", "latency_p50_minus_best_peer_product_ms",
     "latency_p50_minus_best_peer_bare_ms", "sandbox_off_latency_p50_minus_best_peer_bare_ms", "statements_per_run")]
+# Issue 27's targets, each beside its baseline (the same run's, or 0.5.0's for the daemon's own cost).
+FIGURES += [("peers", "issue27", target, figure) for target in (
+    "sandbox_off_vs_pystemd_peer_bare", "sandbox_off_vs_raw_loop_same_units", "defaults_vs_raw_loop_same_units",
+    "latency_p50_minus_raw_start_to_active_ms", "daemon_cpu_ms_per_run", "statements_per_run",
+    "sandbox_off_statements_per_run") for figure in ("value", "baseline")]
 HISTORY_FIGURES = [
     *((phase, f"{name}_ms", p) for phase in ("empty", "full") for name in ("claim", "probe", "reconcile")
       for p in ("p50", "p99")),
@@ -101,7 +106,7 @@ def assert_every_figure(data: dict, figures: list[tuple[str, ...]]) -> None:
 
 
 def test_bench_tiny_writes_every_figure(tmp_path: Path) -> None:
-    data = tiny(tmp_path, "bench.run", ("(2) throughput", "(5) idle", "(7) sandbox", "(8) peers"))
+    data = tiny(tmp_path, "bench.run", ("(2) throughput", "(5) idle", "(7) sandbox", "(8) peers", "issue 27"))
     assert_every_figure(data, FIGURES)
     # systemd-run and pystemd were shown to start the same units. (A unit without a "Started" record
     # is counted in the JSON, not asserted: under load systemd fails a rare sandboxed start, see
