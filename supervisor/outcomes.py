@@ -184,14 +184,14 @@ def classify(result: str, code: int, status: int, *, cancel_requested: bool,
     if result == "timeout" and timed_out_by == "start":
         return Outcome("start-failed", status_text,
                        "systemd's start timeout (TimeoutStartSec) passed before the command was started")
-    if result == "timeout" and timed_out_by == "after":
-        own = _RESULT_OF_EXIT.get(code, "success" if (code, status) == (CLD_EXITED, 0) else "exit-code")
+    if result == "timeout" and timed_out_by == "after" and code in (CLD_EXITED, CLD_KILLED, CLD_DUMPED):
+        own = _RESULT_OF_EXIT.get(code, "success" if status == 0 else "exit-code")
         ended = classify(own, code, status, cancel_requested=False, program_ran=program_ran)
         return replace(ended, reason=ended.reason + "; systemd timed out after it ended (TimeoutStopSec: its "
                                                     "ExecStopPost, or a stop from outside unitvisor)")
     if result in _RESULT_OUTCOMES:
-        reason = {"timeout": "runtime limit reached", "oom-kill": "killed by the OOM killer",
-                  "watchdog": "watchdog timeout"}[result]
+        timeout = "runtime limit reached" if timed_out_by == "runtime" else "systemd's stop timeout (TimeoutStopSec)"
+        reason = {"timeout": timeout, "oom-kill": "killed by the OOM killer", "watchdog": "watchdog timeout"}[result]
         detail = stop_detail(code, status, stop_signal) if result == "timeout" else ""
         return Outcome(_RESULT_OUTCOMES[result], status_text, reason + (f": {detail}" if detail else ""))
     if result in _START_FAILED_RESULTS:

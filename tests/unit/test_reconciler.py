@@ -222,6 +222,8 @@ ACTIVE_AT = 1_700_000_000_000_000  # systemd's realtime clock, microseconds
     (None, 5.0, CLD_KILLED, 9, "signal", "killed by signal KILL"),
     (None, 5.0, CLD_DUMPED, 11, "core-dump", "killed by signal SEGV, core dumped"),
     (None, 5.0, CLD_EXITED, 203, "exit-code", "exited with status 203"),  # it was exec'd: its own status
+    # No exit recorded: still a timeout, but not called a runtime limit it was not.
+    (None, 5.0, 0, 0, "timeout", "systemd's stop timeout (TimeoutStopSec)"),
 ])
 def test_a_timeout_result_is_the_runtime_limits_only_when_the_run_ran_that_long(
         runtime, ran_sec, code, status, outcome, reason):
