@@ -382,6 +382,13 @@ _DAEMON_STATEMENTS = """FROM pg_stat_statements s JOIN pg_roles u ON u.oid = s.u
                         WHERE u.rolname <> %s AND d.datname = %s"""
 
 
+def baseline_migrations(baseline: Path) -> Path:
+    """A checkout's migrations: sql/migrations/ since they moved there (with schema.sql beside them),
+    sql/ itself in a checkout from before."""
+    moved = baseline / "sql" / "migrations"
+    return moved if moved.is_dir() else baseline / "sql"
+
+
 class Fleet:
     """N daemons in worker processes against one database of the cluster, and the bench's connection."""
 
@@ -392,7 +399,7 @@ class Fleet:
         with store.connect(pg.dsn) as conn:
             conn.execute(f"CREATE DATABASE {self.dbname}")
         with store.connect(pg.dsn_for(self.dbname)) as conn:
-            store.migrate(conn, baseline / "sql" if baseline else None)
+            store.migrate(conn, baseline_migrations(baseline) if baseline else None)
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         # The bench's own statements (submits, polling) log in as CLIENT_ROLE, counted apart.
         self.conn = psycopg.connect(pg.dsn_for(self.dbname).replace("user=postgres", f"user={CLIENT_ROLE}"),
