@@ -35,7 +35,19 @@ from typing import Any
 
 import psycopg
 
-from bench.run import DB, RESULTS, database, interrupt_on_sigterm, loadavg, machine_facts, pct, save, say, versions
+from bench.run import (
+    DB,
+    RESULTS,
+    aligned,
+    database,
+    interrupt_on_sigterm,
+    loadavg,
+    machine_facts,
+    pct,
+    save,
+    say,
+    versions,
+)
 from supervisor import store
 from tests.harness import testbed as testbed_mod
 from tests.harness.fleet import Fleet, fleet_config, submit_many
@@ -300,9 +312,7 @@ def table(r: dict[str, Any]) -> str:
              ", ".join(str(x["claimed_late"]) for x in sp["drills"]), "0", f"of {sizes['spread_runs']} runs"),
             ("(F2) ... submit -> all running, p50 / max", span(sp["all_running_s"], "p50", "max"), "", ""),
         ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = aligned(rows)
     return "\n".join(lines)
 
 

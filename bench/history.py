@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from bench.run import DB, RESULTS, database, interrupt_on_sigterm, loadavg, machine_facts, save, say, summary
+from bench.run import DB, RESULTS, aligned, database, interrupt_on_sigterm, loadavg, machine_facts, save, say, summary
 from supervisor import __version__, store, unitspec
 from supervisor.daemon import RETENTION_PAUSE
 from supervisor.outcomes import Outcome
@@ -323,9 +323,7 @@ def table(r: dict[str, Any]) -> str:
         rows.append((f"(H2) pruned {label}", f"{p['pruned']['runs']} runs in {p['seconds']:.1f} s",
                      f"{p['runs_per_s']:.0f} runs/s, batch p50 / p99 {p['batch_ms']['p50']:.0f} / "
                      f"{p['batch_ms']['p99']:.0f} ms", f"{p['cycles']} claim cycles meanwhile"))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = aligned(rows)
     return "\n".join(lines)
 
 

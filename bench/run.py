@@ -103,6 +103,14 @@ TARGETS = {
 # -- small helpers ------------------------------------------------------------------------------
 
 
+def aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """A table's lines: each column padded to its widest cell, a rule of dashes under the first row."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
 def pct(values: list[float], p: float) -> float:
     """Nearest-rank percentile (p in 0..100); NaN for no values."""
     if not values:
@@ -706,9 +714,7 @@ def table(r: dict[str, Any]) -> str:
         plan = row["plan"]
         rows.append((f"(6) reconcile at {row['runs']} runs ({row['units']} units)", f"{plan['seconds']:.3f} s",
                      "", f"{plan['statements']} statements, {plan['dbus_calls']} D-Bus calls"))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = aligned(rows)
     return "\n".join(lines)
 
 
@@ -792,9 +798,7 @@ def issue27_table(r: dict[str, Any]) -> str:
         ratio = f" ({t['ratio']:.2f})" if t["ratio"] is not None else ""
         rows.append((name, f"{t['value']:.2f}", f"{t['baseline']:.2f}", t["goal"] + ratio,
                      "met" if t["met"] else "MISSED"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = aligned(rows)
     return "\n".join(lines)
 
 
@@ -820,9 +824,7 @@ def peers_table(r: dict[str, Any]) -> str:
         peer = peers[f"{start}-{props}"]
         rows.append((PEER_LABEL[start], PROPS_LABEL[props], f"{peer['runs_per_s']:.0f}",
                      ms(peer["latency_to_started_ms"]), f"{peer['statements_per_run']:.1f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = aligned(rows)
     names = {
         "defaults_vs_raw_loop_same_props": "unitvisor defaults / raw loop with the same properties",
         "sandbox_off_vs_pgqueuer_pystemd_bare": "unitvisor sandbox off / pgqueuer + pystemd (bare)",
