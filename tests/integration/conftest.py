@@ -132,6 +132,13 @@ def look_again(conn: psycopg.Connection) -> None:
     conn.execute("UPDATE unitvisor.fleet_upkeep SET looked_at = '-infinity'")
 
 
+def forget_work_marks(conn: psycopg.Connection) -> None:
+    """After a test moved a job's time or a run's state by hand, as no writer of the product does: the
+    heartbeats' "no work" marks (041, work_mark) are forgotten, so that the next heartbeat walks the queue
+    again, as it does after the same change made by a submit, an outcome or the clock."""
+    conn.execute("UPDATE unitvisor.hosts SET work_mark = NULL")
+
+
 def connected(conn: psycopg.Connection, host: str, seconds: float = 3600.0) -> None:
     """Pretend the host registered `seconds` ago (by the database's clock): declare_dead_hosts measures
     how long a declarer has been connected by its registration's age, not by what the caller says
