@@ -870,7 +870,11 @@ CREATE TABLE unitvisor.fleet_upkeep (
     fleet_held_at timestamptz,
     -- The last heartbeat's look for upkeep that found none (040, upkeep_looks): the looks are made again
     -- a poll interval after it, so that an idle fleet is looked at once an interval, not every heartbeat.
-    looked_at timestamptz NOT NULL DEFAULT '-infinity'
+    looked_at timestamptz NOT NULL DEFAULT '-infinity',
+    -- What the last round of explain_waiting started from (042, wait_mark), and until when that holds by
+    -- the clock alone: a round that would start from the same mark before then is not made.
+    explained_mark text,
+    explained_until timestamptz
 );
 INSERT INTO unitvisor.fleet_upkeep DEFAULT VALUES;
 
@@ -2870,6 +2874,21 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
        AND NOT EXISTS (SELECT 1 FROM unitvisor.attempts a WHERE a.run_id = r.id AND a.started_at IS NOT NULL)
 $$;
 
+-- What the waiting runs' reasons are read from, but the clock (see above). One walk of the host rows: made
+-- by the daemon with the upkeep's turn, once a poll interval, and only while runs wait.
+CREATE FUNCTION unitvisor.wait_mark() RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN format('%s/%s/%s/%s', coalesce((SELECT max(j.id) FROM unitvisor.spawn_jobs j), 0),
+                  coalesce((SELECT max(e.id) FROM unitvisor.run_events e), 0),
+                  (SELECT hashtextextended(string_agg(l::text, ',' ORDER BY l.name), 0) FROM unitvisor.limits l),
+                  (SELECT hashtextextended(string_agg(
+                              row(h.id, unitvisor.host_is_live(h), h.dead_reason,
+                                  CASE WHEN NOT unitvisor.host_is_live(h) THEN h.heartbeat_at END,
+                                  unitvisor.host_refusal_inputs(h))::text, ',' ORDER BY h.id), 0)
+                   FROM unitvisor.hosts h));
+END $$;
+
 -- explain_waiting as in 012 (the same reasons, events and result; since 032 the key's blocker in
 -- key_blocker_text's words, and a full named limit's, limit_text), with three changes:
 -- * fleet_refusal is computed once per kind of run, not once per run: two runs with the same argv[0],
@@ -2883,6 +2902,8 @@ $$;
 --   A pass that reaches the end of the queue makes the next one start from the beginning.
 -- * plpgsql, to keep that place; the work is still one statement.
 -- Since 033 its kinds hold host_labels too (host_refusal reads them).
+-- Since 042 a round over the waiting runs is not started from the same wait_mark twice before its
+-- explained_until (the head of 042 says what the mark holds).
 CREATE FUNCTION unitvisor.explain_waiting(min_wait interval, max_runs integer DEFAULT 1000)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2895,8 +2916,21 @@ DECLARE
     last_at timestamptz;
     last_job bigint;
     written integer;
+    mark text;
 BEGIN
     SELECT u.explained_at, u.explained_job INTO after_at, after_job FROM unitvisor.fleet_upkeep u;
+    IF after_at IS NULL THEN
+        -- A pass over the waiting runs would start: not when its last one started from the same mark.
+        mark := unitvisor.wait_mark() || '/' || explain_waiting.min_wait;  -- a daemon's own min_wait: its own round
+        IF (SELECT u.explained_mark = mark AND now() < u.explained_until FROM unitvisor.fleet_upkeep u) THEN
+            RETURN 0;
+        END IF;
+        UPDATE unitvisor.fleet_upkeep u SET explained_mark = mark,
+            explained_until = least(now() + 15 * explain_waiting.min_wait,
+                                    (SELECT min(j.scheduled_at) FROM unitvisor.spawn_jobs j
+                                     WHERE j.state = 'available' AND j.scheduled_at > now() - explain_waiting.min_wait)
+                                    + explain_waiting.min_wait);
+    END IF;
     SELECT greatest(1, refusals_per_pass / greatest(count(*), 1))::integer INTO max_kinds
     FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h);
     WITH candidate AS MATERIALIZED (
@@ -4753,4 +4787,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('038_wake_for_work'),
     ('039_claim_under_contention'),
     ('040_upkeep_looked_at'),
-    ('041_heartbeat_work_mark');
+    ('041_heartbeat_work_mark'),
+    ('042_explain_when_changed');
