@@ -204,19 +204,42 @@ UNIT_COST_VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+def sandbox_properties() -> list[str]:
+    """The unit properties that the packaged defaults set and sandbox off does not (or sets otherwise):
+    what `--each-property` takes out of the packaged units one at a time (issue 27: each sandbox
+    property's cost in PID 1)."""
+    packaged = _product_props(["/bin/true"], copy_tasks_peak=True)
+    other_run = _product_props(["/bin/true"], copy_tasks_peak=True)  # what is the run's own (its id), not the sandbox's
+    off = _product_props(["/bin/true"], runs_extra=UNSANDBOXED_RUNS, copy_tasks_peak=True)
+    return sorted(key.decode() for key, value in packaged.items()
+                  if other_run[key] == value and (key not in off or off[key] != value))
+
+
+def unit_cost_variants(each_property: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """UNIT_COST_VARIANTS, or the packaged units less each sandbox property in turn, and less all of them."""
+    if not each_property:
+        return UNIT_COST_VARIANTS
+    keys = sandbox_properties()
+    return {"packaged defaults (sandboxed)": ("", ()),
+            **{f"... less {key}": ("", (key,)) for key in keys},
+            "... less every one of them": ("", tuple(keys))}
+
+
 def cmd_unit_cost(args: argparse.Namespace) -> dict[str, Any]:
-    """Starts per second (all ran) of bare units and of each UNIT_COST_VARIANTS, `rounds` times in turn."""
+    """Starts per second (all ran) of bare units and of each variant (unit_cost_variants), `rounds` times
+    in turn."""
+    variants = unit_cost_variants(args.each_property)
     out: dict[str, list[float]] = {"bare (what systemd-run sends)": []}
-    out.update({label: [] for label in UNIT_COST_VARIANTS})
+    out.update({label: [] for label in variants})
     if args.only:
         # Only the kinds whose label holds one of these words (a comparison of two, in less time).
         out = {label: [] for label in out if any(word in label for word in args.only.split(","))}
     for round_ in range(args.rounds):
         for i, label in enumerate(out):
-            if label not in UNIT_COST_VARIANTS:
+            if label not in variants:
                 props = _bare_props(["/bin/true"])
             else:
-                runs, less = UNIT_COST_VARIANTS[label]
+                runs, less = variants[label]
                 # With the stop command everywhere (also where this host has no pids.peak), so that the
                 # kinds "less" it measure what it costs PID 1.
                 props = _product_props(["/bin/true"], runs_extra=runs, copy_tasks_peak=True)
@@ -422,6 +445,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--only", help="comma-separated words: only the kinds whose label holds one")
+    p.add_argument("--each-property", action="store_true",
+                   help="the packaged units less each sandbox property in turn, instead of the [runs] configs")
     p = sub.add_parser("active")
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--prefix", default="bench-active")

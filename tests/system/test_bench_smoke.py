@@ -171,18 +171,24 @@ def test_bench_tails_tiny_prints_every_figure() -> None:
     assert data["batched_chatty"]["journalctl_per_attempt"] > 1 / 20
 
 
-def test_bench_unit_cost_prints_a_rate_for_every_kind_of_unit() -> None:
+@pytest.mark.parametrize("each_property", [False, True], ids=["configs", "each sandbox property"])
+def test_bench_unit_cost_prints_a_rate_for_every_kind_of_unit(each_property: bool) -> None:
     """`python -m bench.unit_cost` boots its own test bed and starts each kind of unit (bench/inside.py
-    UNIT_COST_VARIANTS, with the daemon's exact properties) until all ran."""
-    from bench.inside import UNIT_COST_VARIANTS
+    UNIT_COST_VARIANTS, with the daemon's exact properties; with --each-property, the packaged units less
+    each sandbox property in turn, issue 27) until all ran: each such unit is one systemd starts."""
+    from bench.inside import sandbox_properties, unit_cost_variants
 
     reason = testbed_mod.available()
     if reason:
         pytest.fail(f"a test bed is required: {reason}", pytrace=False)
-    result = subprocess.run([sys.executable, "-m", "bench.unit_cost", "--n", "5", "--rounds", "1"], cwd=REPO,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run([sys.executable, "-m", "bench.unit_cost", "--n", "5", "--rounds", "1",
+                             *(["--each-property"] if each_property else [])], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    assert set(data["starts_per_s"]) == {"bare (what systemd-run sends)", *UNIT_COST_VARIANTS}
+    assert set(data["starts_per_s"]) == {"bare (what systemd-run sends)", *unit_cost_variants(each_property)}
+    if each_property:  # the sandbox, not the run's identity or its limits
+        assert {"ProtectSystem", "PrivateTmp", "SystemCallFilter", "DynamicUser"} <= set(sandbox_properties())
+        assert not {"Description", "ExecStart", "MemoryMax", "LogExtraFields"} & set(sandbox_properties())
     for label, rates in data["starts_per_s"].items():
         assert len(rates) == 1 and rates[0] > 0, label
