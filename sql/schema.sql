@@ -2058,9 +2058,13 @@ DECLARE
     until timestamptz;
 BEGIN
     PERFORM unitvisor.require_host(heartbeat.host_id);
-    SELECT * INTO me FROM unitvisor.hosts h
-    WHERE h.id = heartbeat.host_id AND h.epoch = heartbeat.host_epoch AND h.state <> 'dead';
-    IF FOUND THEN
+    -- An empty queue is no work, and costs one index probe: no mark (an idle fleet's heartbeat is most of
+    -- its cost; reading the host row and its mark at every heartbeat cost 0.2 ms more in bench.scale).
+    IF EXISTS (SELECT 1 FROM unitvisor.spawn_jobs j WHERE j.state = 'available') THEN
+        SELECT * INTO me FROM unitvisor.hosts h
+        WHERE h.id = heartbeat.host_id AND h.epoch = heartbeat.host_epoch AND h.state <> 'dead';
+    END IF;
+    IF me.id IS NOT NULL THEN
         mark := unitvisor.work_mark(me);  -- before the walk: see the head of this file
         IF mark IS DISTINCT FROM me.work_mark OR NOT now() < me.work_until THEN
             has_work := unitvisor.host_has_work(me);

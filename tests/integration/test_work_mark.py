@@ -88,11 +88,13 @@ def full_then_a_slot_frees(conn: psycopg.Connection, fence: store.Fence) -> Call
     return lambda: end(conn, fence, running)
 
 
-def nothing_then_a_submit(conn: psycopg.Connection, fence: store.Fence) -> Callable[[], None]:
+def refused_work_then_a_submit(conn: psycopg.Connection, fence: store.Fence) -> Callable[[], None]:
+    register(conn, fence.host_id, allowed=("/bin/*",))
+    submit(conn, 10, argv0="/opt/rollout/new-binary")
     return lambda: submit(conn, 1)
 
 
-@pytest.mark.parametrize("change", [nothing_then_a_submit, drained_then_undrained, refused_then_allowed,
+@pytest.mark.parametrize("change", [refused_work_then_a_submit, drained_then_undrained, refused_then_allowed,
                                     full_then_a_slot_frees])
 def test_each_way_work_comes_to_a_host_moves_its_mark(
         conn: psycopg.Connection, change: Callable[[psycopg.Connection, store.Fence], Callable[[], None]]) -> None:
@@ -138,3 +140,11 @@ def test_a_yes_keeps_no_mark(conn: psycopg.Connection) -> None:
     assert heartbeat(conn, h1) == (True, True)
     assert heartbeat(conn, h1) == (True, True)  # not claimed yet: still work, walked for each time
     assert conn.execute("SELECT work_mark FROM unitvisor.hosts WHERE id = 'h1'").fetchone()[0] is None
+
+
+def test_an_empty_queue_is_no_work_without_a_walk_or_a_mark(conn: psycopg.Connection) -> None:
+    h1 = register(conn, "h1")
+    assert heartbeat(conn, h1) == (False, False)  # one index probe: no job is available
+    assert conn.execute("SELECT work_mark FROM unitvisor.hosts WHERE id = 'h1'").fetchone()[0] is None
+    submit(conn, 1)
+    assert heartbeat(conn, h1) == (True, True)
