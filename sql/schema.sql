@@ -2028,14 +2028,24 @@ LANGUAGE sql STABLE AS $$
                                 h.pressure_at >= h.started_at)::text, 0)
 $$;
 
--- What host_has_work's answer for host `me` is read from, but the clock (see above): two newest-first
--- index probes (the primary keys) and the host row in hand, 6 us in all, against 8 us for host_has_work
--- on an idle queue (a throwaway PostgreSQL 15).
-CREATE FUNCTION unitvisor.work_mark(me unitvisor.hosts) RETURNS text
+-- The queue's part of a mark (this heartbeat's, and 042's for the fleet upkeep): the newest spawn job's id
+-- and the newest run event's id, two newest-first probes of the primary keys. With the host's
+-- host_refusal_inputs, 6 us in all, against 8 us for host_has_work on an idle queue (a throwaway
+-- PostgreSQL 15).
+CREATE FUNCTION unitvisor.queue_mark() RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    RETURN format('%s/%s/%s', coalesce((SELECT max(j.id) FROM unitvisor.spawn_jobs j), 0),
-                  coalesce((SELECT max(e.id) FROM unitvisor.run_events e), 0), unitvisor.host_refusal_inputs(me));
+    RETURN format('%s/%s', coalesce((SELECT max(j.id) FROM unitvisor.spawn_jobs j), 0),
+                  coalesce((SELECT max(e.id) FROM unitvisor.run_events e), 0));
+END $$;
+
+-- When the clock alone next changes what the queue holds for a look that counts jobs due for `waited`:
+-- the earliest available job not yet due that long, at the moment it will be; NULL when there is none.
+CREATE FUNCTION unitvisor.next_due(waited interval) RETURNS timestamptz
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN (SELECT min(j.scheduled_at) FROM unitvisor.spawn_jobs j
+            WHERE j.state = 'available' AND j.scheduled_at > now() - next_due.waited) + next_due.waited;
 END $$;
 
 -- heartbeat as in 020, its upkeep flag true only while the fleet's turn is due (a poll interval after the
@@ -2065,13 +2075,13 @@ BEGIN
         WHERE h.id = heartbeat.host_id AND h.epoch = heartbeat.host_epoch AND h.state <> 'dead';
     END IF;
     IF me.id IS NOT NULL THEN
-        mark := unitvisor.work_mark(me);  -- before the walk: see the head of this file
+        -- Before the walk: see the head of this file.
+        mark := unitvisor.queue_mark() || '/' || unitvisor.host_refusal_inputs(me);
         IF mark IS DISTINCT FROM me.work_mark OR NOT now() < me.work_until THEN
             has_work := unitvisor.host_has_work(me);
             IF NOT has_work THEN
                 until := least(now() + 30 * make_interval(secs => coalesce(me.poll_interval_sec, 10)),
-                               (SELECT min(j.scheduled_at) FROM unitvisor.spawn_jobs j
-                                WHERE j.state = 'available' AND j.scheduled_at > now()));
+                               unitvisor.next_due('0'));
             END IF;
         ELSE
             until := me.work_until;
@@ -2883,8 +2893,7 @@ $$;
 CREATE FUNCTION unitvisor.wait_mark() RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    RETURN format('%s/%s/%s/%s', coalesce((SELECT max(j.id) FROM unitvisor.spawn_jobs j), 0),
-                  coalesce((SELECT max(e.id) FROM unitvisor.run_events e), 0),
+    RETURN format('%s/%s/%s', unitvisor.queue_mark(),
                   (SELECT hashtextextended(string_agg(l::text, ',' ORDER BY l.name), 0) FROM unitvisor.limits l),
                   (SELECT hashtextextended(string_agg(
                               row(h.id, unitvisor.host_is_live(h), h.dead_reason,
@@ -2930,10 +2939,7 @@ BEGIN
             RETURN 0;
         END IF;
         UPDATE unitvisor.fleet_upkeep u SET explained_mark = mark,
-            explained_until = least(now() + 15 * explain_waiting.min_wait,
-                                    (SELECT min(j.scheduled_at) FROM unitvisor.spawn_jobs j
-                                     WHERE j.state = 'available' AND j.scheduled_at > now() - explain_waiting.min_wait)
-                                    + explain_waiting.min_wait);
+            explained_until = least(now() + 15 * explain_waiting.min_wait, unitvisor.next_due(explain_waiting.min_wait));
     END IF;
     SELECT greatest(1, refusals_per_pass / greatest(count(*), 1))::integer INTO max_kinds
     FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h);

@@ -53,16 +53,27 @@ LANGUAGE sql STABLE AS $$
                                 h.pressure_at >= h.started_at)::text, 0)
 $$;
 
--- What host_has_work's answer for host `me` is read from, but the clock (see above): two newest-first
--- index probes (the primary keys) and the host row in hand, 6 us in all, against 8 us for host_has_work
--- on an idle queue (a throwaway PostgreSQL 15).
-CREATE FUNCTION unitvisor.work_mark(me unitvisor.hosts) RETURNS text
+-- The queue's part of a mark (this heartbeat's, and 042's for the fleet upkeep): the newest spawn job's id
+-- and the newest run event's id, two newest-first probes of the primary keys. With the host's
+-- host_refusal_inputs, 6 us in all, against 8 us for host_has_work on an idle queue (a throwaway
+-- PostgreSQL 15).
+CREATE FUNCTION unitvisor.queue_mark() RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    RETURN format('%s/%s/%s', coalesce((SELECT max(j.id) FROM unitvisor.spawn_jobs j), 0),
-                  coalesce((SELECT max(e.id) FROM unitvisor.run_events e), 0), unitvisor.host_refusal_inputs(me));
+    RETURN format('%s/%s', coalesce((SELECT max(j.id) FROM unitvisor.spawn_jobs j), 0),
+                  coalesce((SELECT max(e.id) FROM unitvisor.run_events e), 0));
 END $$;
-REVOKE EXECUTE ON FUNCTION unitvisor.host_refusal_inputs(unitvisor.hosts), unitvisor.work_mark(unitvisor.hosts) FROM PUBLIC;
+
+-- When the clock alone next changes what the queue holds for a look that counts jobs due for `waited`:
+-- the earliest available job not yet due that long, at the moment it will be; NULL when there is none.
+CREATE FUNCTION unitvisor.next_due(waited interval) RETURNS timestamptz
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN (SELECT min(j.scheduled_at) FROM unitvisor.spawn_jobs j
+            WHERE j.state = 'available' AND j.scheduled_at > now() - next_due.waited) + next_due.waited;
+END $$;
+REVOKE EXECUTE ON FUNCTION unitvisor.host_refusal_inputs(unitvisor.hosts), unitvisor.queue_mark(),
+    unitvisor.next_due(interval) FROM PUBLIC;
 
 -- heartbeat as in 040, its claimable from host_has_work only when the host's work mark moved or its
 -- work_until passed; a "no" walked for is remembered on the host row with the heartbeat.
@@ -83,13 +94,13 @@ BEGIN
         WHERE h.id = heartbeat.host_id AND h.epoch = heartbeat.host_epoch AND h.state <> 'dead';
     END IF;
     IF me.id IS NOT NULL THEN
-        mark := unitvisor.work_mark(me);  -- before the walk: see the head of this file
+        -- Before the walk: see the head of this file.
+        mark := unitvisor.queue_mark() || '/' || unitvisor.host_refusal_inputs(me);
         IF mark IS DISTINCT FROM me.work_mark OR NOT now() < me.work_until THEN
             has_work := unitvisor.host_has_work(me);
             IF NOT has_work THEN
                 until := least(now() + 30 * make_interval(secs => coalesce(me.poll_interval_sec, 10)),
-                               (SELECT min(j.scheduled_at) FROM unitvisor.spawn_jobs j
-                                WHERE j.state = 'available' AND j.scheduled_at > now()));
+                               unitvisor.next_due('0'));
             END IF;
         ELSE
             until := me.work_until;

@@ -33,8 +33,7 @@ ALTER TABLE unitvisor.fleet_upkeep ADD COLUMN explained_mark text, ADD COLUMN ex
 CREATE FUNCTION unitvisor.wait_mark() RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    RETURN format('%s/%s/%s/%s', coalesce((SELECT max(j.id) FROM unitvisor.spawn_jobs j), 0),
-                  coalesce((SELECT max(e.id) FROM unitvisor.run_events e), 0),
+    RETURN format('%s/%s/%s', unitvisor.queue_mark(),
                   (SELECT hashtextextended(string_agg(l::text, ',' ORDER BY l.name), 0) FROM unitvisor.limits l),
                   (SELECT hashtextextended(string_agg(
                               row(h.id, unitvisor.host_is_live(h), h.dead_reason,
@@ -68,10 +67,7 @@ BEGIN
             RETURN 0;
         END IF;
         UPDATE unitvisor.fleet_upkeep u SET explained_mark = mark,
-            explained_until = least(now() + 15 * explain_waiting.min_wait,
-                                    (SELECT min(j.scheduled_at) FROM unitvisor.spawn_jobs j
-                                     WHERE j.state = 'available' AND j.scheduled_at > now() - explain_waiting.min_wait)
-                                    + explain_waiting.min_wait);
+            explained_until = least(now() + 15 * explain_waiting.min_wait, unitvisor.next_due(explain_waiting.min_wait));
     END IF;
     SELECT greatest(1, refusals_per_pass / greatest(count(*), 1))::integer INTO max_kinds
     FROM unitvisor.hosts h WHERE unitvisor.host_is_live(h);
