@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -130,6 +130,27 @@ def look_again(conn: psycopg.Connection) -> None:
     """Pretend the fleet's last look for upkeep that found none was long ago (040, upkeep_looks): a
     heartbeat now looks again, as the first one a poll interval later would."""
     conn.execute("UPDATE unitvisor.fleet_upkeep SET looked_at = '-infinity'")
+
+
+T = TypeVar("T")
+
+
+def _function_calls(conn: psycopg.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT funcname::text, calls FROM pg_stat_xact_user_functions "
+                             "WHERE schemaname = 'unitvisor'").fetchall())
+
+
+def calls_during(conn: psycopg.Connection, action: Callable[[], T], *, commit: bool) -> tuple[T, dict[str, int]]:
+    """`action` in a transaction of its own (rolled back unless `commit`): its result, and the calls of each
+    unitvisor function it made. As a difference: the view also shows the session's counts not yet sent to
+    the statistics (PostgreSQL 15 sends them at most once a second), so a second call within the second
+    saw the first's too."""
+    with conn.transaction(force_rollback=not commit):
+        conn.execute("SET LOCAL track_functions = 'all'")
+        before = _function_calls(conn)
+        result = action()
+        after = _function_calls(conn)
+    return result, {name: n - before.get(name, 0) for name, n in after.items() if n > before.get(name, 0)}
 
 
 def forget_work_marks(conn: psycopg.Connection) -> None:

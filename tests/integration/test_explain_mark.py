@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from supervisor import store
-from tests.integration.conftest import age_jobs, register, silence
+from tests.integration.conftest import age_jobs, calls_during, register, silence
 from tests.integration.test_claim_gate import FMT
 from tests.integration.test_fleet_sql import submit, wait_reason
 from tests.integration.test_work_mark import end
@@ -25,20 +25,11 @@ from tests.integration.test_work_mark import end
 WAITED = timedelta(seconds=1)  # runs wait for longer: each test ages its jobs (age_jobs)
 
 
-def refusals(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
-                        "WHERE schemaname = 'unitvisor' AND funcname = 'fleet_refusal'").fetchone()[0]
-
-
 def explain(conn: psycopg.Connection, waited: timedelta = WAITED) -> tuple[int, bool]:
     """One pass, committed (the mark it leaves is what the next one reads): (events written, whether it
-    computed the reasons). As a difference: the view also shows calls not yet sent to the statistics."""
-    with conn.transaction():
-        conn.execute("SET LOCAL track_functions = 'all'")
-        before = refusals(conn)
-        written = store.explain_waiting(conn, waited)
-        computed = refusals(conn) > before
-    return written, computed
+    computed the reasons)."""
+    written, calls = calls_during(conn, lambda: store.explain_waiting(conn, waited), commit=True)
+    return written, "fleet_refusal" in calls
 
 
 def settled(conn: psycopg.Connection) -> None:

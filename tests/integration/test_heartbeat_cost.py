@@ -16,24 +16,12 @@ from datetime import timedelta
 import psycopg
 
 from supervisor import store
-from tests.integration.conftest import fence_of, look_again, register, silence
-
-
-def counted(conn: psycopg.Connection) -> dict[str, int]:
-    return dict(conn.execute("SELECT funcname::text, calls FROM pg_stat_xact_user_functions "
-                             "WHERE schemaname = 'unitvisor'").fetchall())
+from tests.integration.conftest import calls_during, fence_of, look_again, register, silence
 
 
 def function_calls(conn: psycopg.Connection, fence: store.Fence) -> tuple[store.Probe, dict[str, int]]:
-    """One heartbeat, rolled back: its answer, and the calls of each unitvisor function it made. As a
-    difference: the view also shows the session's counts not yet sent to the statistics (PostgreSQL 15
-    sends them at most once a second), so a second heartbeat within the second saw the first's too."""
-    with conn.transaction(force_rollback=True):
-        conn.execute("SET LOCAL track_functions = 'all'")
-        before = counted(conn)
-        probe = store.probe(conn, fence, timedelta(seconds=20))
-        after = counted(conn)
-    return probe, {name: n - before.get(name, 0) for name, n in after.items() if n > before.get(name, 0)}
+    """One heartbeat, rolled back: its answer, and the calls of each unitvisor function it made."""
+    return calls_during(conn, lambda: store.probe(conn, fence, timedelta(seconds=20)), commit=False)
 
 
 def add_hosts(conn: psycopg.Connection, first: int, last: int) -> None:

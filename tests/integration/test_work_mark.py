@@ -18,27 +18,16 @@ import pytest
 
 from supervisor import store
 from supervisor.outcomes import Outcome
-from tests.integration.conftest import ALLOW_ALL, register
+from tests.integration.conftest import ALLOW_ALL, calls_during, register
 from tests.integration.test_claim_gate import FMT, submit
 
 SUCCESS = Outcome("success", "exit:0", "exited 0")
 
 
-def walks(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
-                        "WHERE schemaname = 'unitvisor' AND funcname = 'host_has_work'").fetchone()[0]
-
-
 def heartbeat(conn: psycopg.Connection, fence: store.Fence) -> tuple[bool, bool]:
-    """One heartbeat, committed (the mark it leaves is what the next one reads): (claimable, walked).
-    Walked, as a difference: the view also shows the session's calls not yet sent to the statistics
-    (test_heartbeat_cost.py)."""
-    with conn.transaction():
-        conn.execute("SET LOCAL track_functions = 'all'")
-        before = walks(conn)
-        probe = store.probe(conn, fence, timedelta(seconds=20))
-        walked = walks(conn) > before
-    return probe.claimable, walked
+    """One heartbeat, committed (the mark it leaves is what the next one reads): (claimable, walked)."""
+    probe, calls = calls_during(conn, lambda: store.probe(conn, fence, timedelta(seconds=20)), commit=True)
+    return probe.claimable, "host_has_work" in calls
 
 
 def settled_no(conn: psycopg.Connection, fence: store.Fence) -> None:
