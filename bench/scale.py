@@ -18,7 +18,10 @@ p99, the claim statements it cost, the claims that took nothing, the hosts decla
 of the machine the simulated daemons themselves took (their worker processes' CPU), so that the
 database's part can be read apart. (S4) idle again with 1,000 runs that no host accepts (an executable no
 allowlist names), then (S5) with 10,000 runs behind one concurrency key (whose head no host accepts, so
-that none may start): the server's CPU per host per minute beside (S1)'s.
+that none may start): the server's CPU per host per minute beside (S1)'s, watched once the fleet upkeep has
+written why the runs wait (a cost paid once per run, reported apart: the seconds it took and the server's
+CPU per run meanwhile). Each window also counts the heartbeats, their walks of the queue (host_has_work)
+and the upkeep's explanation passes per host per minute, which say what its cost is made of.
 
 With `--baseline DIR` (a checkout of an earlier release, e.g. `git worktree add /tmp/base d60b583`), every
 fleet size is measured twice in the one run, first with that checkout's daemon code and migrations
@@ -99,10 +102,15 @@ class Sizes:
     burst_timeout: float = 300.0
     refused: int = 1000  # (S4) runs no host accepts
     behind_key: int = 10000  # (S5) runs behind one concurrency key
+    # (S4), (S5): their window opens once no run event has been written for `quiet_seconds` (the fleet
+    # upkeep's first explanation of why the runs wait is done), or after `settle_timeout`.
+    quiet_seconds: float = 20.0
+    settle_timeout: float = 240.0
 
 
 TINY = Sizes(fleets=[5], idle_seconds=3.0, trickle=3, trickle_gap=1.0, burst=20, ready_timeout=120.0,
-             burst_timeout=120.0, refused=50, behind_key=100)
+             burst_timeout=120.0, refused=50, behind_key=100, quiet_seconds=2.0, settle_timeout=30.0)
+COUNTED_FUNCTIONS = ("heartbeat", "host_has_work", "explain_waiting")  # Fleet._function_calls
 REFUSED_EXECUTABLE = "/opt/rollout/new-binary"  # in no host's allowed_executables (HOST_CONFIG)
 
 
@@ -455,7 +463,7 @@ class Fleet:
         """`idle_seconds` of the fleet as it is: the server's CPU (in all, and by kind of process) and the
         daemons' statements, per host and minute, with the statements that took the server's time."""
         self.conn.execute("SELECT pg_stat_statements_reset()")
-        cpu, began = server_cpu_by_kind(self.pg), time.monotonic()
+        cpu, calls, began = server_cpu_by_kind(self.pg), self._function_calls(), time.monotonic()
         time.sleep(self.sizes.idle_seconds)
         seconds = time.monotonic() - began
         by_kind = cpu_since(cpu, server_cpu_by_kind(self.pg))
@@ -466,8 +474,21 @@ class Fleet:
                 "server_cpu_ms_per_host_per_minute_by_kind": {
                     kind: used * 1000 / self.n / minutes for kind, used in by_kind.items()},
                 "statements_per_host_per_minute": self._daemon_statements() / self.n / minutes,
+                "calls_per_host_per_minute": {
+                    name: count / self.n / minutes for name, count in self._function_calls(calls).items()},
                 "claim_statements_per_host_per_minute": self._daemon_statements(CLAIM_STATEMENT) / self.n / minutes,
                 "top_statements": self._top_statements(self.n * minutes, "per_host_per_minute")}
+
+    def _function_calls(self, since: dict[str, int] | None = None) -> dict[str, int]:
+        """Calls so far (or since `since`) of the functions whose count says what a window's cost is made of:
+        the heartbeat, its walk of the queue (host_has_work) and the fleet upkeep's explanation of waits.
+        The server counts them (track_functions, see run()); a backend reports its counts when it goes
+        idle, at most a second late while it is busy, so that a window's edges blur by about that much."""
+        rows = self.conn.execute(
+            "SELECT funcname, calls FROM pg_stat_user_functions WHERE schemaname = 'unitvisor' "
+            "AND funcname = ANY(%s)", (list(COUNTED_FUNCTIONS),)).fetchall()
+        now = dict.fromkeys(COUNTED_FUNCTIONS, 0) | dict(rows)
+        return {name: count - (since or {}).get(name, 0) for name, count in now.items()}
 
     def _top_statements(self, per: float, unit: str, count: int = 8) -> list[dict[str, Any]]:
         """The daemons' statements since pg_stat_statements' reset, those that took the server the most
@@ -499,22 +520,44 @@ class Fleet:
                 "SELECT count(*) FROM unitvisor.runs WHERE state IN ('queued', 'starting', 'running')").fetchone()[0]:
             time.sleep(0.5)
 
+    def _explained(self, runs: int) -> dict[str, Any]:
+        """Wait until no run event has been written for `quiet_seconds` (at most `settle_timeout`): the
+        fleet upkeep's first explanation of why `runs` new runs wait is written, a cost paid once per run
+        and not per host and minute, which (S4) and (S5) leave out. Returns how long that took and the
+        server's CPU per run meanwhile."""
+        def newest() -> int:
+            return self.conn.execute("SELECT coalesce(max(id), 0) FROM unitvisor.run_events").fetchone()[0]
+
+        cpu, began = server_cpu_by_kind(self.pg), time.monotonic()
+        seen, quiet_since = newest(), began
+        while time.monotonic() - quiet_since < self.sizes.quiet_seconds:
+            if time.monotonic() - began > self.sizes.settle_timeout:
+                break
+            time.sleep(1.0)
+            now = newest()
+            if now != seen:
+                seen, quiet_since = now, time.monotonic()
+        used = sum(cpu_since(cpu, server_cpu_by_kind(self.pg)).values())
+        return {"settle_seconds": time.monotonic() - began,
+                "settled": time.monotonic() - quiet_since >= self.sizes.quiet_seconds,
+                "settle_server_cpu_ms_per_run": used * 1000 / runs}
+
     def waiting(self) -> dict[str, Any]:
         """(S4) idle with `refused` runs no host accepts; (S5) idle with `behind_key` runs behind one key
-        whose head no host accepts (so none may start). Each is cancelled before the next."""
+        whose head no host accepts (so none may start), each watched once the runs' reasons are written
+        (_explained). Each is cancelled before the next."""
         self._settled()
-        poll = 10.0  # the daemons' poll interval (HOST_CONFIG: the packaged default)
         self._submit_sql(self.sizes.refused, REFUSED_EXECUTABLE, None)
-        time.sleep(poll)  # every daemon has probed once with them queued
+        settling = self._explained(self.sizes.refused)
         refused = self._idle_window()
         self._cancel_queued()
         self._submit_sql(1, REFUSED_EXECUTABLE, "bench-key")
         self._submit_sql(self.sizes.behind_key, "/bin/true", "bench-key")
-        time.sleep(poll)
+        behind_settling = self._explained(self.sizes.behind_key + 1)
         behind = self._idle_window()
         self._cancel_queued()
-        return {"refused": {"runs": self.sizes.refused, **refused},
-                "behind_key": {"runs": self.sizes.behind_key, **behind}}
+        return {"refused": {"runs": self.sizes.refused, **settling, **refused},
+                "behind_key": {"runs": self.sizes.behind_key, **behind_settling, **behind}}
 
     def connections(self) -> int:
         return self.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND usename <> %s",
@@ -665,6 +708,8 @@ def run(sizes: Sizes, baseline: Path | None = None, baseline_fleets: list[int] |
         needed = CONNECTIONS_PER_DAEMON * max(sizes.fleets) + SPARE_CONNECTIONS
         # (a real deployment: docs/fleet.md, The ceiling of one PostgreSQL)
         pg.settings["max_connections"] = str(max(100, needed))
+        # Counts of plpgsql calls, for Fleet._function_calls (a few microseconds a call, baseline alike).
+        pg.settings["track_functions"] = "pl"
         pg.restart()
         with pg.connect() as conn:
             server = conn.execute("SHOW server_version").fetchone()[0]

@@ -27,7 +27,10 @@ FIGURES = [
     ("burst", "top_statements", 0, "exec_ms_per_run"),  # (the tiny idle window may see no statement)
     ("burst", "daemon_claims", "empty"), ("burst", "simulation_cpu_share"), ("hosts_declared_dead",),
     *(("waiting", phase, key) for phase in ("refused", "behind_key")
-      for key in ("server_cpu_ms_per_host_per_minute", "claim_statements_per_host_per_minute")),
+      for key in ("server_cpu_ms_per_host_per_minute", "claim_statements_per_host_per_minute",
+                  "settle_seconds", "settle_server_cpu_ms_per_run")),
+    *(("waiting", phase, "calls_per_host_per_minute", name) for phase in ("refused", "behind_key")
+      for name in ("heartbeat", "host_has_work", "explain_waiting")),
 ]
 
 
