@@ -206,6 +206,26 @@ def test_008_takes_the_indexes_an_operator_built_concurrently_beforehand(empty_d
         assert schema_snapshot(conn) == RELEASED_SCHEMA.read_text()
 
 
+def test_043_refuses_an_invalid_index_left_by_a_failed_concurrent_build(empty_dsn: str, tmp_path: Path) -> None:
+    """README's statement for 043 on a big database, built CONCURRENTLY beforehand: taken as it is when it
+    is valid; an invalid one (a build that failed) is refused by name, as 008 does."""
+    with store.connect(empty_dsn) as conn:
+        store.migrate(conn, sql_dir_up_to(tmp_path, 42))
+        conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true']) FROM generate_series(1, 2)")
+        # Two events of the same state: a unique build over it fails, as a build cut short would.
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("CREATE UNIQUE INDEX CONCURRENTLY run_events_change_idx ON unitvisor.run_events (state)")
+        with pytest.raises(psycopg.Error, match=r"(?s)run_events_change_idx is invalid.*DROP INDEX CONCURRENTLY"):
+            store.migrate(conn)
+        conn.execute("DROP INDEX CONCURRENTLY unitvisor.run_events_change_idx")
+        [statement] = re.findall(r"CREATE INDEX CONCURRENTLY IF NOT EXISTS run_events_change_idx [^\n]*;",
+                                 README.read_text())
+        conn.execute(statement)
+        built = conn.execute("SELECT 'unitvisor.run_events_change_idx'::regclass::oid").fetchone()[0]
+        assert store.migrate(conn) == ["043_marks_leave_out_explanations"]
+        assert conn.execute("SELECT 'unitvisor.run_events_change_idx'::regclass::oid").fetchone()[0] == built
+
+
 def test_008_refuses_an_invalid_index_left_by_a_failed_concurrent_build(empty_dsn: str, tmp_path: Path) -> None:
     """A CREATE INDEX CONCURRENTLY that failed leaves an invalid index of that name, which IF NOT
     EXISTS alone would take (and the planner never use): 008 refuses it and says what to do."""

@@ -57,6 +57,27 @@ def test_runs_behind_a_key_are_walked_for_once_and_work_again_when_the_key_frees
         settled_no(other, h2)
 
 
+def test_the_explanation_of_a_wait_is_no_work_and_moves_no_mark(conn: psycopg.Connection) -> None:
+    """The fleet upkeep's `waiting: ...` events change no host's work (043): a heartbeat after a pass that
+    wrote them does not walk again, and the newest-event probe stays one index probe however many there
+    are. An event that is a change (a cancel) still moves the mark."""
+    h1 = register(conn, "h1", allowed=("/bin/*",))
+    submit(conn, 1000, argv0="/opt/rollout/new-binary")
+    conn.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now() - interval '1 minute'")
+    settled_no(conn, h1)
+    assert store.explain_waiting(conn, timedelta(seconds=1)) == 1000
+    conn.commit()
+    assert heartbeat(conn, h1) == (False, False)
+    plan = "\n".join(row[0] for row in conn.execute(
+        "EXPLAIN SELECT max(e.id) FROM unitvisor.run_events e "
+        "WHERE NOT (e.state = 'queued' AND e.reason LIKE 'waiting: %')").fetchall())
+    assert "run_events_change_idx" in plan, plan
+    run = conn.execute("SELECT id FROM unitvisor.runs WHERE state = 'queued' LIMIT 1").fetchone()[0]
+    conn.execute("SELECT unitvisor.cancel_run(%s)", (run,))
+    conn.commit()
+    assert heartbeat(conn, h1) == (False, True)
+
+
 def drained_then_undrained(conn: psycopg.Connection, fence: store.Fence) -> Callable[[], None]:
     store.set_host_state(conn, fence.host_id, "draining")
     submit(conn, 1)
