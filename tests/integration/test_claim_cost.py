@@ -15,7 +15,7 @@ from __future__ import annotations
 import psycopg
 
 from supervisor import store, unitspec
-from tests.integration.conftest import register
+from tests.integration.conftest import calls_during, register
 
 FMT = unitspec.UNIT_NAME_FORMAT
 BACKLOG = 500
@@ -28,13 +28,10 @@ def submit_backlog(conn: psycopg.Connection, count: int, host_pin: str | None = 
 
 def counted_claim(conn: psycopg.Connection, fence: store.Fence, batch: int) -> tuple[int, int]:
     """(runs taken, host_refusal calls) of one claim, rolled back."""
-    with conn.transaction(force_rollback=True):
-        conn.execute("SET LOCAL track_functions = 'all'")
-        taken = len(conn.execute("SELECT run_id FROM unitvisor.claim_jobs(%s, %s, %s, %s)",
-                                 (fence.host_id, fence.epoch, batch, FMT)).fetchall())
-        calls = conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
-                             "WHERE schemaname = 'unitvisor' AND funcname = 'host_refusal'").fetchone()[0]
-    return taken, calls
+    taken, calls = calls_during(conn, lambda: conn.execute("SELECT run_id FROM unitvisor.claim_jobs(%s, %s, %s, %s)",
+                                                           (fence.host_id, fence.epoch, batch, FMT)).fetchall(),
+                                commit=False)
+    return len(taken), calls.get("host_refusal", 0)
 
 
 def test_a_claim_over_a_backlog_checks_about_as_many_jobs_as_it_takes(conn: psycopg.Connection, dsn: str) -> None:

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from supervisor import store, unitspec
-from tests.integration.conftest import forget_work_marks, register
+from tests.integration.conftest import calls_during, forget_work_marks, register
 
 FMT = unitspec.UNIT_NAME_FORMAT
 BEHIND = 3_000  # and 30: a hundred times the runs, the same cost (bench.scale measures 10,000)
@@ -63,12 +63,8 @@ def claim_buffers(conn: psycopg.Connection, fence: store.Fence) -> int:
 
 def refusal_calls(conn: psycopg.Connection, fence: store.Fence) -> tuple[bool, int]:
     """(claimable, host_refusal calls) of one heartbeat, rolled back."""
-    with conn.transaction(force_rollback=True):
-        conn.execute("SET LOCAL track_functions = 'all'")
-        said = claimable(conn, fence)
-        calls = conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
-                             "WHERE schemaname = 'unitvisor' AND funcname = 'host_refusal'").fetchone()[0]
-    return said, calls
+    said, calls = calls_during(conn, lambda: claimable(conn, fence), commit=False)
+    return said, calls.get("host_refusal", 0)
 
 
 def claim(conn: psycopg.Connection, fence: store.Fence, batch: int = 10) -> list[str]:
