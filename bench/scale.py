@@ -102,14 +102,14 @@ class Sizes:
     burst_timeout: float = 300.0
     refused: int = 1000  # (S4) runs no host accepts
     behind_key: int = 10000  # (S5) runs behind one concurrency key
-    # (S4), (S5): their window opens once no run event has been written for `quiet_seconds` (the fleet
-    # upkeep's first explanation of why the runs wait is done), or after `settle_timeout`.
+    # (S4), (S5): their window opens once every run's wait is explained and no run event has been written
+    # for `quiet_seconds`, or after `settle_timeout` (Fleet._explained).
     quiet_seconds: float = 20.0
     settle_timeout: float = 240.0
 
 
 TINY = Sizes(fleets=[5], idle_seconds=3.0, trickle=3, trickle_gap=1.0, burst=20, ready_timeout=120.0,
-             burst_timeout=120.0, refused=50, behind_key=100, quiet_seconds=2.0, settle_timeout=30.0)
+             burst_timeout=120.0, refused=50, behind_key=100, quiet_seconds=2.0, settle_timeout=5.0)
 COUNTED_FUNCTIONS = ("heartbeat", "host_has_work", "explain_waiting")  # Fleet._function_calls
 REFUSED_EXECUTABLE = "/opt/rollout/new-binary"  # in no host's allowed_executables (HOST_CONFIG)
 
@@ -521,36 +521,38 @@ class Fleet:
             time.sleep(0.5)
 
     def _explained(self, runs: int) -> dict[str, Any]:
-        """Wait until no run event has been written for `quiet_seconds` (at most `settle_timeout`): the
-        fleet upkeep's first explanation of why `runs` new runs wait is written, a cost paid once per run
-        and not per host and minute, which (S4) and (S5) leave out. Returns how long that took and the
-        server's CPU per run meanwhile."""
-        def newest() -> int:
-            return self.conn.execute("SELECT coalesce(max(id), 0) FROM unitvisor.run_events").fetchone()[0]
+        """Wait (at most `settle_timeout`) until the fleet upkeep has written why each of the `runs` queued
+        runs waits and no run event has been written for `quiet_seconds` since (a round that follows, as
+        before 043), then vacuum and analyze the tables the submit wrote, as autovacuum would once: costs
+        paid once per run and not per host and minute, which (S4) and (S5) leave out. Returns how long that
+        took and the server's CPU per run meanwhile."""
+        def state() -> tuple[int, int]:
+            return self.conn.execute(
+                "SELECT (SELECT count(*) FROM unitvisor.run_waits w JOIN unitvisor.runs r ON r.id = w.run_id "
+                "        WHERE r.state = 'queued'), "
+                "       (SELECT coalesce(max(id), 0) FROM unitvisor.run_events)").fetchone()
 
         cpu, began = server_cpu_by_kind(self.pg), time.monotonic()
-        seen, quiet_since = newest(), began
-        while time.monotonic() - quiet_since < self.sizes.quiet_seconds:
+        (explained, seen), quiet_since = state(), began
+        while explained < runs or time.monotonic() - quiet_since < self.sizes.quiet_seconds:
             if time.monotonic() - began > self.sizes.settle_timeout:
                 break
             time.sleep(1.0)
-            now = newest()
-            if now != seen:
-                seen, quiet_since = now, time.monotonic()
+            explained, newest = state()
+            if newest != seen:
+                seen, quiet_since = newest, time.monotonic()
+        settled = explained >= runs and time.monotonic() - quiet_since >= self.sizes.quiet_seconds
+        self.conn.execute("VACUUM (ANALYZE) unitvisor.runs, unitvisor.attempts, unitvisor.spawn_jobs, "
+                          "unitvisor.run_events, unitvisor.run_waits")
         used = sum(cpu_since(cpu, server_cpu_by_kind(self.pg)).values())
-        return {"settle_seconds": time.monotonic() - began,
-                "settled": time.monotonic() - quiet_since >= self.sizes.quiet_seconds,
+        return {"settle_seconds": time.monotonic() - began, "settled": settled, "explained": explained,
                 "settle_server_cpu_ms_per_run": used * 1000 / runs}
 
     def waiting(self) -> dict[str, Any]:
         """(S4) idle with `refused` runs no host accepts; (S5) idle with `behind_key` runs behind one key
         whose head no host accepts (so none may start), each watched once the runs' reasons are written
-        (_explained). Each is cancelled before the next. The burst's dead rows are vacuumed first: else
-        autovacuum's work for (S3) fell in (S4)'s window (6.4 ms of its 17.4 per host and minute at 300
-        hosts, in the processes that had ended by the window's end)."""
+        (_explained). Each is cancelled before the next."""
         self._settled()
-        self.conn.execute("VACUUM (ANALYZE) unitvisor.runs, unitvisor.attempts, unitvisor.spawn_jobs, "
-                          "unitvisor.run_events, unitvisor.run_waits")
         self._submit_sql(self.sizes.refused, REFUSED_EXECUTABLE, None)
         settling = self._explained(self.sizes.refused)
         refused = self._idle_window()
