@@ -18,7 +18,7 @@ import pytest
 
 from supervisor import store
 from supervisor.outcomes import Outcome
-from tests.integration.conftest import ALLOW_ALL, calls_during, register
+from tests.integration.conftest import ALLOW_ALL, age_jobs, calls_during, register
 from tests.integration.test_claim_gate import FMT, submit
 
 SUCCESS = Outcome("success", "exit:0", "exited 0")
@@ -63,7 +63,7 @@ def test_the_explanation_of_a_wait_is_no_work_and_moves_no_mark(conn: psycopg.Co
     are. An event that is a change (a cancel) still moves the mark."""
     h1 = register(conn, "h1", allowed=("/bin/*",))
     submit(conn, 1000, argv0="/opt/rollout/new-binary")
-    conn.execute("UPDATE unitvisor.spawn_jobs SET scheduled_at = now() - interval '1 minute'")
+    age_jobs(conn)
     settled_no(conn, h1)
     assert store.explain_waiting(conn, timedelta(seconds=1)) == 1000
     conn.commit()
