@@ -2418,9 +2418,12 @@ CREATE TRIGGER hosts_heard_from BEFORE UPDATE OF heartbeat_at ON unitvisor.hosts
     FOR EACH ROW WHEN (OLD.down_confirmed_at IS NOT NULL AND NEW.heartbeat_at > OLD.heartbeat_at)
     EXECUTE FUNCTION unitvisor.end_down_confirmation();
 
--- A silent host heard from again before anyone declared it (its heartbeat, or its daemon registering
+-- A late host heard from again before anyone declared it (its heartbeat, or its daemon registering
 -- again) proves that silence is not death just now: returned_late_at, which declare_dead takes as a
--- disruption, as it does its own holds. Written on the host's own row by the update that carries the
+-- disruption, as it does its own holds. Late as declare_dead says (older than two of its poll intervals
+-- and half its host_dead_after), not only overdue (044): a storm of reconnections lets hosts back one at
+-- a time, after spells of every length, and those that got through are the evidence that the silent ones
+-- may not. Written on the host's own row by the update that carries the
 -- heartbeat, so that a fleet coming back at once does not queue on one shared row. A WHEN clause, so
 -- that a heartbeat on time (every heartbeat, nearly always) calls no function.
 CREATE FUNCTION unitvisor.note_late_return() RETURNS trigger
@@ -2432,7 +2435,8 @@ END $$;
 
 CREATE TRIGGER hosts_heard_late BEFORE UPDATE OF heartbeat_at ON unitvisor.hosts
     FOR EACH ROW WHEN (OLD.state IN ('active', 'draining') AND NEW.state IN ('active', 'draining')
-                       AND OLD.heartbeat_at < NEW.heartbeat_at - make_interval(secs => coalesce(OLD.dead_after_sec, 60)))
+                       AND OLD.heartbeat_at < NEW.heartbeat_at - make_interval(secs => greatest(
+                           2 * coalesce(OLD.poll_interval_sec, 10), coalesce(OLD.dead_after_sec, 60) / 2)))
     EXECUTE FUNCTION unitvisor.note_late_return();
 
 -- The operator's word that a host is down (its machine is off, or gone): it is declared dead once it
@@ -4804,4 +4808,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('040_upkeep_looked_at'),
     ('041_heartbeat_work_mark'),
     ('042_explain_when_changed'),
-    ('043_marks_leave_out_explanations');
+    ('043_marks_leave_out_explanations'),
+    ('044_late_return_is_a_disruption');

@@ -77,9 +77,9 @@ and a note on stderr says the list may be partial; the JSON on stdout stays a li
 or died, or drained while stopped), `conflict` (what a refused second daemon said, while it lasts),
 `down_confirmed_at` and `down_confirmed_by` (`hosts confirm-down`: `null` unless an operator confirmed
 the host down and it was not heard from since), `returned_late_at` (when it was last heard from
-after being silent past its `host_dead_after` without being declared: every silent host then gets its
-`host_dead_after` again, [fleet.md](fleet.md#dead-hosts)), `labels` (its `[host] labels`, `{}` for none: what a
-run's `host_labels` must be among).
+after its heartbeat was older than two poll intervals and half its `host_dead_after`, without being
+declared: every silent host then gets its `host_dead_after` again, [fleet.md](fleet.md#dead-hosts)),
+`labels` (its `[host] labels`, `{}` for none: what a run's `host_labels` must be among).
 
 `unitvisor schedules --json`: a list of `name`, `cron`, `timezone`, `run` (the schedule's submit_run
 arguments), `overlap`, `catch_up`, `paused`, `next_due` (`null`: never again), `last_due`, `last_result`,

@@ -184,7 +184,7 @@ def test_hosts_confirm_down_marks_the_host_and_a_host_role_may_not(cli, dsn: str
                              "host_dead_after, unless it is heard from first\n")
     [other] = [h for h in json.loads(cli("hosts", "--json", dsn=dsn).stdout) if h["id"] == "other"]
     assert other["down_confirmed_at"] is not None and other["down_confirmed_by"] == conn.info.user
-    assert other["returned_late_at"] is None  # never silent past its host_dead_after (test_fleet_upkeep)
+    assert other["returned_late_at"] is None  # never late (test_fleet_upkeep)
     assert f"other: confirmed down by {conn.info.user}" in cli("hosts", dsn=dsn).stdout
     line = assert_one_line_error(cli("hosts", "confirm-down", "nobody", dsn=dsn), 1)
     assert line == "unitvisor: no host nobody (see `unitvisor hosts`)", line

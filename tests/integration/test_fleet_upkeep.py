@@ -338,13 +338,21 @@ def test_a_silent_host_heard_from_again_gives_the_others_their_host_dead_after_a
     assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["b"]
 
 
-def test_only_a_return_past_host_dead_after_is_a_disruption(conn: psycopg.Connection, dsn: str, fleet) -> None:
-    """A heartbeat on time, or late but within host_dead_after, marks nothing; nor does a dead host's
-    registration (it was declared: its return is a new registration, not evidence about the others).
-    A daemon that registers again after being silent past it (restarted, not declared) marks it."""
-    silence(conn, "a", 59)
+def test_only_a_late_return_is_a_disruption(conn: psycopg.Connection, dsn: str, fleet) -> None:
+    """A heartbeat on time, or behind but not late (within two poll intervals and half host_dead_after:
+    30 s here), marks nothing; nor does a dead host's registration (it was declared: its return is a new
+    registration, not evidence about the others). A heartbeat from late but within host_dead_after marks
+    it (044: 0.11.0's 1,000 hosts, a storm of reconnections that let hosts back after spells of every
+    length), and so does a daemon that registers again after being silent past it (restarted, not
+    declared)."""
+    silence(conn, "a", 28)
     store.renew_heartbeat(conn, fleet["a"])
     store.renew_heartbeat(conn, fleet["b"])
+    assert late_returns(conn) == {}
+    silence(conn, "c", 32)
+    store.renew_heartbeat(conn, fleet["c"])
+    assert list(late_returns(conn)) == ["c"]
+    conn.execute("UPDATE unitvisor.hosts SET returned_late_at = NULL")
     for host in "fg":
         with connection(dsn) as first:
             register(first, host)
@@ -404,6 +412,8 @@ def test_renew_heartbeat_renews_and_a_fenced_host_renews_nothing(conn: psycopg.C
     age = conn.execute("SELECT extract(epoch FROM now() - heartbeat_at) FROM unitvisor.hosts WHERE id = 'a'")
     assert age.fetchone()[0] < 5
     silence(conn, "a", 100)
+    assert declare(conn, fleet["declarer"]).held_why == "fleet-recovering"  # its return from 40 s (044)
+    disrupted(conn, 61)
     assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["a"]
     assert store.renew_heartbeat(conn, fleet["a"]) is None
     assert states(conn)["a"] == "dead"
