@@ -268,6 +268,9 @@ def worker(hosts: list[str], dsn: str, run_seconds: float, pipe: Pipe) -> None:
     """Run one daemon per host id in threads until told to stop; then send every claim each made:
     (wall-clock time the statement was sent, host, jobs claimed, or FAILED when the statement raised:
     a statement or lock timeout, a dropped connection; pg_stat_statements never counts those)."""
+    # The daemons' warnings, each with its time and host (the thread), on the bench's stderr: what a
+    # declared-dead host and the hosts around it said is the diagnosis (issue 23, point 2).
+    logging.basicConfig(format="%(asctime)s %(threadName)s %(message)s")
     logging.getLogger("unitvisor").setLevel(logging.WARNING)
     daemon.signal = _ThreadSignals  # type: ignore[assignment]
     claims: list[tuple[float, str, int]] = []
