@@ -940,13 +940,15 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Whether the session may act as host_id: the role bound to it, or any member of unitvisor_admin
--- (a superuser is a member of every role).
+-- (a superuser is a member of every role). PL/pgSQL, so that a session plans its statement once (045):
+-- every host call asks it, and as a SQL function it was planned again in every transaction.
 CREATE FUNCTION unitvisor.acts_as(host_id text) RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pg_has_role(session_user, 'unitvisor_admin', 'MEMBER')
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN pg_has_role(session_user, 'unitvisor_admin', 'MEMBER')
         OR EXISTS (SELECT 1 FROM unitvisor.host_roles b
-                   WHERE b.role_name = session_user::text AND b.host_id = acts_as.host_id)
-$$;
+                   WHERE b.role_name = session_user::text AND b.host_id = acts_as.host_id);
+END $$;
 
 -- The refusal every host write starts with. SQLSTATE 42501 (insufficient_privilege), as PostgreSQL's
 -- own refusals, so that a client tells "not allowed" from "fenced" (UV001).
@@ -4809,4 +4811,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('041_heartbeat_work_mark'),
     ('042_explain_when_changed'),
     ('043_marks_leave_out_explanations'),
-    ('044_late_return_is_a_disruption');
+    ('044_late_return_is_a_disruption'),
+    ('045_host_check_planned_once');
