@@ -96,13 +96,14 @@ def fleet_database(pg: Postgres, name: str, upto: int | None, hosts: int, open_p
     conn.execute("SET statement_timeout = 0")
     with schema_dir(upto) as where:
         store.migrate(conn, where)
-    if upto is not None:
+    if upto is not None and upto < 15:
         # The current store registers a host's environment allowlist with sql/migrations/015's function, which an
         # older schema lacks: there, the denylist as the older daemons registered it (the runs here set
         # no environment, so the claims compared do not depend on it).
         conn.execute("""CREATE FUNCTION unitvisor.register_host_allowlist(h text, e bigint, denied text[],
                             names text[], patterns text[]) RETURNS void LANGUAGE sql AS
                         $$ SELECT unitvisor.register_host_environment(h, e, denied, '{}') $$""")
+    if upto is not None and upto < 33:
         # And its labels with 033's (placement), which an older schema has no use for: a host without them.
         conn.execute("""CREATE FUNCTION unitvisor.register_host_labels(h text, e bigint, labels jsonb) RETURNS void
                         LANGUAGE sql AS $$ SELECT $$""")
