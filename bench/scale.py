@@ -19,7 +19,8 @@ of the machine the simulated daemons themselves took (their worker processes' CP
 database's part can be read apart. (S4) idle again with 1,000 runs that no host accepts (an executable no
 allowlist names), then (S5) with 10,000 runs behind one concurrency key (whose head no host accepts, so
 that none may start): the server's CPU per host per minute beside (S1)'s, watched once the fleet upkeep has
-written why the runs wait (a cost paid once per run, reported apart: the seconds it took and the server's
+written why the runs wait and every daemon has planned its statements again after the tables were
+analyzed (costs paid once per run or per ANALYZE, reported apart: the seconds it took and the server's
 CPU per run meanwhile). Each window also counts the heartbeats, their walks of the queue (host_has_work)
 and the upkeep's explanation passes per host per minute, which say what its cost is made of.
 
@@ -106,10 +107,16 @@ class Sizes:
     # for `quiet_seconds`, or after `settle_timeout` (Fleet._explained).
     quiet_seconds: float = 20.0
     settle_timeout: float = 240.0
+    # ... and `replan_seconds` after the vacuum: its ANALYZE invalidates every session's plans of the tables
+    # it analyzed, and each daemon's next heartbeat and reconcile query plan again (0.5 to 1 ms of server
+    # time for the heartbeat alone, once per session and ANALYZE: paid 300 times at once, it was 2 ms per
+    # host per minute of (S4)'s window at 300 hosts). One poll interval and a margin.
+    replan_seconds: float = 12.0
 
 
 TINY = Sizes(fleets=[5], idle_seconds=3.0, trickle=3, trickle_gap=1.0, burst=20, ready_timeout=120.0,
-             burst_timeout=120.0, refused=50, behind_key=100, quiet_seconds=2.0, settle_timeout=5.0)
+             burst_timeout=120.0, refused=50, behind_key=100, quiet_seconds=2.0, settle_timeout=5.0,
+             replan_seconds=1.0)
 COUNTED_FUNCTIONS = ("heartbeat", "host_has_work", "explain_waiting")  # Fleet._function_calls
 REFUSED_EXECUTABLE = "/opt/rollout/new-binary"  # in no host's allowed_executables (HOST_CONFIG)
 
@@ -526,9 +533,10 @@ class Fleet:
     def _explained(self, runs: int) -> dict[str, Any]:
         """Wait (at most `settle_timeout`) until the fleet upkeep has written why each of the `runs` queued
         runs waits and no run event has been written for `quiet_seconds` since (a round that follows, as
-        before 043), then vacuum and analyze the tables the submit wrote, as autovacuum would once: costs
-        paid once per run and not per host and minute, which (S4) and (S5) leave out. Returns how long that
-        took and the server's CPU per run meanwhile."""
+        before 043), then vacuum and analyze the tables the submit wrote, as autovacuum would once, and let
+        every daemon plan its statements again (`replan_seconds`): costs paid once per run or per ANALYZE
+        and not per host and minute, which (S4) and (S5) leave out. Returns how long that took and the
+        server's CPU per run meanwhile."""
         def state() -> tuple[int, int]:
             return self.conn.execute(
                 "SELECT (SELECT count(*) FROM unitvisor.run_waits w JOIN unitvisor.runs r ON r.id = w.run_id "
@@ -547,6 +555,7 @@ class Fleet:
         settled = explained >= runs and time.monotonic() - quiet_since >= self.sizes.quiet_seconds
         self.conn.execute("VACUUM (ANALYZE) unitvisor.runs, unitvisor.attempts, unitvisor.spawn_jobs, "
                           "unitvisor.run_events, unitvisor.run_waits")
+        time.sleep(self.sizes.replan_seconds)
         used = sum(cpu_since(cpu, server_cpu_by_kind(self.pg)).values())
         return {"settle_seconds": time.monotonic() - began, "settled": settled, "explained": explained,
                 "settle_server_cpu_ms_per_run": used * 1000 / runs}
