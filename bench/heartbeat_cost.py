@@ -14,7 +14,7 @@ idle (no job queued), then refused (1,000 runs of an executable no host accepts:
 holds, 041). Schemas alternate round by round, so that the machine's load falls on both alike. Results:
 docs/benchmarks.md, "The heartbeat alone".
 
-    .venv/bin/python -m bench.heartbeat_cost           # 20 rounds of 500 (about 2 minutes)
+    .venv/bin/python -m bench.heartbeat_cost           # 20 rounds of 500 (under a minute)
     .venv/bin/python -m bench.heartbeat_cost --tiny    # seconds (the smoke test)
 """
 
