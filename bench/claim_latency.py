@@ -25,7 +25,6 @@ submitter's commit, one run at a time".
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import shutil
 import sys
@@ -37,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.run import RESULTS, loadavg, save, say, summary
+from bench.run import RESULTS, loadavg, report, say, summary, tiny_parser
 from supervisor import envpolicy, globs, store, unitspec
 from tests.harness.postgres import Postgres
 
@@ -205,19 +204,14 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.claim_latency", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="tiny sizes: every figure in seconds (smoke test)")
+    parser = tiny_parser("python -m bench.claim_latency", __doc__, RESULTS / "claim_latency.json")
     parser.add_argument("--rounds", type=int, help="rounds per shape (default 200)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "claim_latency.json")
     args = parser.parse_args(argv)
     sizes = TINY if args.tiny else Sizes()
     if args.rounds:
         sizes.rounds = args.rounds
     results = run(sizes)
-    save(args.out, results)
-    print(table(results))
-    say(f"results: {args.out}")
+    report(args.out, results, table(results))
     return 0
 
 

@@ -20,15 +20,13 @@ docs/benchmarks.md, "The heartbeat alone".
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from bench.claim_latency import fence_of, fleet_database
-from bench.run import RESULTS, loadavg, save, say, summary
+from bench.run import RESULTS, loadavg, report, say, summary, tiny_parser
 from supervisor import store
 from tests.harness.postgres import Postgres
 
@@ -114,15 +112,9 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.heartbeat_cost", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="tiny sizes: every figure in seconds (smoke test)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "heartbeat_cost.json")
-    args = parser.parse_args(argv)
+    args = tiny_parser("python -m bench.heartbeat_cost", __doc__, RESULTS / "heartbeat_cost.json").parse_args(argv)
     results = run(TINY if args.tiny else Sizes())
-    save(args.out, results)
-    print(table(results))
-    say(f"results: {args.out}")
+    report(args.out, results, table(results))
     return 0
 
 

@@ -951,6 +951,21 @@ def save(out: Path, results: dict[str, Any]) -> None:
     out.write_text(json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")
 
 
+def tiny_parser(prog: str, doc: str | None, out: Path) -> argparse.ArgumentParser:
+    """The command line of a bench with a `--tiny` smoke size and one JSON file of results."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes: every figure in seconds (smoke test)")
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
+
+
+def report(out: Path, results: dict[str, Any], text: str) -> None:
+    """Results saved to `out`, their table on stdout, and where they went on stderr."""
+    save(out, results)
+    print(text)
+    say(f"results: {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
