@@ -338,6 +338,24 @@ def test_a_silent_host_heard_from_again_gives_the_others_their_host_dead_after_a
     assert [d.host_id for d in declare(conn, fleet["declarer"]).dead] == ["b"]
 
 
+def test_a_host_back_from_late_holds_the_silent_ones_as_in_the_1000_host_storm(conn: psycopg.Connection,
+                                                                               fleet) -> None:
+    """0.11.0's 1,000 hosts (docs/benchmarks.md, "0.11.0 with 043"): a minute after the last host came back
+    from past its host_dead_after, the cap declared 5 hosts still silent, while the storm still let others
+    back from shorter spells. With 044, such a return (late, not overdue) holds them: each silent host is
+    declared only once it has been silent for its host_dead_after since the last one."""
+    for host in "ab":
+        silence(conn, host, 130)
+    disrupted(conn, 70)  # the last return from past host_dead_after, 70 s ago
+    silence(conn, "c", 45)  # c has been out for 45 s: late, not overdue
+    assert store.renew_heartbeat(conn, fleet["c"]) == "active"  # ... and gets back
+    declaration = declare(conn, fleet["declarer"])
+    assert (declaration.dead, declaration.held, declaration.held_why) == ([], 2, "fleet-recovering")
+    assert "a silent host heard from again, 0 s ago" in declaration.held_detail
+    disrupted(conn, 61)  # no host back from late since: a and b are declared
+    assert sorted(d.host_id for d in declare(conn, fleet["declarer"]).dead) == ["a", "b"]
+
+
 def test_only_a_late_return_is_a_disruption(conn: psycopg.Connection, dsn: str, fleet) -> None:
     """A heartbeat on time, or behind but not late (within two poll intervals and half host_dead_after:
     30 s here), marks nothing; nor does a dead host's registration (it was declared: its return is a new
