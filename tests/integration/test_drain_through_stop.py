@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from supervisor import store, unitspec
-from tests.integration.conftest import age_jobs, connected, host_profile, register, silence
+from tests.integration.conftest import age_jobs, backend_gone, connected, host_profile, register, silence
 
 
 def host(conn: psycopg.Connection, host_id: str) -> tuple[str, bool]:
@@ -40,6 +40,8 @@ def test_a_drained_host_stops_drained_is_not_declared_dead_and_comes_back_draini
         fence = register(web, "web-1")
         assert store.set_host_state(conn, "web-1", "draining") == "active"
         store.mark_host_stopped(web, fence)
+        pid = web.info.backend_pid
+    backend_gone(conn, pid)  # its session's host lock is released before the daemon registers again, below
     assert host(conn, "web-1") == ("stopped", True)
     silence(conn, "web-1", 600)  # ten times its host_dead_after
     assert declared(conn, peer) == []
@@ -97,6 +99,8 @@ def test_a_drained_host_stopped_with_a_run_open_is_declared_dead_and_comes_back_
         assert len(store.claim(web, fence, 10, unitspec.UNIT_NAME_FORMAT)) == 1
         store.set_host_state(web, "web-1", "draining")
         store.mark_host_stopped(web, fence)
+        pid = web.info.backend_pid
+    backend_gone(conn, pid)  # its session's host lock is released (the register below would be refused)
     silence(conn, "web-1", 600)
     assert declared(conn, peer) == ["web-1"]
     assert host(conn, "web-1") == ("dead", True)
