@@ -2270,6 +2270,15 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- When a host is late (declare_dead's guards, and a return that is a disruption): its heartbeat older than
+-- this many seconds, two of its poll intervals and half its host_dead_after. A SQL function with no SET, so
+-- that it is inlined where it is read (a trigger's WHEN clause among them).
+CREATE FUNCTION unitvisor.host_late_sec(h unitvisor.hosts) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(2 * coalesce(h.poll_interval_sec, 10), coalesce(h.dead_after_sec, 60) / 2)
+$$;
+REVOKE EXECUTE ON FUNCTION unitvisor.host_late_sec(unitvisor.hosts) FROM PUBLIC;
+
 -- declare_dead_hosts as in 013 (the same lock, the same hosts, the same reasons), with the guards that
 -- tell a silent host from a database or a fleet that is behind (docs/fleet.md, Dead hosts). A host is
 -- late when its heartbeat is older than two of its poll intervals and half its host_dead_after (by the
@@ -2335,15 +2344,14 @@ BEGIN
         RETURN;
     END IF;
     own_age := extract(epoch FROM clock_timestamp() - me.heartbeat_at)::double precision;
-    IF own_age > greatest(2 * coalesce(me.poll_interval_sec, 10), coalesce(me.dead_after_sec, 60) / 2) THEN
+    IF own_age > unitvisor.host_late_sec(me) THEN
         UPDATE unitvisor.fleet_upkeep u SET fleet_held_at = now();  -- the database is behind: a disruption
         RETURN QUERY SELECT NULL::text, NULL::double precision, NULL::double precision, overdue, 'declarer-late',
             format('this host''s own heartbeat is %s s old (over two of its poll intervals and half its '
                    'host_dead_after): the database or this daemon is behind', round(own_age::numeric));
         RETURN;
     END IF;
-    SELECT count(*), count(*) FILTER (WHERE h.heartbeat_at < now() - make_interval(secs => greatest(
-                                          2 * coalesce(h.poll_interval_sec, 10), coalesce(h.dead_after_sec, 60) / 2)))
+    SELECT count(*), count(*) FILTER (WHERE h.heartbeat_at < now() - make_interval(secs => unitvisor.host_late_sec(h)))
     INTO others, late
     FROM unitvisor.hosts h
     WHERE h.id <> declare_dead.declarer AND h.state IN ('active', 'draining') AND NOT unitvisor.host_is_overdue(h);
@@ -2437,8 +2445,7 @@ END $$;
 
 CREATE TRIGGER hosts_heard_late BEFORE UPDATE OF heartbeat_at ON unitvisor.hosts
     FOR EACH ROW WHEN (OLD.state IN ('active', 'draining') AND NEW.state IN ('active', 'draining')
-                       AND OLD.heartbeat_at < NEW.heartbeat_at - make_interval(secs => greatest(
-                           2 * coalesce(OLD.poll_interval_sec, 10), coalesce(OLD.dead_after_sec, 60) / 2)))
+                       AND OLD.heartbeat_at < NEW.heartbeat_at - make_interval(secs => unitvisor.host_late_sec(OLD)))
     EXECUTE FUNCTION unitvisor.note_late_return();
 
 -- The operator's word that a host is down (its machine is off, or gone): it is declared dead once it
