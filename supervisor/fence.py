@@ -231,12 +231,22 @@ def read_lease(boot_id: str, path: Path | None = None) -> Lease | None:
     return lease
 
 
+class RecordsUnreadable(Exception):
+    """The fence's records cannot be read, so whether it stopped a unit is unknown. Seen with a daemon
+    that is not root (a misconfiguration it claims nothing under): the two services share
+    /run/unitvisor, and the one that starts last makes it its user's, mode 0700."""
+
+
 def fenced_units(directory: Path | None = None) -> set[str]:
-    """The units the fence stopped that the daemon has not settled yet."""
+    """The units the fence stopped that the daemon has not settled yet. Raises RecordsUnreadable when
+    the directory exists but cannot be read: "none" would be a guess."""
+    directory = directory or FENCED
     try:
-        return {entry.name for entry in (directory or FENCED).iterdir() if not entry.name.startswith(".")}
+        return {entry.name for entry in directory.iterdir() if not entry.name.startswith(".")}
     except FileNotFoundError:
         return set()
+    except OSError as exc:
+        raise RecordsUnreadable(f"cannot read the fence's records in {directory}: {exc.strerror or exc}") from None
 
 
 def record_fenced(name: str, directory: Path | None = None) -> None:
@@ -249,14 +259,31 @@ class FencedUnits(set):
     """The daemon's set of units stopped by the fence and not yet settled, mirrored by the files under
     /run/unitvisor/fenced: the reconciler discards a name once its attempt's outcome is recorded, and
     the file goes with it, so that the name is not read back and settled as cut off a second time. A
-    name the fence records while the daemon runs is read in at the next reconcile pass (`refresh`)."""
+    name the fence records while the daemon runs is read in at the next reconcile pass (`refresh`).
+
+    When the records cannot be read, `unreadable` says why (said once in the journal) and `check` raises:
+    an attempt whose outcome depends on them is left open for a later pass, not settled as killed when
+    the fence may have cut it off; a daemon with nothing open goes on as usual."""
 
     def __init__(self, directory: Path | None = None) -> None:
         super().__init__()
         self.directory = directory or FENCED
+        self.unreadable: str | None = None
 
     def refresh(self) -> None:
-        self.update(fenced_units(self.directory))
+        try:
+            self.update(fenced_units(self.directory))
+        except RecordsUnreadable as exc:
+            if str(exc) != self.unreadable:
+                event("fence-records-unreadable", level=logging.WARNING, path=str(self.directory), detail=str(exc))
+            self.unreadable = str(exc)
+        else:
+            self.unreadable = None
+
+    def check(self) -> None:
+        """Raises RecordsUnreadable while the last refresh could not read the records."""
+        if self.unreadable is not None:
+            raise RecordsUnreadable(self.unreadable)
 
     def discard(self, name: str) -> None:
         if name in self:

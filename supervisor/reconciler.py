@@ -528,6 +528,9 @@ class Reconciler:
         except SystemdError as exc:
             event("systemd-error", level=logging.ERROR, run=run.id, attempt=attempt.attempt,
                   unit=attempt.unit_name, detail=str(exc))
+        except fence.RecordsUnreadable as exc:
+            event("outcome-deferred", level=logging.WARNING, run=run.id, attempt=attempt.attempt,
+                  unit=attempt.unit_name, detail=f"{exc}: whether the fence stopped it is unknown")
         except Exception as exc:  # a bug or a row nobody foresaw must not stop the other runs
             event("internal-error", level=logging.ERROR, run=run.id, attempt=attempt.attempt,
                   unit=attempt.unit_name, detail=f"{type(exc).__name__}: {exc}")
@@ -625,7 +628,7 @@ class Reconciler:
                 except Unreadable as exc:
                     # `lost` now would retry a run that may have succeeded: it would run twice. A unit
                     # this host stopped while cut off is lost whatever the journal says.
-                    if attempt.unit_name not in self.cut_off_units:
+                    if not self._was_cut_off(attempt):
                         self._wait(run, attempt, f"{exc}: its outcome is decided by a later pass")
                         return
                     found = None
@@ -673,10 +676,17 @@ class Reconciler:
     def _cut_off(self, attempt: Attempt, outcome: Outcome) -> Outcome:
         # A refused start the fence also stopped (it lists a unit whose lease check is running as one to
         # stop) says the more: its command never ran.
-        if (attempt.unit_name not in self.cut_off_units or outcome.outcome == "cancelled"
-                or outcome == fence.REFUSED_START):
+        if outcome.outcome == "cancelled" or outcome == fence.REFUSED_START or not self._was_cut_off(attempt):
             return outcome
         return fleet.cut_off_outcome(outcome, cut_off_after(self.settings))
+
+    def _was_cut_off(self, attempt: Attempt) -> bool:
+        """Whether this host stopped the attempt's unit while cut off (the guard or the fence). Raises
+        fence.RecordsUnreadable when the fence's records could not be read: unknown, so the attempt is
+        left for a later pass (isolated), never settled as killed when it was cut off."""
+        if isinstance(self.cut_off_units, fence.FencedUnits):
+            self.cut_off_units.check()
+        return attempt.unit_name in self.cut_off_units
 
     def apply_orphan(self, decision: Decision) -> None:
         if decision.action is Action.RELEASE:

@@ -69,6 +69,23 @@ def test_a_daemon_without_root_claims_nothing_and_says_why(host: Host) -> None:
     status = host.unit_props("unitvisor.service", "StatusText")["StatusText"]
     assert "not root: claiming nothing" in status
     assert "claims nothing: the daemon is not root" in host.cli("hosts").stdout
+    # Both services name /run/unitvisor as their RuntimeDirectory, and the one that starts last makes it
+    # its user's, mode 0700: the fence (root) started after this daemon takes it away from it (a
+    # rehearsal's daemon met it at its start, and never got past "internal error" to READY). The
+    # records it can no longer read are said once, and the daemon goes on.
+    invocation = host.unit_props("unitvisor.service", "InvocationID")["InvocationID"]
+
+    def said() -> str:  # this daemon's own lines: the test bed's journal holds the module's earlier ones
+        return host.tb.run("journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "--no-pager", "-o", "cat").stdout
+
+    host.tb.run("systemctl", "restart", "unitvisor-fence.service")
+    host.tb.run("systemctl", "daemon-reload")  # which makes the daemon reconcile at once
+    wait_for(lambda: "fence-records-unreadable" in said(), what="the daemon to say it cannot read them")
+    host.tb.run("systemctl", "daemon-reload")
+    wait_for(lambda: said().count("systemd-reloaded") >= 2, what="a second pass")
+    assert "internal error" not in said() and said().count("fence-records-unreadable") == 1, said()
+    status = host.unit_props("unitvisor.service", "StatusText")["StatusText"]
+    assert "not root: claiming nothing" in status and "retrying" not in status, status
 
 
 def test_hosts_forget_only_a_stopped_or_dead_host_with_nothing_open(host: Host) -> None:

@@ -99,6 +99,27 @@ def test_fenced_units_are_mirrored_by_files_that_a_settlement_removes(runtime_di
     assert units == {B}  # not read back
 
 
+def test_fence_records_that_cannot_be_read_are_said_once_and_checked(runtime_directory, mocker):
+    """Not "none stopped": a guess that would settle a cut-off run as killed. Said once, until read again."""
+    fence.record_fenced(A)
+    events = mocker.patch("supervisor.fence.event")
+    units = fence.FencedUnits()
+    units.check()
+    with mock.patch.object(Path, "iterdir", side_effect=PermissionError(13, "Permission denied")):
+        with pytest.raises(fence.RecordsUnreadable, match="cannot read the fence's records in .*: Permission denied"):
+            fence.fenced_units()
+        units.refresh()
+        units.refresh()
+    assert units == set() and units.unreadable is not None
+    with pytest.raises(fence.RecordsUnreadable, match="Permission denied"):
+        units.check()
+    ((args, kwargs),) = [(c.args, c.kwargs) for c in events.call_args_list]
+    assert args == ("fence-records-unreadable",) and "Permission denied" in kwargs["detail"]
+    units.refresh()
+    assert units == {A} and units.unreadable is None
+    units.check()
+
+
 # -- one round of the fence -------------------------------------------------------------------------
 
 @pytest.fixture

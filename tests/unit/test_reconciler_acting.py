@@ -16,12 +16,13 @@ import os
 import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from unittest import mock
 
 import psycopg
 import pytest
 
-from supervisor import fleet, runenv, store
+from supervisor import fence, fleet, runenv, store
 from supervisor import journal as journal_mod
 from supervisor.config import RunSettings, Settings, cut_off_after
 from supervisor.model import Accounting, Attempt, Run
@@ -313,6 +314,40 @@ def test_a_unit_not_cut_off_keeps_its_outcome(rec, st, systemd):
     ((_, outcome, _),) = recorded(st)
     assert outcome == Outcome("signal", "signal:TERM", "killed by signal TERM")
     assert rec.cut_off_units == {"unitvisor-run-other-1.service"}
+
+
+@pytest.fixture
+def unreadable_records(rec, tmp_path):
+    """The fence's records as the daemon holds them, read from a directory it may not read (a daemon
+    that is not root, once the root fence made /run/unitvisor its own)."""
+    records = fence.FencedUnits(tmp_path / "fenced")
+    with mock.patch.object(Path, "iterdir", side_effect=PermissionError(13, "Permission denied")):
+        records.refresh()
+    rec.cut_off_units = records
+    return records
+
+
+@pytest.mark.parametrize("unit_state", ["gone", "ended"])
+def test_an_outcome_that_hangs_on_unreadable_fence_records_waits_for_a_later_pass(
+        rec, st, systemd, events, unreadable_records, unit_state):
+    """Killed by TERM, or gone: the fence may have stopped it, and then it is `lost` (retried), not
+    `signal`. Unknown: left open, said with the run id, and the pass goes on."""
+    run, attempt = pair(1)
+    if unit_state == "ended":
+        systemd.state.return_value = ended(attempt.unit_name, CLD_KILLED, 15, "signal")
+    rec.isolated(run, attempt, lambda: rec.reconcile_one(run, attempt))  # as the pass and the daemon call it
+    assert recorded(st) == []
+    ((_, said),) = [(c.args, c.kwargs) for c in events.call_args_list if c.args[0] == "outcome-deferred"]
+    assert said["run"] == run.id and "cannot read the fence's records" in said["detail"]
+    assert "Permission denied" in said["detail"] and "whether the fence stopped it is unknown" in said["detail"]
+
+
+def test_a_cancelled_run_is_settled_whatever_the_fence_records(rec, st, systemd, unreadable_records):
+    run, attempt = pair(1, cancelled=True)
+    systemd.state.return_value = ended(attempt.unit_name, CLD_KILLED, 15, "signal")
+    rec.reconcile_one(run, attempt)
+    ((_, outcome, state),) = recorded(st)
+    assert (outcome.outcome, state) == ("cancelled", "cancelled")
 
 
 def test_the_cut_off_set_is_the_one_passed_in():
