@@ -153,6 +153,9 @@ class Daemon:
         self.host_state = "active"
         self.timers = Timers(retention=0.0 if settings.retention.keep_finished is not None else math.inf)
         self.claimed = 0
+        # Whether the last claim may have left runs this host could take: it stopped at a full host or
+        # slowed by pressure, not at a short answer. Unknown at the start.
+        self.claim_left_work = True
         # Admission by pressure: what the last read of the slice's PSI files decided, what of it the host
         # row says (None: nothing since this registration), and when a slowed host may claim again.
         # Open until the first read (before any claim): a start under no pressure says nothing of it.
@@ -503,9 +506,7 @@ class Daemon:
         if changed:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, unit_names=sorted(changed)),
                                      signalled=self.watcher.signalled)
-        # A settled run frees a slot: claim again now rather than at the next poll, or a backlog
-        # larger than max_runs drains one batch per poll interval.
-        wake_claim = wake_claim or self.reconciler.settled > settled_before
+        wake_claim = wake_claim or (self.reconciler.settled > settled_before and self._claim_after_settle())
         if now >= self.timers.reclaim:
             wake_claim, self.timers.reclaim = True, math.inf
         if now >= self.timers.pressure:
@@ -789,12 +790,14 @@ class Daemon:
             return
         if admission.state == pressure.SLOWED and time.monotonic() < self.slowed_until:
             self.timers.reclaim = min(self.timers.reclaim, self.slowed_until)
+            self.claim_left_work = True
             return
         most = daemon.claim_batch if admission.limit is None else admission.limit
         while not self.stopping:
             # No claim for a host whose slots are all taken: the database would answer none (issue 23: in a
             # burst, the claim after the one that filled the host was most of the empty claims left).
             take = min(most, self.settings.host.max_runs - self.reconciler.in_flight)
+            self.claim_left_work = take <= 0
             if take <= 0:
                 return
             sent = time.monotonic()
@@ -826,8 +829,24 @@ class Daemon:
             finally:
                 # Also when the batch ended early (the bus gone): what was created is running.
                 self.reconciler.mark_created(created)
-            if len(claimed) < take or admission.state == pressure.SLOWED:
+            if admission.state == pressure.SLOWED:
+                self.claim_left_work = True
                 return
+            if len(claimed) < take:
+                return
+
+    def _claim_after_settle(self) -> bool:
+        """Whether the runs settled in this iteration are worth a claim now rather than at the next poll.
+        A settled run frees a slot: a backlog larger than max_runs would otherwise drain one batch a
+        poll interval, and a key's or a named limit's next run becomes claimable with no NOTIFY. Not
+        after a claim that came back short, though: the queue had nothing more for this host then, a
+        submit since would have notified it (it had room), and jobs left to others' fair shares are
+        claimed again by the reclaim timer. Chosen, not inherited: 0.11.0 claimed after every settle,
+        and at the end of a burst that was one empty claim per host (issue 23). What this misses (a run
+        made claimable some other way) the next poll's probe finds. With a memory_budget, always: a run
+        that did not fit may fit now."""
+        freed, self.reconciler.freed_held = self.reconciler.freed_held, False
+        return self.claim_left_work or freed or self.settings.host.memory_budget is not None
 
     def _river_claim(self) -> bool:
         """Claim River jobs into runs ([river]), when this host would claim its own jobs at all (active,

@@ -457,6 +457,80 @@ def test_full_batches_stop_when_the_host_is_full(make, st):
     assert d.claimed == 4 and d.reconciler.in_flight == 4
 
 
+def _settling(d: Daemon, mocker, settles: int = 1) -> None:
+    """One iteration of the loop in which systemd says a unit changed and its outcome is recorded."""
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    mocker.patch.object(store, "open_attempts", return_value=[])
+    d.watcher.drain.return_value = ({"unitvisor-run-a-1.service"}, False)
+    d.timers = daemon_mod.Timers(claim=math.inf, reconcile=math.inf, retention=math.inf, upkeep=math.inf,
+                                 pressure=math.inf)
+
+    def settle(pairs, signalled=None):
+        d.reconciler.settled += settles
+    mocker.patch.object(d, "_reconcile_attempts", side_effect=settle)
+    d._iteration()
+
+
+@pytest.mark.parametrize(("last_claim", "claims_after_settle"), [
+    ([[claimed_pair(1)]], False),  # short: the queue had nothing more for it, and a submit notifies it
+    ([[]], False),  # empty likewise
+    ([[claimed_pair(1), claimed_pair(2)], [claimed_pair(3), claimed_pair(4)]], True),  # stopped at a full host
+])
+def test_a_settle_claims_again_only_when_the_last_claim_may_have_left_work(make, st, mocker, last_claim,
+                                                                         claims_after_settle):
+    """Issue 23: 0.11.0 claimed after every settle, and at the end of a burst that was an empty claim per
+    host. A full host still claims at once when a slot frees: a backlog must not drain a batch a poll."""
+    d = _with_slots(make, max_runs=4, batch=2)
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=False)
+    st.claim.side_effect = last_claim
+    d._claim_and_spawn()
+    st.claim.reset_mock(side_effect=True)
+    st.claim.return_value = []
+    d.reconciler.in_flight = 0
+    _settling(d, mocker)
+    assert st.claim.called is claims_after_settle
+
+
+def test_a_daemon_that_has_not_claimed_yet_claims_after_a_settle(make, st, mocker):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=False)
+    _settling(d, mocker)
+    st.claim.assert_called_once()
+
+
+@pytest.mark.parametrize("budget", [False, True])
+def test_a_settle_that_may_let_a_held_run_start_claims_again(make, st, mocker, budget):
+    """A key's or a named limit's next run becomes claimable with no NOTIFY (freed_held); with a
+    memory_budget, a run that did not fit may fit now."""
+    settings = make_settings()
+    if budget:
+        settings = dataclasses.replace(settings, host=HostSettings(id="h1", name="host-1", memory_budget=1 << 30))
+    d = make(settings)
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=not budget)
+    d._claim_and_spawn()  # short: nothing left
+    st.claim.reset_mock()
+    _settling(d, mocker)
+    st.claim.assert_called_once()
+    assert d.reconciler.freed_held is False  # looked at once
+    st.claim.reset_mock()
+    _settling(d, mocker)
+    assert st.claim.called is budget
+
+
+def test_a_slowed_host_counts_as_leaving_work(make, st, mocker, psi):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=False)
+    d.claim_left_work = False
+    under(psi, memory=30.0)
+    st.claim.return_value = [claimed_pair(1)]
+    d._claim_and_spawn()  # one claim a poll interval while slowed: what it left is claimed later
+    assert d.admission.state == "slowed" and d.claim_left_work is True
+    d.claim_left_work = False
+    d._claim_and_spawn()  # within that interval: no claim at all
+    st.claim.assert_called_once()
+    assert d.claim_left_work is True
+
+
 def _spawning(make, mocker, systemd):
     """A daemon whose claim returns three runs, with a real Reconciler and the two marks spied on."""
     d = make()
