@@ -531,6 +531,23 @@ def test_a_slowed_host_counts_as_leaving_work(make, st, mocker, psi):
     assert d.claim_left_work is True
 
 
+@pytest.mark.parametrize("claimable", [False, True])
+def test_the_reclaim_asks_the_probe_first_and_claims_only_when_there_is_work(make, st, mocker, claimable):
+    """Issue 23: in a burst on 300 hosts the claim the reclaim timer sent regardless found the jobs left
+    to other hosts' shares mostly taken by them: most of the empty claims."""
+    d = make()
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=False)
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    probe = mocker.patch.object(store, "probe", return_value=store.Probe("active", claimable, False, False))
+    d.watcher.drain.return_value = (set(), False)
+    d.timers = daemon_mod.Timers(claim=math.inf, reclaim=0.0, reconcile=math.inf, retention=math.inf,
+                                 upkeep=math.inf, pressure=math.inf)
+    d._iteration()
+    probe.assert_called_once()
+    assert st.claim.called is claimable
+    assert d.timers.reclaim == math.inf and d.timers.claim > time.monotonic()  # the poll's next, as usual
+
+
 def _spawning(make, mocker, systemd):
     """A daemon whose claim returns three runs, with a real Reconciler and the two marks spied on."""
     d = make()
