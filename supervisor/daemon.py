@@ -846,9 +846,13 @@ class Daemon:
         submit since would have notified it (it had room), and jobs left to others' fair shares are
         claimed again by the reclaim timer. Chosen, not inherited: 0.11.0 claimed after every settle,
         and at the end of a burst that was one empty claim per host (issue 23). What this misses (a run
-        made claimable some other way) the next poll's probe finds. With a memory_budget, always: a run
-        that did not fit may fit now."""
-        freed, self.reconciler.freed_held = self.reconciler.freed_held, False
+        made claimable some other way) the next poll's probe finds: so does a limit created since the
+        last reconcile pass read the fleet's limits (limit_figures), where a labelled run's settle
+        counts only while some limit exists. With a memory_budget, always: a run that did not fit may
+        fit now."""
+        rec = self.reconciler
+        freed = rec.freed_key or (rec.freed_labelled and bool(self.limit_figures))
+        rec.freed_key = rec.freed_labelled = False
         return self.claim_left_work or freed or self.settings.host.memory_budget is not None
 
     def _river_claim(self) -> bool:

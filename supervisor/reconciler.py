@@ -333,9 +333,10 @@ class Reconciler:
         self.settled = 0
         self.in_flight = 0
         # Whether an outcome recorded since the daemon last looked may have let a queued run start: one of
-        # a concurrency key, or under a named limit (which selects by labels). Those runs become claimable
-        # with no NOTIFY; the daemon claims after such a settle (Daemon._claim_after_settle).
-        self.freed_held = False
+        # its concurrency key, or (a run with labels) under a named limit, which selects by labels. Those
+        # runs become claimable with no NOTIFY; the daemon claims after such a settle (_claim_after_settle).
+        self.freed_key = False
+        self.freed_labelled = False
         self._batch: list[_Ending] | None = None  # inside batched_outcomes
         self.taken_over: list[tuple[str, str | None]] = []  # take_over_id's outcomes, counted after the commit
         # Warnings due to this host's running units (stopsignals.py): added when a unit is started, or
@@ -841,7 +842,8 @@ class Reconciler:
                 self.output_tails.add(ending.run.id, attempt.attempt)
             self.settled += 1
             self.in_flight = max(0, self.in_flight - 1)  # exact again at the next pass
-            self.freed_held = self.freed_held or bool(ending.run.concurrency_key or ending.run.labels)
+            self.freed_key = self.freed_key or ending.run.concurrency_key is not None
+            self.freed_labelled = self.freed_labelled or bool(ending.run.labels)
             if self.metrics is not None:
                 self.metrics.settled(ending.settling.outcome.outcome,
                                      _ended_by(ending.run, attempt, ending.settling.outcome))

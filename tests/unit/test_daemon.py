@@ -481,7 +481,7 @@ def test_a_settle_claims_again_only_when_the_last_claim_may_have_left_work(make,
     """Issue 23: 0.11.0 claimed after every settle, and at the end of a burst that was an empty claim per
     host. A full host still claims at once when a slot frees: a backlog must not drain a batch a poll."""
     d = _with_slots(make, max_runs=4, batch=2)
-    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=False)
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_key=False, freed_labelled=False)
     st.claim.side_effect = last_claim
     d._claim_and_spawn()
     st.claim.reset_mock(side_effect=True)
@@ -493,33 +493,40 @@ def test_a_settle_claims_again_only_when_the_last_claim_may_have_left_work(make,
 
 def test_a_daemon_that_has_not_claimed_yet_claims_after_a_settle(make, st, mocker):
     d = make()
-    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=False)
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_key=False, freed_labelled=False)
     _settling(d, mocker)
     st.claim.assert_called_once()
 
 
-@pytest.mark.parametrize("budget", [False, True])
-def test_a_settle_that_may_let_a_held_run_start_claims_again(make, st, mocker, budget):
-    """A key's or a named limit's next run becomes claimable with no NOTIFY (freed_held); with a
-    memory_budget, a run that did not fit may fit now."""
+@pytest.mark.parametrize(("why", "claims"), [
+    ("key", True),  # its key's next run
+    ("labels and a limit", True),  # a named limit's next run
+    ("labels, no limit", False),  # no limit in the fleet: labels hold nothing back
+    ("budget", True),  # a run that did not fit may fit now
+])
+def test_a_settle_that_may_let_a_held_run_start_claims_again(make, st, mocker, why, claims):
+    """A key's or a named limit's next run becomes claimable with no NOTIFY; with a memory_budget, a run
+    that did not fit may fit now."""
     settings = make_settings()
-    if budget:
+    if why == "budget":
         settings = dataclasses.replace(settings, host=HostSettings(id="h1", name="host-1", memory_budget=1 << 30))
     d = make(settings)
-    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=not budget)
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_key=why == "key", freed_labelled=why.startswith("labels"))
+    if why == "labels and a limit":
+        d.limit_figures = {"batch": (2, 2)}
     d._claim_and_spawn()  # short: nothing left
     st.claim.reset_mock()
     _settling(d, mocker)
-    st.claim.assert_called_once()
-    assert d.reconciler.freed_held is False  # looked at once
+    assert st.claim.called is claims
+    assert d.reconciler.freed_key is False and d.reconciler.freed_labelled is False  # looked at once
     st.claim.reset_mock()
     _settling(d, mocker)
-    assert st.claim.called is budget
+    assert st.claim.called is (why == "budget")
 
 
 def test_a_slowed_host_counts_as_leaving_work(make, st, mocker, psi):
     d = make()
-    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=False)
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_key=False, freed_labelled=False)
     d.claim_left_work = False
     under(psi, memory=30.0)
     st.claim.return_value = [claimed_pair(1)]
@@ -536,7 +543,7 @@ def test_the_reclaim_asks_the_probe_first_and_claims_only_when_there_is_work(mak
     """Issue 23: in a burst on 300 hosts the claim the reclaim timer sent regardless found the jobs left
     to other hosts' shares mostly taken by them: most of the empty claims."""
     d = make()
-    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_held=False)
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_key=False, freed_labelled=False)
     mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
     probe = mocker.patch.object(store, "probe", return_value=store.Probe("active", claimable, False, False))
     d.watcher.drain.return_value = (set(), False)

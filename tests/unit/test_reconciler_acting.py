@@ -350,6 +350,21 @@ def test_a_cancelled_run_is_settled_whatever_the_fence_records(rec, st, systemd,
     assert (outcome.outcome, state) == ("cancelled", "cancelled")
 
 
+@pytest.mark.parametrize(("fields", "key", "labelled"), [
+    ({}, False, False),
+    ({"concurrency_key": "deploy"}, True, False),
+    ({"labels": {"team": "batch"}}, False, True),
+])
+def test_a_recorded_outcome_says_whether_it_may_have_freed_a_held_run(rec, st, systemd, fields, key, labelled):
+    """What the daemon's claim after a settle reads (Daemon._claim_after_settle)."""
+    run, attempt = pair(1)
+    run = dataclasses.replace(run, **fields)
+    systemd.state.return_value = ended(attempt.unit_name)
+    rec.reconcile_one(run, attempt)
+    assert len(recorded(st)) == 1
+    assert (rec.freed_key, rec.freed_labelled) == (key, labelled)
+
+
 def test_the_cut_off_set_is_the_one_passed_in():
     """The daemon passes the guard's set: the guard adds, the reconciler removes, one object."""
     shared: set[str] = set()
