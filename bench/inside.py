@@ -7,6 +7,7 @@ the checkout is not on sys.path.
 
 Subcommands:
   limit      StartTransientUnit in a loop on one connection: systemd's own limit, the baseline
+  outcome-loop  the daemon's systemd side alone: starts as slots free, each end read from its signals
   active     one start at a time, timed to the unit being active
   units      start long-running units under given names (the loaded units of a reconcile pass)
   reconcile  one reconcile pass (or its decide phase) through supervisor.reconciler.Reconciler
@@ -182,6 +183,122 @@ def cmd_limit(args: argparse.Namespace) -> dict[str, Any]:
         for key in args.with_props.split(","):
             props[key.encode()] = product[key.encode()]
     return {"props": args.props, **start_all(props, args.n, args.prefix)}
+
+
+def outcome_loop(props: dict[bytes, Any], n: int, prefix: str, hold: bool, split: bool = False,
+                 max_runs: int = 64, batch: int = 32) -> dict[str, Any]:
+    """The daemon's side of systemd alone, with no database and none of its bookkeeping (issue 27): at
+    most `max_runs` units at once, started `batch` at a time as slots free (the packaged max_runs and
+    claim_batch), each unit's end taken from its signals (Watcher, subscribed as the daemon is) and,
+    with `hold`, read and released as the daemon does (AddRef, the ended unit's accounting, UnrefUnit);
+    without it the units are not held and their signals alone say they ended. Beside the raw loop
+    (`start_all`) and the daemon, it says how much of the daemon's gap to the raw loop is what reading
+    outcomes costs PID 1 and the bus, and how much the rest of the loop (PostgreSQL, logs, rows).
+
+    `split` (with `hold`) is the design issue 27 proposes, tried: the signals and the accounting's reads
+    in a second process on a connection of its own, which tells this one (through a pipe) each unit that
+    ended; this one starts and releases. A process, not a thread: pystemd waits for PID 1's reply holding
+    the GIL (sd_bus_call, with no `nogil` and no asynchronous call in 0.15), so a thread would wait too."""
+    import os
+    import select
+
+    from supervisor.systemd import Watcher
+
+    if not hold:
+        props = {k: v for k, v in props.items() if k != b"AddRef"}
+    reader_r = reader = None
+    if split:
+        reader_r, writer = os.pipe()
+        reader = os.fork()
+        if reader == 0:  # the reader: signals and accounting, each ended unit's name and state down the pipe
+            os.close(reader_r)
+            code = 0
+            try:
+                _read_outcomes(prefix, n, writer)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        os.close(writer)
+    systemd = Systemd()
+    systemd.connect()
+    watcher = None if split else Watcher(prefix)
+    if watcher is not None:
+        watcher.connect()
+    running: set[str] = set()
+    started = ended = reads = 0
+    pending = b""
+    t0, self0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    while ended < n:
+        take = min(batch, max_runs - len(running), n - started)
+        for _ in range(max(take, 0)):
+            name = f"{prefix}{started}.service"
+            systemd.start_transient(name, props)
+            running.add(name)
+            started += 1
+        if reader_r is not None:
+            select.select([reader_r], [], [], 1.0)
+            pending += os.read(reader_r, 65536)
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                name, active_state = line.decode().split()
+                systemd.release(name, None if active_state == "-" else active_state)
+                running.discard(name)
+                ended += 1
+            continue
+        assert watcher is not None
+        select.select([watcher.fileno()], [], [], 1.0)
+        changed, _ = watcher.drain()
+        for name in sorted(changed & running):
+            signalled = watcher.signalled.get(name)
+            if hold or signalled is None:
+                state = systemd.state(name, signalled)
+                reads += 1
+            else:
+                state = signalled
+            if state is None or state.has_ended:
+                if hold:
+                    systemd.release(name, state.active_state if state else None)
+                running.discard(name)
+                ended += 1
+    seconds, self1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    if watcher is not None:
+        watcher.close()
+    systemd.close()
+    if reader is not None:
+        os.waitpid(reader, 0)
+    return {"n": n, "hold": hold, "split": split, "max_runs": max_runs, "seconds": seconds,
+            "runs_per_s": n / seconds, "state_reads": reads, "cpu_ms_per_run": _cpu_ms(self0, self1) / n}
+
+
+def _read_outcomes(prefix: str, n: int, out: int) -> None:
+    """outcome_loop's reader process: `n` ended units of `prefix`, each as "name active_state" on `out`."""
+    import os
+    import select
+
+    from supervisor.systemd import Watcher
+
+    systemd, watcher = Systemd(), Watcher(prefix)
+    systemd.connect()
+    watcher.connect()
+    done: set[str] = set()
+    while len(done) < n:
+        select.select([watcher.fileno()], [], [], 1.0)
+        changed, _ = watcher.drain()
+        lines = []
+        for name in sorted(changed - done):
+            state = systemd.state(name, watcher.signalled.get(name))
+            if state is None or state.has_ended:
+                done.add(name)
+                lines.append(f"{name} {state.active_state if state else '-'}\n")
+        if lines:
+            os.write(out, "".join(lines).encode())
+
+
+def cmd_outcome_loop(args: argparse.Namespace) -> dict[str, Any]:
+    """`outcome_loop` of one kind of unit (PROPS)."""
+    return {"props": args.props, **outcome_loop(unit_props(args.props, ["/bin/true"]), args.n, args.prefix,
+                                                hold=args.hold or args.split, split=args.split,
+                                                max_runs=args.max_runs)}
 
 
 # What makes a run's unit dearer for systemd to start than a bare one, with the sandbox off
@@ -441,6 +558,13 @@ def main() -> None:
     p.add_argument("--prefix", default="bench-raw")
     p.add_argument("--props", choices=PROPS, default="bare")
     p.add_argument("--with-props", help="comma-separated properties of the daemon's units to add to bare ones")
+    p = sub.add_parser("outcome-loop")
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--prefix", default="bench-loop-")
+    p.add_argument("--props", choices=PROPS, default="unsandboxed")
+    p.add_argument("--hold", action="store_true", help="hold, read and release each unit as the daemon does")
+    p.add_argument("--split", action="store_true", help="... with the signals and reads in a second process")
+    p.add_argument("--max-runs", type=int, default=64, help="units at once (the packaged max_runs: 64)")
     p = sub.add_parser("unit-cost")
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--rounds", type=int, default=2)
@@ -464,7 +588,8 @@ def main() -> None:
     p.add_argument("--reads", type=int, default=200)
     p.add_argument("--batch", type=int, default=1, help="attempts a read (the daemon: TailReader.MAX_BATCH at most)")
     args = parser.parse_args()
-    handler = {"limit": cmd_limit, "unit-cost": cmd_unit_cost, "active": cmd_active, "units": cmd_units,
+    handler = {"limit": cmd_limit, "outcome-loop": cmd_outcome_loop, "unit-cost": cmd_unit_cost,
+               "active": cmd_active, "units": cmd_units,
                "reconcile": cmd_reconcile, "tails": cmd_tails}[args.cmd]
     json.dump(handler(args), sys.stdout)
 
