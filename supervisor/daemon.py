@@ -45,7 +45,7 @@ from supervisor.journal import Journal, TailReader
 from supervisor.log import event
 from supervisor.metrics import Metrics, State
 from supervisor.model import Attempt, Run
-from supervisor.reconciler import Reconciler
+from supervisor.reconciler import Reconciler, change_needs_rows
 from supervisor.systemd import Systemd, SystemdError, SystemdUnavailable, UnitState, Watcher
 
 log = logging.getLogger("unitvisor")
@@ -503,9 +503,12 @@ class Daemon:
             event("systemd-reloaded", host=self.host_id)
         now = time.monotonic()
         settled_before = self.reconciler.settled
+        signalled = self.watcher.signalled
+        changed = {name for name in changed
+                   if change_needs_rows(name, signalled.get(name), self.reconciler.started_units)}
         if changed:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, unit_names=sorted(changed)),
-                                     signalled=self.watcher.signalled)
+                                     signalled=signalled)
         wake_claim = wake_claim or (self.reconciler.settled > settled_before and self._claim_after_settle())
         if now >= self.timers.reclaim:
             # The probe first, now, and a claim only if it says there is work: by the time the jobs left

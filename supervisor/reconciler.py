@@ -56,7 +56,7 @@ import contextlib
 import enum
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -231,6 +231,18 @@ def decide_on_change(run: Run, attempt: Attempt, unit: UnitState | None) -> Deci
     return decision
 
 
+def change_needs_rows(unit_name: str, signalled: UnitState | None, started_units: Collection[str]) -> bool:
+    """Whether a unit's change must be decided on with its attempt's rows (store.open_attempts). Not when
+    its signals say it is not over and its attempt is recorded as started (`started_units`): then
+    decide_on_change says NOTHING whatever the rows hold, but for a cancelled run, which the cancel
+    channel acts on (its NOTIFY, or the heartbeat's flag at the next poll), never a unit's signal. A unit
+    starting, running and stopping changes several times, each once a wake-up of the loop: with sandboxed
+    units slow to start, each was a statement of its own (0.9 a run, issue 27). Read as before: a unit
+    whose signals did not say all of its state, one that ended, and one whose attempt may not be marked
+    yet (its mark after the batch, or lost), which decide() would ADOPT."""
+    return signalled is None or signalled.has_ended or unit_name not in started_units
+
+
 def _started_at(decision: Decision) -> datetime | None:
     return decision.unit.started_at if decision.unit is not None else None
 
@@ -332,6 +344,9 @@ class Reconciler:
         self.random = random.Random()
         self.settled = 0
         self.in_flight = 0
+        # Units whose open attempt is recorded as started (change_needs_rows): marked by this daemon, or
+        # found so by the last pass; dropped when the attempt settles, and by each pass when not open.
+        self.started_units: set[str] = set()
         # Whether an outcome recorded since the daemon last looked may have let a queued run start: one of
         # its concurrency key, or (a run with labels) under a named limit, which selects by labels. Those
         # runs become claimable with no NOTIFY; the daemon claims after such a settle (_claim_after_settle).
@@ -432,6 +447,9 @@ class Reconciler:
             self.apply_orphan(decision)
             done.append(Planned(decision))
         self.in_flight = len(pairs)
+        # What the pass read, and what it marked itself (a start or an adoption: not in its snapshot).
+        self.started_units = {a.unit_name for _, a in pairs
+                              if a.started_at is not None or a.unit_name in self.started_units}
         self.schedule_warnings(pairs)
         self.sweep_environment_files()
         self.sweep_tasks_peaks()
@@ -584,6 +602,7 @@ class Reconciler:
             # need to read it back. Its invocation id is recorded with its outcome, or by the next pass.
             if created is None:
                 store.mark_started(self.conn, self.fence, attempt, None, f"unit {attempt.unit_name} started")
+                self.started_units.add(attempt.unit_name)
             else:
                 created.append(attempt)
             return
@@ -605,6 +624,7 @@ class Reconciler:
     def mark_created(self, created: list[Attempt]) -> None:
         """Mark started, in one statement, the attempts whose units `start` created for a batch."""
         store.mark_started_many(self.conn, self.fence, created)
+        self.started_units.update(attempt.unit_name for attempt in created)
 
     def apply(self, run: Run, attempt: Attempt, decision: Decision) -> None:
         action = decision.action
@@ -613,6 +633,7 @@ class Reconciler:
         elif action is Action.ADOPT:
             store.mark_started(self.conn, self.fence, attempt, decision.invocation_id, decision.reason,
                                started_at=_started_at(decision))
+            self.started_units.add(attempt.unit_name)
         elif action is Action.STOP:
             store.mark_started(self.conn, self.fence, attempt, decision.invocation_id, f"adopted: {decision.reason}",
                                started_at=_started_at(decision))
@@ -850,6 +871,7 @@ class Reconciler:
                 if outcomes.stop_timed_out(ending.settling.outcome):
                     self.metrics.stop_kills.inc()
         self.cut_off_units.discard(attempt.unit_name)
+        self.started_units.discard(attempt.unit_name)
         # Its process has been spawned (PID 1 read the file then) or never will be.
         self.env_files.remove(attempt.unit_name)
         # Read into this outcome, or stale (the attempt had one already): not needed again either way.

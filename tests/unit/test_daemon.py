@@ -23,7 +23,7 @@ from supervisor.daemon import Conflict, Daemon
 from supervisor.guard import GuardedConnection
 from supervisor.model import Attempt, Pruned, Run
 from supervisor.reconciler import Reconciler
-from supervisor.systemd import SystemdError, SystemdUnavailable
+from supervisor.systemd import SystemdError, SystemdUnavailable, UnitState
 from supervisor.unitspec import unit_name
 
 REAL_SPREAD = daemon_mod.spread  # before the boundaries fixture stands in for it
@@ -469,6 +469,35 @@ def _settling(d: Daemon, mocker, settles: int = 1) -> None:
         d.reconciler.settled += settles
     mocker.patch.object(d, "_reconcile_attempts", side_effect=settle)
     d._iteration()
+
+
+@pytest.mark.parametrize(("signals", "read"), [
+    ({"a": "running", "b": "running"}, []),  # both started here and running: nothing to read
+    ({"a": "running", "b": "dead"}, ["b"]),  # only the one that ended
+    ({"a": None, "b": "running"}, ["a"]),  # its signals did not say all of it: read in full
+])
+def test_a_change_reads_the_rows_of_only_the_units_that_need_them(make, st, mocker, signals, read):
+    """Issue 27: a unit starting, running and stopping changes several times; while its attempt is
+    recorded as started and its signals say it is not over, the change needs no statement."""
+    d = make()
+    names = {key: unit_name(uuid.UUID(int=n + 1), 1) for n, key in enumerate(signals)}
+    d.reconciler = mock.Mock(in_flight=0, settled=0, freed_key=False, freed_labelled=False,
+                             started_units=set(names.values()))
+    mocker.patch.object(d, "_reconcile_attempts")
+    mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
+    open_attempts = mocker.patch.object(store, "open_attempts", return_value=[])
+    d.watcher.drain.return_value = (set(names.values()), False)
+    d.watcher.signalled = {
+        names[key]: UnitState(names[key], "active" if sub == "running" else "inactive", sub, "success", 0, 0, "i",
+                              False)
+        for key, sub in signals.items() if sub is not None}
+    d.timers = daemon_mod.Timers(claim=math.inf, reconcile=math.inf, retention=math.inf, upkeep=math.inf,
+                                 pressure=math.inf)
+    d._iteration()
+    if read:
+        open_attempts.assert_called_once_with(d.conn, "h1", unit_names=sorted(names[key] for key in read))
+    else:
+        open_attempts.assert_not_called()
 
 
 @pytest.mark.parametrize(("last_claim", "claims_after_settle"), [

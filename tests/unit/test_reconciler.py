@@ -10,7 +10,7 @@ import pytest
 from supervisor import store
 from supervisor.model import Attempt, Run
 from supervisor.outcomes import CLD_DUMPED, CLD_EXITED, CLD_KILLED, Outcome
-from supervisor.reconciler import Action, Decision, decide, decide_on_change, decide_orphan
+from supervisor.reconciler import Action, Decision, change_needs_rows, decide, decide_on_change, decide_orphan
 from supervisor.systemd import UnitState
 from supervisor.unitspec import unit_name
 
@@ -331,6 +331,39 @@ def test_between_passes_every_other_case_is_decide():
     # started, no invocation id recorded, run not cancelled, its unit running, with a job pending, or
     # stopping (not yet ended): left to the outcome or the pass
     assert differ == 3
+
+
+# -- which changes are read with their rows (change_needs_rows) ---------------------------------------
+
+@pytest.mark.parametrize(("state", "started", "needs"), [
+    (None, True, True),  # the signals did not say all of its state: read in full, as before
+    (unit(**RUNNING), True, False),
+    (unit(**RUNNING, job=True), True, False),
+    (unit(active="activating", sub="start"), True, False),
+    (unit(active="deactivating", sub="stop-post"), True, False),
+    (unit(**EXITED_OK), True, True),
+    (unit(**FAILED_3), True, True),
+    (unit(active="inactive", sub="dead"), True, True),
+    (unit(**RUNNING), False, True),  # its attempt's mark may not be written (after the batch, or lost)
+])
+def test_a_change_is_read_with_its_rows_unless_a_started_attempts_unit_is_not_over(state, started, needs):
+    assert change_needs_rows(NAME, state, {NAME} if started else set()) is needs
+
+
+def test_a_change_left_unread_is_one_that_decide_on_change_does_nothing_about():
+    """The rule's premise, over decide's grid: where change_needs_rows says no, decide_on_change says
+    NOTHING for a run not cancelled, whatever the attempt's rows hold. (A cancelled run's stop comes from
+    the cancel channel: its NOTIFY, or the heartbeat's flag.)"""
+    states = [unit(**RUNNING), unit(**EXITED_OK), unit(**FAILED_3), unit(active="inactive", sub="dead"),
+              unit(**RUNNING, job=True), unit(active="deactivating", sub="stop-sigterm"),
+              unit(active="activating", sub="start"), unit(**RUNNING, invocation_id="")]
+    left = 0
+    for att in (make_attempt(started=True), make_attempt(started=True, invocation_id=INV)):
+        for state in states:
+            if not change_needs_rows(NAME, state, {NAME}):
+                assert decide_on_change(make_run(), att, state).action is Action.NOTHING
+                left += 1
+    assert left == 10  # five states not over, for each of the two started attempts
 
 
 # -- units that no open attempt owns ----------------------------------------------------------------

@@ -1120,3 +1120,39 @@ def test_a_stub_is_not_a_loaded_unit_to_adopt(rec, st, systemd):
     (done,) = rec.reconcile_pass()
     assert done.decision.action is Action.GONE
     systemd.start_transient.assert_not_called()
+
+
+# -- started_units: the units whose changes need no rows while they run (change_needs_rows) -----------
+
+def test_started_units_are_those_marked_started_until_their_attempt_settles(rec, st, mocker):
+    mocker.patch.object(store, "mark_started_many")
+    (run1, att1), (run2, att2) = pair(1, started=False), pair(2, started=False)
+    created: list[Attempt] = []
+    rec.start(run1, att1, created)  # in a batch: marked with it, after it
+    rec.start(run2, att2)  # alone: marked at once
+    assert rec.started_units == {att2.unit_name}
+    rec.mark_created(created)
+    assert rec.started_units == {att1.unit_name, att2.unit_name}
+    rec.settle(run1, att1, Outcome("success", "exit:0", "exited 0"))
+    assert rec.started_units == {att2.unit_name}
+
+
+def test_a_mark_that_fails_leaves_its_units_to_be_read_in_full(rec, st, mocker):
+    mocker.patch.object(store, "mark_started_many", side_effect=store.Fenced("epoch over"))
+    run, att = pair(1, started=False)
+    created: list[Attempt] = []
+    rec.start(run, att, created)
+    with pytest.raises(store.Fenced):
+        rec.mark_created(created)
+    assert rec.started_units == set()
+
+
+def test_a_pass_keeps_started_units_to_the_open_attempts_recorded_or_marked_as_started(rec, st, systemd):
+    running, unstarted, settled_elsewhere = pair(1), pair(2, started=False), pair(3)
+    rec.started_units = {settled_elsewhere[1].unit_name}
+    st.open_attempts.return_value = [running, unstarted]
+    systemd.list_units.return_value = {running[1].unit_name: RUNNING}
+    rec.reconcile_pass()
+    # running: its row says started; unstarted: started by this pass (no unit, the journal knows none)
+    assert systemd.start_transient.call_args.args[0] == unstarted[1].unit_name
+    assert rec.started_units == {running[1].unit_name, unstarted[1].unit_name}
