@@ -505,7 +505,8 @@ class Daemon:
         settled_before = self.reconciler.settled
         signalled = self.watcher.signalled
         changed = {name for name in changed
-                   if change_needs_rows(name, signalled.get(name), self.reconciler.started_units)}
+                   if change_needs_rows(name, signalled.get(name), self.reconciler.started_units,
+                                        self.reconciler.settled_units)}
         if changed:
             self._reconcile_attempts(store.open_attempts(self.conn, self.host_id, unit_names=sorted(changed)),
                                      signalled=signalled)

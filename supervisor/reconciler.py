@@ -169,6 +169,10 @@ def decide(run: Run, attempt: Attempt, unit: UnitState | None) -> Decision:
     return Decision(Action.NOTHING, name, "unit is running")
 
 
+# How many settled units the loop remembers between passes (Reconciler.settled_units): a minute of a
+# busy host's runs (about 200 a second with the sandbox off), a few hundred kB.
+MAX_SETTLED_UNITS = 16384
+
 # A started attempt whose unit is gone: the journal may still prove its outcome (Reconciler.apply).
 GONE_LOST = Outcome("lost", None, "the unit disappeared (host reboot, reset, or ended while no daemon held it) "
                     "before its outcome was read, and the journal does not prove one")
@@ -231,7 +235,8 @@ def decide_on_change(run: Run, attempt: Attempt, unit: UnitState | None) -> Deci
     return decision
 
 
-def change_needs_rows(unit_name: str, signalled: UnitState | None, started_units: Collection[str]) -> bool:
+def change_needs_rows(unit_name: str, signalled: UnitState | None, started_units: Collection[str],
+                      settled_units: Collection[str] = ()) -> bool:
     """Whether a unit's change must be decided on with its attempt's rows (store.open_attempts). Not when
     its signals say it is not over and its attempt is recorded as started (`started_units`): then
     decide_on_change says NOTHING whatever the rows hold, but for a cancelled run, which the cancel
@@ -239,7 +244,11 @@ def change_needs_rows(unit_name: str, signalled: UnitState | None, started_units
     starting, running and stopping changes several times, each once a wake-up of the loop: with sandboxed
     units slow to start, each was a statement of its own (0.9 a run, issue 27). Read as before: a unit
     whose signals did not say all of its state, one that ended, and one whose attempt may not be marked
-    yet (its mark after the batch, or lost), which decide() would ADOPT."""
+    yet (its mark after the batch, or lost), which decide() would ADOPT. Nor a change of a unit whose
+    attempt this daemon settled (`settled_units`): its outcome is written, never overwritten, and the
+    unit released; PID 1 then collects it and says so (UnitRemoved), which was one more statement a run."""
+    if unit_name in settled_units:
+        return False
     return signalled is None or signalled.has_ended or unit_name not in started_units
 
 
@@ -347,6 +356,9 @@ class Reconciler:
         # Units whose open attempt is recorded as started (change_needs_rows): marked by this daemon, or
         # found so by the last pass; dropped when the attempt settles, and by each pass when not open.
         self.started_units: set[str] = set()
+        # Units whose attempt this daemon settled since the last pass (change_needs_rows); at most
+        # MAX_SETTLED_UNITS, then forgotten (a change of one is read again: a statement, nothing more).
+        self.settled_units: set[str] = set()
         # Whether an outcome recorded since the daemon last looked may have let a queued run start: one of
         # its concurrency key, or (a run with labels) under a named limit, which selects by labels. Those
         # runs become claimable with no NOTIFY; the daemon claims after such a settle (_claim_after_settle).
@@ -450,6 +462,7 @@ class Reconciler:
         # What the pass read, and what it marked itself (a start or an adoption: not in its snapshot).
         self.started_units = {a.unit_name for _, a in pairs
                               if a.started_at is not None or a.unit_name in self.started_units}
+        self.settled_units.clear()  # collected since, most of them: their last change has been read
         self.schedule_warnings(pairs)
         self.sweep_environment_files()
         self.sweep_tasks_peaks()
@@ -872,6 +885,9 @@ class Reconciler:
                     self.metrics.stop_kills.inc()
         self.cut_off_units.discard(attempt.unit_name)
         self.started_units.discard(attempt.unit_name)
+        if len(self.settled_units) >= MAX_SETTLED_UNITS:
+            self.settled_units.clear()
+        self.settled_units.add(attempt.unit_name)
         # Its process has been spawned (PID 1 read the file then) or never will be.
         self.env_files.remove(attempt.unit_name)
         # Read into this outcome, or stale (the attempt had one already): not needed again either way.

@@ -459,6 +459,7 @@ def test_full_batches_stop_when_the_host_is_full(make, st):
 
 def _settling(d: Daemon, mocker, settles: int = 1) -> None:
     """One iteration of the loop in which systemd says a unit changed and its outcome is recorded."""
+    d.reconciler.started_units, d.reconciler.settled_units = set(), set()
     mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
     mocker.patch.object(store, "open_attempts", return_value=[])
     d.watcher.drain.return_value = ({"unitvisor-run-a-1.service"}, False)
@@ -475,6 +476,8 @@ def _settling(d: Daemon, mocker, settles: int = 1) -> None:
     ({"a": "running", "b": "running"}, []),  # both started here and running: nothing to read
     ({"a": "running", "b": "dead"}, ["b"]),  # only the one that ended
     ({"a": None, "b": "running"}, ["a"]),  # its signals did not say all of it: read in full
+    ({"a": None, "settled": None}, ["a"]),  # one settled here, collected since (UnitRemoved): not read
+    ({"settled": "dead"}, []),
 ])
 def test_a_change_reads_the_rows_of_only_the_units_that_need_them(make, st, mocker, signals, read):
     """Issue 27: a unit starting, running and stopping changes several times; while its attempt is
@@ -482,7 +485,8 @@ def test_a_change_reads_the_rows_of_only_the_units_that_need_them(make, st, mock
     d = make()
     names = {key: unit_name(uuid.UUID(int=n + 1), 1) for n, key in enumerate(signals)}
     d.reconciler = mock.Mock(in_flight=0, settled=0, freed_key=False, freed_labelled=False,
-                             started_units=set(names.values()))
+                             started_units={name for key, name in names.items() if key != "settled"},
+                             settled_units={name for key, name in names.items() if key == "settled"})
     mocker.patch.object(d, "_reconcile_attempts")
     mocker.patch.object(daemon_mod, "_select", return_value=([], [], []))
     open_attempts = mocker.patch.object(store, "open_attempts", return_value=[])

@@ -350,6 +350,14 @@ def test_a_change_is_read_with_its_rows_unless_a_started_attempts_unit_is_not_ov
     assert change_needs_rows(NAME, state, {NAME} if started else set()) is needs
 
 
+@pytest.mark.parametrize("state", [None, unit(**RUNNING), unit(**FAILED_3), unit(active="inactive", sub="dead")])
+def test_a_change_of_a_unit_settled_here_is_never_read_with_its_rows(state):
+    """Its outcome is written (never overwritten) and it was released: PID 1 collecting it (UnitRemoved,
+    no state) or anything else it says of it leaves nothing to decide."""
+    assert change_needs_rows(NAME, state, set(), {NAME}) is False
+    assert change_needs_rows(NAME, state, {NAME}, {"another.service"}) is (state is None or state.has_ended)
+
+
 def test_a_change_left_unread_is_one_that_decide_on_change_does_nothing_about():
     """The rule's premise, over decide's grid: where change_needs_rows says no, decide_on_change says
     NOTHING for a run not cancelled, whatever the attempt's rows hold. (A cancelled run's stop comes from

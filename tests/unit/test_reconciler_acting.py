@@ -24,6 +24,7 @@ import pytest
 
 from supervisor import fence, fleet, runenv, store
 from supervisor import journal as journal_mod
+from supervisor import reconciler as reconciler_mod
 from supervisor.config import RunSettings, Settings, cut_off_after
 from supervisor.model import Accounting, Attempt, Run
 from supervisor.outcomes import CLD_EXITED, CLD_KILLED, Outcome
@@ -1135,6 +1136,17 @@ def test_started_units_are_those_marked_started_until_their_attempt_settles(rec,
     assert rec.started_units == {att1.unit_name, att2.unit_name}
     rec.settle(run1, att1, Outcome("success", "exit:0", "exited 0"))
     assert rec.started_units == {att2.unit_name}
+    assert rec.settled_units == {att1.unit_name}
+
+
+def test_settled_units_are_forgotten_by_each_pass_and_past_their_cap(rec, st, mocker):
+    mocker.patch.object(reconciler_mod, "MAX_SETTLED_UNITS", 2)
+    for n in (1, 2, 3):
+        run, att = pair(n)
+        rec.settle(run, att, Outcome("success", "exit:0", "exited 0"))
+    assert rec.settled_units == {pair(3)[1].unit_name}  # two remembered, then forgotten, then the third
+    rec.reconcile_pass()
+    assert rec.settled_units == set()
 
 
 def test_a_mark_that_fails_leaves_its_units_to_be_read_in_full(rec, st, mocker):
