@@ -1260,7 +1260,8 @@ def open_attempts(conn: Connection, host_id: str, unit_names: Sequence[str] | No
                   cancel_requested: bool = False) -> list[tuple[Run, Attempt]]:
     """A host's attempts without an outcome, with their runs: all of them, those of the named units,
     or those whose run an operator asked to cancel. One statement, so one snapshot of both rows: it
-    runs for every batch of unit changes, on every run's path (docs/benchmarks.md, Statements per run).
+    runs for every batch of unit changes that needs them (reconciler.change_needs_rows), on every run's
+    path (docs/benchmarks.md, Statements per run).
     Every such run is one a host may read (the policy on runs, sql/migrations/004_roles.sql): its own attempt's,
     or a dead host's open attempt's."""
     rows = conn.execute(
