@@ -459,9 +459,10 @@ class Reconciler:
             self.apply_orphan(decision)
             done.append(Planned(decision))
         self.in_flight = len(pairs)
-        # What the pass read, and what it marked itself (a start or an adoption: not in its snapshot).
-        self.started_units = {a.unit_name for _, a in pairs
-                              if a.started_at is not None or a.unit_name in self.started_units}
+        # What the pass read, less what it settled, and what it marked itself (a start or an adoption:
+        # not in its snapshot).
+        self.started_units = {a.unit_name for _, a in pairs if a.unit_name in self.started_units or (
+            a.started_at is not None and a.unit_name not in self.settled_units)}
         self.settled_units.clear()  # collected since, most of them: their last change has been read
         self.schedule_warnings(pairs)
         self.sweep_environment_files()

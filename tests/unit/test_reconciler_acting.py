@@ -1160,11 +1160,14 @@ def test_a_mark_that_fails_leaves_its_units_to_be_read_in_full(rec, st, mocker):
 
 
 def test_a_pass_keeps_started_units_to_the_open_attempts_recorded_or_marked_as_started(rec, st, systemd):
-    running, unstarted, settled_elsewhere = pair(1), pair(2, started=False), pair(3)
-    rec.started_units = {settled_elsewhere[1].unit_name}
-    st.open_attempts.return_value = [running, unstarted]
-    systemd.list_units.return_value = {running[1].unit_name: RUNNING}
+    running, unstarted, settled_elsewhere, done = pair(1), pair(2, started=False), pair(3), pair(4)
+    rec.started_units = {settled_elsewhere[1].unit_name, done[1].unit_name}
+    st.open_attempts.return_value = [running, unstarted, done]
+    systemd.list_units.return_value = {running[1].unit_name: RUNNING, done[1].unit_name: EXITED}
+    systemd.state.side_effect = lambda name, signalled=None: ended(name) if name == done[1].unit_name else None
     rec.reconcile_pass()
-    # running: its row says started; unstarted: started by this pass (no unit, the journal knows none)
+    # running: its row says started; unstarted: started by this pass (no unit, the journal knows none);
+    # done: settled by this pass, though its row said started when the pass read it
     assert systemd.start_transient.call_args.args[0] == unstarted[1].unit_name
+    assert [c.args[2].unit_name for c in st.record_outcome.call_args_list] == [done[1].unit_name]
     assert rec.started_units == {running[1].unit_name, unstarted[1].unit_name}
