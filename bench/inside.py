@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import select
 import statistics
 import sys
 import time
@@ -34,7 +36,7 @@ import psycopg
 from supervisor import config, store, taskspeak, unitspec
 from supervisor.journal import Journal
 from supervisor.model import Attempt, Run
-from supervisor.systemd import Systemd
+from supervisor.systemd import Systemd, Watcher
 
 BENCH_CONFIG = """
 [runs]
@@ -199,11 +201,6 @@ def outcome_loop(props: dict[bytes, Any], n: int, prefix: str, hold: bool, split
     in a second process on a connection of its own, which tells this one (through a pipe) each unit that
     ended; this one starts and releases. A process, not a thread: pystemd waits for PID 1's reply holding
     the GIL (sd_bus_call, with no `nogil` and no asynchronous call in 0.15), so a thread would wait too."""
-    import os
-    import select
-
-    from supervisor.systemd import Watcher
-
     if not hold:
         props = {k: v for k, v in props.items() if k != b"AddRef"}
     reader_r = reader = None
@@ -248,18 +245,13 @@ def outcome_loop(props: dict[bytes, Any], n: int, prefix: str, hold: bool, split
         assert watcher is not None
         select.select([watcher.fileno()], [], [], 1.0)
         changed, _ = watcher.drain()
-        for name in sorted(changed & running):
-            signalled = watcher.signalled.get(name)
-            if hold or signalled is None:
-                state = systemd.state(name, signalled)
-                reads += 1
-            else:
-                state = signalled
-            if state is None or state.has_ended:
-                if hold:
-                    systemd.release(name, state.active_state if state else None)
-                running.discard(name)
-                ended += 1
+        over, read = _ended(systemd, watcher, changed & running, read_all=hold)
+        reads += read
+        for name, active_state in over:
+            if hold:
+                systemd.release(name, active_state)
+            running.discard(name)
+            ended += 1
     seconds, self1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
     if watcher is not None:
         watcher.close()
@@ -272,11 +264,6 @@ def outcome_loop(props: dict[bytes, Any], n: int, prefix: str, hold: bool, split
 
 def _read_outcomes(prefix: str, n: int, out: int) -> None:
     """outcome_loop's reader process: `n` ended units of `prefix`, each as "name active_state" on `out`."""
-    import os
-    import select
-
-    from supervisor.systemd import Watcher
-
     systemd, watcher = Systemd(), Watcher(prefix)
     systemd.connect()
     watcher.connect()
@@ -284,14 +271,28 @@ def _read_outcomes(prefix: str, n: int, out: int) -> None:
     while len(done) < n:
         select.select([watcher.fileno()], [], [], 1.0)
         changed, _ = watcher.drain()
-        lines = []
-        for name in sorted(changed - done):
-            state = systemd.state(name, watcher.signalled.get(name))
-            if state is None or state.has_ended:
-                done.add(name)
-                lines.append(f"{name} {state.active_state if state else '-'}\n")
-        if lines:
-            os.write(out, "".join(lines).encode())
+        over, _ = _ended(systemd, watcher, changed - done, read_all=True)
+        done.update(name for name, _ in over)
+        if over:
+            os.write(out, "".join(f"{name} {active_state or '-'}\n" for name, active_state in over).encode())
+
+
+def _ended(systemd: Systemd, watcher: Watcher, names: set[str],
+           read_all: bool) -> tuple[list[tuple[str, str | None]], int]:
+    """Which of `names` (changed in the watcher's last drain) ended, each with its active state (None: not
+    loaded), and how many were read from PID 1: every one with `read_all` (the daemon's Systemd.state,
+    its accounting for an ended unit), else only those whose signals did not say all of their state."""
+    over, reads = [], 0
+    for name in sorted(names):
+        signalled = watcher.signalled.get(name)
+        if read_all or signalled is None:
+            state = systemd.state(name, signalled)
+            reads += 1
+        else:
+            state = signalled
+        if state is None or state.has_ended:
+            over.append((name, state.active_state if state else None))
+    return over, reads
 
 
 def cmd_outcome_loop(args: argparse.Namespace) -> dict[str, Any]:

@@ -234,13 +234,13 @@ class Bench:
         for props in ("bare", "product", "unsandboxed"):
             raw = self.inside("active", "--n", str(self.sizes.latency), "--props", props)
             out[props]["start_to_active_ms"] = summary(raw["to_active_ms"])
-        # Issue 27: the daemon's side of systemd alone, the sandbox off (where the gap to the raw loop is).
+        # Issue 27: the daemon's side of systemd alone, the sandbox off (where the gap to the raw loop is),
+        # with PID 1's and the bus's CPU beside the loop's own: which of them, if any, is the limit.
+        pids = {"pid1": 1, "dbus": self.pid_of("dbus.service")}
         for kind, flags, what in (
                 ("signals", (), ""), ("held", ("--hold",), ", each held, read and released as the daemon does"),
                 ("split", ("--split",), ", held, read and released, the reads in a second process")):
             say(f"(1) the limit: {n} sandbox-off units as slots free, their ends read from their signals{what} ...")
-            # PID 1's and the bus's CPU beside the loop's own: which of them, if any, is the limit.
-            pids = {"pid1": 1, "dbus": self.pid_of("dbus.service")}
             cpu0 = {name: self.cpu_seconds(pid) for name, pid in pids.items()}
             raw = self.inside("outcome-loop", "--n", str(n), "--props", "unsandboxed",
                               "--prefix", f"bench-loop-{kind}-", *flags)
@@ -817,8 +817,9 @@ def issue27_table(r: dict[str, Any]) -> str:
 
 def sandbox_off_steps(r: dict[str, Any]) -> list[str]:
     """Where sandbox off's gap to the raw loop goes (issue 27): the raw loop, then the daemon's side of
-    systemd alone (inside.outcome_loop) with the signals only and with each unit held, read and released,
-    then the daemon; each as runs/s and against the raw loop of the same units, from this run."""
+    systemd alone (inside.outcome_loop) with the signals only, with each unit held, read and released, and
+    with those reads in a second process, then the daemon; each as runs/s and against the raw loop of the
+    same units, from this run."""
     off, raw = r["limit"]["unsandboxed"], r["limit"]["unsandboxed"]["starts_per_s"]
     steps = [
         ("the raw loop: starts, nothing read", raw),
