@@ -379,11 +379,12 @@ def cmd_active(args: argparse.Namespace) -> dict[str, Any]:
     props[b"RemainAfterExit"] = True  # so that the timestamp can still be read after the exit
     systemd = Systemd()
     systemd.connect()
-    to_active = []
+    to_active, call = [], []
     for i in range(args.n):
         name = f"{args.prefix}-{i}.service"
         t_call = time.time()
         systemd.start_transient(name, props)
+        call.append((time.time() - t_call) * 1000)
         path = systemd._call(MANAGER_PATH, MANAGER_IFACE, b"GetUnit", apply_signature(b"s", [name.encode()]), name)
 
         def entered(path: bytes = path) -> int:
@@ -394,7 +395,7 @@ def cmd_active(args: argparse.Namespace) -> dict[str, Any]:
         to_active.append(entered() / 1000 - t_call * 1000)
         systemd.release(name)
     systemd.close()
-    return {"n": args.n, "props": args.props, "to_active_ms": to_active}
+    return {"n": args.n, "props": args.props, "to_active_ms": to_active, "call_ms": call}
 
 
 def cmd_units(args: argparse.Namespace) -> dict[str, Any]:
