@@ -31,12 +31,13 @@ from tests.harness import rootfs
 from tests.harness.cleanroom import CACHE, _discard, built_once
 
 SUITE = "trixie"
-# The .deb's dependencies as trixie has them (debian/control), the test runner, PostgreSQL 17 for the
-# integration tests, lintian for the package tests, and what tests/integration/test_wheel.py builds and
-# installs the wheel with (git for the tracked files, python3-build and its backend, python3-venv for a
-# virtualenv with pip): without them that test could not run there, and under CI=true it fails.
+# The .deb's dependencies and its Recommends (psycopg's C build) as trixie has them (debian/control), the
+# test runner, PostgreSQL 17 for the integration tests, lintian for the package tests, and what
+# tests/integration/test_wheel.py builds and installs the wheel with (git for the tracked files,
+# python3-build and its backend, python3-venv for a virtualenv with pip): without them that test could
+# not run there, and under CI=true it fails.
 PACKAGES = (
-    "python3", "python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click",
+    "python3", "python3-psycopg", "python3-psycopg-c", "python3-pystemd", "python3-sdnotify", "python3-click",
     "python3-prometheus-client", "python3-pytest", "python3-pytest-mock", "postgresql", "lintian",
     "git", "python3-build", "python3-setuptools", "python3-wheel", "python3-venv",
 )
@@ -154,7 +155,8 @@ def main(argv: list[str]) -> int:
     ensure_image()
     versions = run(["python3", "-c", "import sys; from importlib.metadata import version; print('python', "
                     "sys.version.split()[0], *(f'{n} {version(n)}' for n in ('psycopg', 'pystemd', 'sdnotify', "
-                    "'click', 'prometheus_client', 'pytest', 'pytest-mock')))"])
+                    "'click', 'prometheus_client', 'pytest', 'pytest-mock')), "
+                    "'psycopg_impl', __import__('psycopg').pq.__impl__)"])
     print(f"trixie: {versions.stdout.strip() or versions.stderr.strip()}", flush=True)
     return pytest(argv, REPO)
 

@@ -47,6 +47,7 @@ INCLUDE = ("systemd", "systemd-sysv", "dbus", "udev", "kmod", "iproute2", "procp
 PACKAGES = (
     "linux-image-amd64", "initramfs-tools", "zstd", "qemu-guest-agent", "postgresql", "python3",
     "python3-psycopg", "python3-pystemd", "python3-sdnotify", "python3-click", "python3-prometheus-client",
+    "python3-psycopg-c",  # the package's Recommends, which apt installs with it on trixie
 )
 RECIPE = 1  # bump when _build() changes, so that an old image is not reused (rootfs.RECIPE: its shared steps)
 # Not wanted in a test guest: logins on the consoles, and timers that would do maintenance mid-test.
