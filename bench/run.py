@@ -39,10 +39,13 @@ from bench.inside import UNSANDBOXED_RUNS
 from supervisor import __version__, store
 from tests.harness import postgres as postgres_mod
 from tests.harness import testbed as testbed_mod
+from tests.harness.commands import children
 from tests.harness.host import REPO, VENV_BIN, Host, wait_for
 from tests.harness.postgres import Postgres
 
 INSIDE = REPO / "bench" / "inside.py"
+# (3)'s runs and the raw starts beside them, in this many turns of each (Bench.latency).
+LATENCY_BLOCKS = 10
 PEERS = REPO / "bench" / "peers.py"
 RESULTS = REPO / "bench" / "results"
 HOST_ID = "bench-host"
@@ -286,19 +289,30 @@ class Bench:
 
     # -- (3) latency ------------------------------------------------------------------------------
 
-    def latency(self, label: str = "latency") -> dict[str, Any]:
-        """(3) runs of /bin/true one at a time, on the running daemon; `label` names the phase."""
+    def latency(self, label: str = "latency", beside: bool = False) -> dict[str, Any]:
+        """(3) runs of /bin/true one at a time, on the running daemon; `label` names the phase. With
+        `beside`, the raw loop's start -> active with the same units too, in turns with the runs
+        (LATENCY_BLOCKS blocks of each): the machine's drift over a phase moved either side's p50 by
+        several ms from one minute to the next, more than issue 27's 3 ms, and in turns it falls on both."""
         n = self.sizes.latency
         self.results["loadavg"][label] = loadavg()
-        say(f"(3) {label}: {n} runs of /bin/true, one at a time ...")
+        say(f"(3) {label}: {n} runs of /bin/true, one at a time{', in turns with raw starts' if beside else ''} ...")
         since = int(time.time()) - 1
-        ids = []
-        for _ in range(n):
-            run_id = self.client.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])").fetchone()[0]
-            ids.append(run_id)
-            wait_for(lambda run_id=run_id: self.client.execute(
-                "SELECT state = ANY(%s) FROM unitvisor.runs WHERE id = %s", (list(TERMINAL), run_id)).fetchone()[0],
-                timeout=60, interval=0.005, what=f"run {run_id}")
+        ids: list[uuid.UUID] = []
+        raw: dict[str, list[float]] = {"to_active_ms": [], "call_ms": []}
+        blocks = min(LATENCY_BLOCKS, n) if beside else 1
+        for block in range(blocks):
+            for _ in range(n // blocks + (block < n % blocks)):
+                run_id = self.client.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])").fetchone()[0]
+                ids.append(run_id)
+                wait_for(lambda run_id=run_id: self.client.execute(
+                    "SELECT state = ANY(%s) FROM unitvisor.runs WHERE id = %s", (list(TERMINAL), run_id)).fetchone()[0],
+                    timeout=60, interval=0.005, what=f"run {run_id}")
+            if beside:
+                same = self.inside("active", "--n", str(n // blocks + (block < n % blocks)), "--props", "product",
+                                   "--prefix", f"bench-active-beside-{block}")
+                for key in raw:
+                    raw[key] += same[key]
         rows = self.client.execute(
             """SELECT a.unit_name, a.outcome,
                       extract(epoch FROM pg_xact_commit_timestamp(e.xmin))::float8 AS committed,
@@ -333,7 +347,7 @@ class Bench:
             claim_to_active.append((active[unit] - claimed) * 1000)
             marked_to_active.append((active[unit] - marked) * 1000)
             active_to_recorded.append((recorded - active[unit]) * 1000)
-        return {
+        out: dict[str, Any] = {
             "n": n, "outcomes": sorted({row[1] for row in rows}), "active_timestamp_missing": missing,
             "to_active_ms": summary(to_active), "to_recorded_ms": summary(to_recorded),
             "breakdown_ms": {"commit_to_claim": summary(to_claim), "claim_to_active": summary(claim_to_active),
@@ -342,6 +356,10 @@ class Bench:
                              "claim_committed_to_marked_started": summary(claimed_to_marked),
                              "marked_started_to_active": summary(marked_to_active)},
         }
+        if beside:
+            out["raw_start_to_active_beside_ms"] = summary(raw["to_active_ms"])
+            out["raw_start_call_beside_ms"] = summary(raw["call_ms"])
+        return out
 
     def active_timestamps(self, since: int, prefix: str = "unitvisor-run-") -> dict[str, float]:
         """When each unit of ours entered `active`, by PID 1's "Started" record. journald stamps it
@@ -426,7 +444,7 @@ class Bench:
     def stop_py_spy(spy: subprocess.Popen, label: str) -> None:
         """SIGINT to py-spy, which then writes its profile. nsenter passes no signal on to the command
         it forked, so the signal goes to nsenter's children themselves."""
-        for child in _children(spy.pid):
+        for child in children(spy.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGINT)
         try:
@@ -599,17 +617,6 @@ def _which(name: str) -> str | None:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return None
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`."""
-    children = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    children.append(int(proc.name))
-    return children
 
 
 # -- machine and versions -----------------------------------------------------------------------
@@ -948,14 +955,10 @@ def run(sizes: Sizes, profile: bool) -> dict[str, Any]:
             bench.limit()  # before the daemon runs: systemd alone
             bench.start_daemon()
             bench.idle()  # a fresh daemon, before any load
-            r["latency"] = bench.latency()
-            # The raw start -> active again, now, beside the daemon that just ran (3): phase (1) ran
-            # minutes earlier, before the daemon, at another load, and its figure moved the
-            # difference by several ms (docs/benchmarks.md, "0.5.0: one full run").
-            same_phase = bench.inside("active", "--n", str(sizes.latency), "--props", "product",
-                                      "--prefix", "bench-active-beside")
-            r["latency"]["raw_start_to_active_beside_ms"] = summary(same_phase["to_active_ms"])
-            r["latency"]["raw_start_call_beside_ms"] = summary(same_phase["call_ms"])
+            # The raw start -> active beside the daemon's runs, in turns with them: phase (1) ran minutes
+            # earlier, before the daemon, at another load, and its figure moved the difference by several
+            # ms (docs/benchmarks.md, "0.5.0: one full run").
+            r["latency"] = bench.latency(beside=True)
             scaled = [bench.throughput(n) for n in sorted(set(sizes.scaling) | {sizes.throughput})]
             r["peak_after_load_mb"] = bench.memory_kb(bench.main_pid())["VmHWM"] / 1024
             main = next(row for row in scaled if row["n"] == sizes.throughput)
