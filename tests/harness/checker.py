@@ -23,7 +23,11 @@ What it checks (docs/fleet.md, "Nemesis"):
 - `host-to-host`: during a partition of two hosts from each other (`partition_hosts`), a socket of a
   host's daemon or fence led somewhere other than that host's own way to PostgreSQL (its proxies): a
   path between hosts that such a partition would cut. There is none by construction (hosts only ever
-  talk to PostgreSQL), and this is what shows it.
+  talk to PostgreSQL), and this is what shows it;
+- `declared-in-stall`: no host declared dead (its daemon's peers' `host-dead` event) while the database
+  answered nothing (`pg_stall`: every server process stopped, its connections kept) or within
+  host_dead_after after, unless a fault of that host's own could have silenced it (issue 23: a busy
+  database never kills a live host; docs/fleet.md, "Declaring a host dead").
 
 A sampled overlap that the journal proves was not one (the two invocations' intervals are disjoint:
 the hosts were listed a fraction of a second apart, one copy ended and the retry started in between)
@@ -138,6 +142,28 @@ class Contact:
 
 
 @dataclass(frozen=True)
+class Declaration:
+    """A host declared dead, by the `host-dead` event in the declaring daemon's journal."""
+    at: float           # realtime seconds
+    host_id: str        # the host declared dead
+    by: str             # the host id of the daemon that declared it
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One action of the schedule as it was carried out, on one host or (host_id "") the fleet."""
+    name: str
+    host_id: str
+    began: float        # realtime seconds
+    ended: float
+
+
+# The faults that leave every host's daemon running and able to reach the database's address, but the
+# database answering nothing: no host is silent for any reason of its own.
+STALLS = frozenset({"pg_stall"})
+
+
+@dataclass(frozen=True)
 class Violation:
     kind: str
     run_id: str
@@ -156,6 +182,24 @@ class Report:
 def parse_unit(unit: str) -> tuple[str, int] | None:
     match = UNIT_RE.match(unit)
     return (match.group(1), int(match.group(2))) if match else None
+
+
+_HOST_DEAD = re.compile(r"^host-dead host=(\S+)")
+
+
+def parse_declarations(by: str, lines: Iterable[str]) -> list[Declaration]:
+    """`journalctl -o json -u unitvisor.service` output of the daemon running as host `by` -> the hosts
+    it declared dead (its `host-dead` events)."""
+    out = []
+    for line in lines:
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        message = entry.get("MESSAGE")
+        match = _HOST_DEAD.match(message) if isinstance(message, str) else None
+        if match:
+            out.append(Declaration(int(entry["__REALTIME_TIMESTAMP"]) / 1e6, match.group(1), by))
+    return out
 
 
 def parse_journal(machine: str, host_id: str, lines: Iterable[str]) -> list[JournalRecord]:
@@ -249,7 +293,8 @@ def invocations(records: Iterable[JournalRecord]) -> dict[tuple[str, str], Invoc
 
 def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: Sequence[Run],
           samples: Sequence[Sample], settled: bool = True, operations: Sequence[Operation] = (),
-          contacts: Sequence[Contact] = ()) -> Report:
+          contacts: Sequence[Contact] = (), declarations: Sequence[Declaration] = (),
+          faults: Sequence[Fault] = (), dead_after: float = 0.0) -> Report:
     """Every broken promise in one history; `stats` counts what was looked at. `settled`: the
     history is complete (the fleet healed and every run had time to end), so a run that has not
     ended is a violation; False audits a history still being written (runs still running)."""
@@ -269,6 +314,7 @@ def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: S
     v += _check_outcomes(attempts, by_unit)
     v += _check_operations(operations)
     v += _check_contacts(contacts)
+    v += _check_stalls(declarations, faults, dead_after)
     report.stats = {
         "runs": len(runs),
         "attempts": len(attempts),
@@ -277,6 +323,7 @@ def check(records: Sequence[JournalRecord], attempts: Sequence[Attempt], runs: S
         "sampler_artifacts": artifacts,
         "operations_refused": sum(1 for op in operations if op.refused),
         "partition_sockets": len(contacts),
+        "hosts_declared_dead": len(declarations),
         "outcomes_unverified": sum(1 for a in attempts if a.outcome in ("success", "exit-code", "signal")
                                    and not _ended_invocations(a, by_unit)),
     }
@@ -525,6 +572,31 @@ def _check_contacts(contacts: Sequence[Contact]) -> list[Violation]:
     seen = sorted({(c.host_id, c.unit, c.peer) for c in contacts if not c.database})
     return [Violation("host-to-host", "-", f"{unit} on {host_id} had a socket to {peer}, not to its database "
                       "proxies, while partitioned from a peer") for host_id, unit, peer in seen]
+
+
+# How much later than host_dead_after after a stall a declaration may still be the stall's doing, and how
+# long before a stall a host's own fault may still explain its silence: a poll interval and the upkeep's
+# turn, with room for a loaded machine.
+STALL_SLACK = 10.0
+
+
+def _check_stalls(declarations: Sequence[Declaration], faults: Sequence[Fault], dead_after: float) -> list[Violation]:
+    """A host declared dead during a stall of the database, or within `dead_after` (+ STALL_SLACK) of its
+    end, while no fault of that host's own (a kill, a partition, a power cut ...) was under way from
+    `dead_after` (+ STALL_SLACK) before the stall to the declaration: its silence was the database's."""
+    out = []
+    stalls = [f for f in faults if f.name in STALLS]
+    for d in declarations:
+        for stall in stalls:
+            if not stall.began <= d.at <= stall.ended + dead_after + STALL_SLACK:
+                continue
+            own = [f for f in faults if f.host_id == d.host_id and f.began <= d.at
+                   and f.ended >= stall.began - dead_after - STALL_SLACK]
+            if not own:
+                out.append(Violation("declared-in-stall", "-", f"{d.host_id} declared dead by {d.by} at "
+                                     f"{_clock(d.at)} UTC, {d.at - stall.began:.1f} s after the database stalled "
+                                     f"for {stall.ended - stall.began:.1f} s, with no fault of its own"))
+    return out
 
 
 def format_report(seed: int, schedule: Sequence[str], report: Report, figures: dict[str, object] | None = None) -> str:

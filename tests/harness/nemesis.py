@@ -41,6 +41,8 @@ from tests.harness import testbed as testbed_mod
 from tests.harness.checker import (
     Attempt,
     Contact,
+    Declaration,
+    Fault,
     JournalRecord,
     Operation,
     Report,
@@ -48,6 +50,7 @@ from tests.harness.checker import (
     Sample,
     check,
     format_report,
+    parse_declarations,
     parse_journal,
 )
 from tests.harness.fleet import Fleet, Member, fleet_config
@@ -70,9 +73,9 @@ UNENDED_RUNS = "SELECT count(*) FROM unitvisor.runs WHERE state <> ALL (unitviso
 FAULTS: dict[str, int] = {
     "kill9": 3, "restart": 2, "stop_long": 1, "power_cut": 2, "reboot": 1, "partition_reset": 2,
     "partition_blackhole": 2, "pg_restart": 1, "clone": 1, "wrong_dsn": 1, "drain": 2, "cancel": 2, "resume": 2,
-    "failover": 1, "rotate_password": 1, "apt_upgrade": 1, "apt_remove": 1, "partition_hosts": 1,
+    "failover": 1, "rotate_password": 1, "apt_upgrade": 1, "apt_remove": 1, "partition_hosts": 1, "pg_stall": 1,
 }
-ON_ONE_HOST = frozenset(FAULTS) - {"pg_restart", "failover", "cancel", "resume"}
+ON_ONE_HOST = frozenset(FAULTS) - {"pg_restart", "failover", "cancel", "resume", "pg_stall"}
 # Added after CI's compact schedule had its length (every fault above once, about 3 minutes): the
 # compact schedule does every one of the others once and a seeded COMPACT_NEW of these, so that CI
 # time stays about the same and every seed still tries some of them; the long schedule does all.
@@ -80,7 +83,7 @@ LATE_ACTIONS = ("failover", "rotate_password", "apt_upgrade", "apt_remove")
 COMPACT_NEW = 2
 # Added after those, and cheap (a few seconds, no restart): the compact schedule always does them, each
 # put at a seeded place (a generator of its own, so the places LATE_ACTIONS get stay as they were).
-NEWEST_ACTIONS = ("partition_hosts",)
+NEWEST_ACTIONS = ("partition_hosts", "pg_stall")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,9 @@ def _duration(name: str, rng: random.Random) -> float:
         # after a rotation; the package removed (runs drained first)
         "failover": (0, 6), "rotate_password": (1, DEAD_AFTER + 8), "apt_remove": (2, DEAD_AFTER + 8),
         "partition_hosts": (2, 6),
+        # the database answering nothing for longer than host_dead_after (issue 23: a busy database
+        # never kills a live host), shorter than the daemon's 20 s before it gives a connection up
+        "pg_stall": (DEAD_AFTER + 2, DEAD_AFTER + 8),
     }
     low, high = spans.get(name, (0, 0))
     return round(rng.uniform(low, high), 1) if high else 0.0
@@ -218,6 +224,8 @@ class Nemesis:
         self.failovers = 0
         self.operations: list[Operation] = []
         self.contacts: list[Contact] = []       # sockets listed during host-to-host partitions
+        self.faults: list[Fault] = []           # each action as carried out, on the journal's clock
+        self.declarations: list[Declaration] = []  # the hosts each daemon declared dead (collected at the end)
         self.passwords: dict[str, str] = {}    # host id -> its role's password now
         self.fleet: Fleet | None = None
         self.clone: Fleet | None = None
@@ -243,7 +251,8 @@ class Nemesis:
                 for thread in threads:
                     thread.join(timeout=60)
             records, attempts, runs = self._collect()
-        report = check(records, attempts, runs, self.samples, operations=self.operations, contacts=self.contacts)
+        report = check(records, attempts, runs, self.samples, operations=self.operations, contacts=self.contacts,
+                       declarations=self.declarations, faults=self.faults, dead_after=DEAD_AFTER)
         text = format_report(self.seed, self._schedule_text(), report, self._figures(attempts, runs))
         if self.out:
             self._dump(records, attempts, runs, text)
@@ -306,13 +315,15 @@ class Nemesis:
             if delay > 0:
                 time.sleep(delay)
             self.log(f"[{time.monotonic() - self.started:6.1f}s] {action.describe()}")
-            began = time.monotonic()
+            began, began_at = time.monotonic(), time.time()
             try:
                 getattr(self, f"_do_{action.name}")(action)
                 self.figures.actions_done[action.name] += 1
             except Exception as exc:  # an action that could not be done is reported, never fatal
                 self.figures.action_errors.append(f"{action.describe()}: {exc!r}"[:300])
                 self.log(f"    failed: {exc!r}"[:300])
+            self.faults.append(Fault(action.name, HOST_IDS[action.target] if action.name in ON_ONE_HOST else "",
+                                     began_at, time.time()))
             self.log(f"    done in {time.monotonic() - began:.1f}s")
 
     def _role_dsn(self, dsn: str, host_id: str) -> str:
@@ -424,6 +435,14 @@ class Nemesis:
             time.sleep(action.seconds)
         finally:
             self.pg.start()
+
+    def _do_pg_stall(self, action: Action) -> None:
+        """The database answers nothing for a while but keeps every connection: an overloaded server, or
+        one whose storage stalls, as its clients see it; the daemons' heartbeats are as late as a dead
+        host's. Without burning CPU, which on CI's two cores would slow the fleet itself (issue 23)."""
+        assert self.pg is not None
+        with self.pg.stalled():
+            time.sleep(action.seconds)
 
     def _do_clone(self, action: Action) -> None:
         """A second machine with the same host id comes up, and meanwhile the operator restarts the
@@ -770,6 +789,8 @@ class Nemesis:
         machines = [*self.fleet] + ([self.clone[0]] if self.clone_booted else [])
         for member in machines:
             records += parse_journal(member.tb.name, self._host_id_of(member), read_journal(member).splitlines())
+            self.declarations += parse_declarations(self._host_id_of(member),
+                                                    read_journal(member, DAEMON_UNIT).splitlines())
         attempts, runs = database_history(self.dsn)
         self.boots = {member.tb.name: len(member.boots()) for member in machines if member.tb.running}
         return records, attempts, runs
@@ -803,7 +824,8 @@ class Nemesis:
             "journal": [asdict(r) for r in records], "attempts": [asdict(a) for a in attempts],
             "runs": [asdict(r) for r in runs], "samples": [asdict(s) for s in self.samples],
             "operations": [asdict(o) for o in self.operations],
-            "contacts": [asdict(c) for c in self.contacts]}))
+            "contacts": [asdict(c) for c in self.contacts], "faults": [asdict(f) for f in self.faults],
+            "declarations": [asdict(d) for d in self.declarations], "dead_after": DEAD_AFTER}))
 
 
 def ensure_deb() -> Path:
@@ -911,17 +933,21 @@ def socket_peers(ss_output: str) -> list[tuple[int, str]]:
     return found
 
 
-def read_journal(member: Member) -> str:
-    """PID 1's records of every boot of a machine, read from its disk (the overlay's upper layer is on
-    the harness's tmpfs), so that a machine that is powered off is read too."""
+DAEMON_UNIT = "unitvisor.service"
+
+
+def read_journal(member: Member, unit: str | None = None) -> str:
+    """PID 1's records of every boot of a machine (or, with `unit`, that unit's own), read from its disk
+    (the overlay's upper layer is on the harness's tmpfs), so that a machine that is powered off is read too."""
+    match = f"_SYSTEMD_UNIT={unit}" if unit else "_PID=1"
     journal_dir = member.tb.root / "var/log/journal"
     if journal_dir.is_dir():
-        result = subprocess.run(["journalctl", "-D", str(journal_dir), "-o", "json", "--no-pager", "_PID=1"],
+        result = subprocess.run(["journalctl", "-D", str(journal_dir), "-o", "json", "--no-pager", match],
                                 capture_output=True, text=True, timeout=120, check=False)
         if result.stdout:
             return result.stdout
     if member.tb.running:
-        return member.tb.run("journalctl", "-o", "json", "--no-pager", "_PID=1", check=False, timeout=120).stdout
+        return member.tb.run("journalctl", "-o", "json", "--no-pager", match, check=False, timeout=120).stdout
     return ""
 
 
@@ -933,7 +959,9 @@ def audit_history(history: dict) -> tuple[Report, str]:
                     for r in history["runs"]],
                    [Sample(**{**s, "units": tuple(s["units"])}) for s in history["samples"]],
                    operations=[Operation(**o) for o in history.get("operations", [])],
-                   contacts=[Contact(**c) for c in history.get("contacts", [])])
+                   contacts=[Contact(**c) for c in history.get("contacts", [])],
+                   declarations=[Declaration(**d) for d in history.get("declarations", [])],
+                   faults=[Fault(**f) for f in history.get("faults", [])], dead_after=history.get("dead_after", 0.0))
     return report, format_report(history["seed"], history["schedule"], report)
 
 

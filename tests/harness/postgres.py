@@ -29,6 +29,8 @@ from pathlib import Path
 
 import psycopg
 
+from tests.harness.commands import children
+
 
 def find_bindir() -> Path:
     """The newest installed server's bin dir (Debian keeps it off PATH)."""
@@ -202,6 +204,22 @@ class Postgres:
         options += "".join(f" -c {key}={value}" for key, value in {**FAST_SETTINGS, **self.settings}.items())
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
         self.running = True
+
+    @contextlib.contextmanager
+    def stalled(self) -> Iterator[None]:
+        """Every process of the server stopped (SIGSTOP) for the block, then let go: it answers nothing
+        but keeps every connection, as an overloaded server or one whose storage stalls does."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        stopped = [postmaster, *children(postmaster)]  # the postmaster stopped forks nothing meanwhile
+        try:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            yield
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def stop_server(self, mode: str = "fast") -> None:
         """Stop the server but keep the cluster (a database outage in a drill). Fast, not immediate:

@@ -23,7 +23,7 @@ from tests.harness.nemesis import FAULTS, LATE_ACTIONS, Nemesis, database_histor
 # CI's short schedule: every fault once, in a seeded order, none longer than host_dead_after + 3 s,
 # but only two of the four added to it last (failover, rotate_password, apt_upgrade, apt_remove: seed 21
 # draws apt_remove and apt_upgrade); about 3 minutes in all (boot, about 2.5 minutes of faults, the
-# fleet's quiesce, the audit). And partition_hosts, added after those, once. The hosts run the checkout's
+# fleet's quiesce, the audit). And partition_hosts and pg_stall, added after those, once. The hosts run the checkout's
 # virtualenv and apt_upgrade/apt_remove are stand-ins here (Nemesis's `packaged`: the .deb's build and
 # installs do not fit CI's time; docs/fleet.md, "The package, in the test beds"); `make nemesis` runs dpkg.
 CI_SEED = int(os.environ.get("NEMESIS_SEED", "21"))
