@@ -210,11 +210,13 @@ class Postgres:
         """Every process of the server stopped (SIGSTOP) for the block, then let go: it answers nothing
         but keeps every connection, as an overloaded server or one whose storage stalls does."""
         postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
-        stopped = [postmaster, *children(postmaster)]  # the postmaster stopped forks nothing meanwhile
+        stopped = [postmaster]
         try:
-            for pid in stopped:
+            os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it forks no backend the list below misses
+            for pid in children(postmaster):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
             yield
         finally:
             for pid in stopped:
