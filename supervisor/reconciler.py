@@ -961,15 +961,20 @@ class Reconciler:
         settle its open attempts as lost, in one transaction: either a host is dead and all its attempts
         are settled, or nothing changed. Its runs then retry elsewhere or fail, by their own policy."""
         taken: list[tuple[str, str | None]] = []  # outcomes recorded, counted once the transaction committed
+        settled: list[int] = []  # each dead host's attempts settled, said once the transaction committed
         with self.conn.transaction():
             declaration = store.declare_dead(self.conn, self.fence, connected_for,
                                              self.settings.fleet.max_dead_per_pass)
             dead = declaration.dead
             for host in dead:
-                count = self._settle_open_of(
-                    host.host_id, lambda run, host=host: fleet.takeover_outcome(run, host, self.host_id), taken)
-                event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=count,
-                      detail=f"silent for {host.silent:.0f}s (host_dead_after {host.dead_after:g}s)")
+                settled.append(self._settle_open_of(
+                    host.host_id, lambda run, host=host: fleet.takeover_outcome(run, host, self.host_id), taken))
+        # After the commit: a declaration rolled back (the connection lost, this host fenced meanwhile)
+        # declared nobody, and a line saying otherwise would mislead an operator, and the nemesis's checker,
+        # which takes these lines for the fleet's declarations (declared-in-stall).
+        for host, count in zip(dead, settled, strict=True):
+            event("host-dead", level=logging.WARNING, host=host.host_id, runs_lost=count,
+                  detail=f"silent for {host.silent:.0f}s (host_dead_after {host.dead_after:g}s)")
         if declaration.held_why is not None:
             # Said each pass it holds: an operator sees silent hosts that are not being declared, and why.
             event("host-dead-held", level=logging.WARNING, held=declaration.held, why=declaration.held_why,

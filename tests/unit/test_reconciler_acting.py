@@ -204,13 +204,17 @@ def test_take_over_with_no_dead_host_records_nothing(rec, st, systemd, log):
     assert systemd.mock_calls == []
 
 
-def test_take_over_is_all_or_nothing(rec, st, log):
-    st.declare_dead.return_value = store.Declaration([store.DeadHost("web-2", 61.0, 60.0)])
-    st.open_attempts.return_value = [pair(1, host="web-2"), pair(2, host="web-2")]
+def test_take_over_is_all_or_nothing(rec, st, log, events):
+    st.declare_dead.return_value = store.Declaration([store.DeadHost("web-2", 61.0, 60.0),
+                                                      store.DeadHost("web-3", 61.0, 60.0)])
+    attempts_of = {"web-2": [pair(1, host="web-2")], "web-3": [pair(2, host="web-3")]}
+    st.open_attempts.side_effect = lambda conn, host_id: attempts_of[host_id]
     st.record_outcome.side_effect = [True, psycopg.OperationalError("server closed the connection")]
     with pytest.raises(psycopg.OperationalError):
         rec.take_over_dead_hosts(100.0)
     assert log[0] == "begin" and log[-1] == "rollback"
+    # web-2's attempt was settled before web-3's failed, and rolled back with it: nobody was declared.
+    assert [c for c in events.call_args_list if c.args[0] == "host-dead"] == []
 
 
 def test_take_over_of_a_fenced_declarer_propagates(rec, st, log):
