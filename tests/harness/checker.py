@@ -37,6 +37,7 @@ test bed's machines: they share one kernel clock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -187,31 +188,30 @@ def parse_unit(unit: str) -> tuple[str, int] | None:
 _HOST_DEAD = re.compile(r"^host-dead host=(\S+)")
 
 
+def _entries(lines: Iterable[str]) -> Iterable[dict]:
+    """The records of `journalctl -o json` output, less blank lines and records torn by a power cut."""
+    for line in lines:
+        if line.strip():
+            with contextlib.suppress(json.JSONDecodeError):
+                yield json.loads(line)
+
+
 def parse_declarations(by: str, lines: Iterable[str]) -> list[Declaration]:
     """`journalctl -o json -u unitvisor.service` output of the daemon running as host `by` -> the hosts
     it declared dead (its `host-dead` events)."""
     out = []
-    for line in lines:
-        if not line.strip():
-            continue
-        entry = json.loads(line)
+    for entry in _entries(lines):
         message = entry.get("MESSAGE")
         match = _HOST_DEAD.match(message) if isinstance(message, str) else None
         if match:
-            out.append(Declaration(int(entry["__REALTIME_TIMESTAMP"]) / 1e6, match.group(1), by))
+            out.append(Declaration(_when(entry), match.group(1), by))
     return out
 
 
 def parse_journal(machine: str, host_id: str, lines: Iterable[str]) -> list[JournalRecord]:
     """`journalctl -o json _PID=1` output (any boots) -> the records about run units."""
     records = []
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a record torn by a power cut
+    for entry in _entries(lines):
         unit = entry.get("UNIT")
         invocation = entry.get("INVOCATION_ID")
         if not isinstance(unit, str) or not unit.startswith("unitvisor-run-") or not isinstance(invocation, str):

@@ -435,7 +435,8 @@ def test_the_hosts_a_daemon_declared_dead_are_read_from_its_journal() -> None:
         'host-dead host=nem-2 runs_lost=3 detail="silent for 11s (host_dead_after 10s)"',
         "host-dead-held held=2 why=fleet-silent declared=0",
         "claimed run=1 attempt=1 unit=u",
-    )] + [json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": [104, 105]}), ""]  # a binary message
+    )] + [json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": [104, 105]}), "",  # a binary message
+          '{"__REALTIME_TIMESTAMP": "2", "MESSAGE": "host-dead host=nem-3']  # torn by a power cut
     assert parse_declarations("nem-1", lines) == [Declaration(1700000000.5, "nem-2", "nem-1")]
 
 
