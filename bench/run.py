@@ -302,14 +302,15 @@ class Bench:
         raw: dict[str, list[float]] = {"to_active_ms": [], "call_ms": []}
         blocks = min(LATENCY_BLOCKS, n) if beside else 1
         for block in range(blocks):
-            for _ in range(n // blocks + (block < n % blocks)):
+            size = n // blocks + (block < n % blocks)
+            for _ in range(size):
                 run_id = self.client.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])").fetchone()[0]
                 ids.append(run_id)
                 wait_for(lambda run_id=run_id: self.client.execute(
                     "SELECT state = ANY(%s) FROM unitvisor.runs WHERE id = %s", (list(TERMINAL), run_id)).fetchone()[0],
                     timeout=60, interval=0.005, what=f"run {run_id}")
             if beside:
-                same = self.inside("active", "--n", str(n // blocks + (block < n % blocks)), "--props", "product",
+                same = self.inside("active", "--n", str(size), "--props", "product",
                                    "--prefix", f"bench-active-beside-{block}")
                 for key in raw:
                     raw[key] += same[key]
