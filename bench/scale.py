@@ -598,15 +598,23 @@ class Fleet:
         return ids, self.conn.execute("SELECT extract(epoch FROM pg_xact_commit_timestamp(%s::xid))::float8",
                                       (xid,)).fetchone()[0]
 
-    def _latencies_ms(self, committed: dict[str, float], timeout: float) -> list[float]:
-        """Claim latency of each run: its first attempt's claimed_at minus its submit's commit."""
+    def _latencies_ms(self, committed: dict[str, float], timeout: float) -> tuple[list[float], list[float]]:
+        """Claim latency of each run, from its submit's commit: to its first attempt's claimed_at (the claim
+        statement's now(): when that claim began, before any wait for a claim slot, 046), and to the commit
+        of that claim (the commit timestamp of the 'starting' event the claim wrote: when the run was
+        claimed for every other session)."""
         deadline = time.monotonic() + timeout
         while True:
             rows = self.conn.execute(
-                "SELECT run_id::text, extract(epoch FROM claimed_at)::float8 FROM unitvisor.attempts "
-                "WHERE attempt = 1 AND run_id = ANY(%s::uuid[])", (list(committed),)).fetchall()
+                """SELECT a.run_id::text, extract(epoch FROM a.claimed_at)::float8,
+                          (SELECT extract(epoch FROM min(pg_xact_commit_timestamp(e.xmin)))::float8
+                           FROM unitvisor.run_events e
+                           WHERE e.run_id = a.run_id AND e.attempt = 1 AND e.state = 'starting')
+                   FROM unitvisor.attempts a WHERE a.attempt = 1 AND a.run_id = ANY(%s::uuid[])""",
+                (list(committed),)).fetchall()
             if len(rows) == len(committed) or time.monotonic() > deadline:
-                return [(claimed - committed[run]) * 1000 for run, claimed in rows]
+                return ([(claimed - committed[run]) * 1000 for run, claimed, _ in rows],
+                        [(done - committed[run]) * 1000 for run, _, done in rows if done is not None])
             time.sleep(0.2)
 
     def trickle(self) -> dict[str, Any]:
@@ -622,9 +630,10 @@ class Fleet:
             time.sleep(self.sizes.trickle_gap)
             self.submits.append((sent, time.time()))
             statements.append(self._daemon_statements(CLAIM_STATEMENT) - before)
-        latencies = self._latencies_ms(committed, self.sizes.burst_timeout)
+        latencies, to_commit = self._latencies_ms(committed, self.sizes.burst_timeout)
         return {"submits": self.sizes.trickle, "gap_s": self.sizes.trickle_gap, "claimed": len(latencies),
-                "claim_latency_ms": summary(latencies), "claim_statements_per_submit": summary(statements)}
+                "claim_latency_ms": summary(latencies), "claim_committed_ms": summary(to_commit),
+                "claim_statements_per_submit": summary(statements)}
 
     def burst(self) -> dict[str, Any]:
         """(S3) `burst` runs in one transaction, claimed by the fleet."""
@@ -634,7 +643,7 @@ class Fleet:
         self.burst_window = (time.time(), math.inf)
         began = time.monotonic()
         ids, at = self._submit(self.sizes.burst)
-        latencies = self._latencies_ms(dict.fromkeys(ids, at), self.sizes.burst_timeout)
+        latencies, to_commit = self._latencies_ms(dict.fromkeys(ids, at), self.sizes.burst_timeout)
         self.burst_window = (self.burst_window[0], time.time())
         by_kind = cpu_since(cpu, server_cpu_by_kind(self.pg))
         server = sum(by_kind.values())
@@ -642,7 +651,8 @@ class Fleet:
             "SELECT count(DISTINCT host_id) FROM unitvisor.attempts WHERE attempt = 1 AND run_id = ANY(%s::uuid[])",
             (ids,)).fetchone()[0]
         return {"runs": self.sizes.burst, "claimed": len(latencies), "seconds": time.monotonic() - began,
-                "claim_latency_ms": summary(latencies), "hosts_that_claimed": per_host,
+                "claim_latency_ms": summary(latencies), "claim_committed_ms": summary(to_commit),
+                "hosts_that_claimed": per_host,
                 "claim_statements": self._daemon_statements(CLAIM_STATEMENT) - before, "loadavg": loadavg(),
                 "server_cpu_seconds": server, "server_cpu_seconds_by_kind": by_kind,
                 # of the whole machine (every core): the simulation's own part of the load, and the server's
@@ -761,7 +771,8 @@ def table(r: dict[str, Any]) -> str:
     lines = [f"Fleet at scale (simulated; systemd is a fake), {r['machine']['nproc']} cores, "
              f"load {r['loadavg']['start']}",
              f"{'hosts':>10}  {'(S1) CPU/host/min':>17}  {'stmts/host/min':>14}  "
-             f"{'(S2) claim p50/p99':>18}  {'woken':>5}  {'(S3) burst p50/p99':>20}  {'empty':>5}  {'dead':>4}  "
+             f"{'(S2) claim p50/p99':>18}  {'woken':>5}  {'(S3) burst p50/p99':>20}  {'(S3) committed':>20}  "
+             f"{'empty':>5}  {'dead':>4}  "
              f"{'sim CPU':>7}  {'(S4) refused':>12}  {'(S5) behind key':>15}"]
     rows = [(f"{n} base", f) for n, f in r.get("baseline", {}).get("fleets", {}).items()]
     rows += [(f"{n}", f) for n, f in r["fleets"].items()]
@@ -778,6 +789,7 @@ def table(r: dict[str, Any]) -> str:
 
         lines.append(f"{label:>10}  {per_min:>14.1f} ms  {idle['statements_per_host_per_minute']:>14.1f}  "
                      f"{ms(trickle['claim_latency_ms']):>18}  {woken:>5.0f}  {ms(burst['claim_latency_ms']):>20}  "
+                     f"{ms(burst['claim_committed_ms']) if 'claim_committed_ms' in burst else '-':>20}  "
                      f"{burst['daemon_claims']['empty']:>5}  {f.get('hosts_declared_dead', '-'):>4}  "
                      f"{burst.get('simulation_cpu_share', math.nan):>7.0%}  {vs('refused'):>12}  "
                      f"{vs('behind_key'):>15}")

@@ -17,7 +17,8 @@ from tests.harness.host import REPO
 FIGURES = [
     *(("idle", key) for key in ("server_cpu_ms_per_host_per_minute", "statements_per_host_per_minute",
                                 "connections_per_host", "server_cpu_seconds", "seconds")),
-    *((phase, "claim_latency_ms", p) for phase in ("trickle", "burst") for p in ("p50", "p99")),
+    *((phase, figure, p) for phase in ("trickle", "burst") for figure in ("claim_latency_ms", "claim_committed_ms")
+      for p in ("p50", "p99")),
     ("trickle", "claim_statements_per_submit", "p50"), ("trickle", "woken", "daemons_that_claimed", "p50"),
     ("trickle", "woken", "empty_claims", "p50"), ("trickle", "woken", "share_of_fleet_p50"),
     ("burst", "claim_statements"), ("burst", "hosts_that_claimed"), ("burst", "seconds"),
