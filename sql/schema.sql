@@ -3034,9 +3034,9 @@ $$;
 -- The fleet's claims that walk the queue at once, at most `unitvisor.claim_slots` of them (046; 4 when
 -- unset or not a whole number; 0 or less: no bound). A burst wakes every host, and hundreds of claims
 -- walking the same head of the queue at once cost the server more for each run they take than a few one
--- after the other: on a throwaway PostgreSQL 15 with 2 cores, 10,000 runs claimed by 300 hosts at once
--- took 3.9 ms of server CPU a run and 22.7 s, by 16 hosts 0.86 ms and 5.3 s, and by 300 hosts with 4
--- slots 1.2 ms and 8.6 s. A slot is a transaction-level advisory lock, released when the claim's
+-- after the other: on a throwaway PostgreSQL 15 with 2 cores (bench.claim_slots), 10,000 runs claimed by
+-- 300 hosts at once took 5.3 ms of server CPU a run and 30 s, by 16 hosts 0.96 ms and 5.5 s, and by 300
+-- hosts with 4 slots 1.34 ms and 8.5 s. A slot is a transaction-level advisory lock, released when the claim's
 -- transaction ends: a free one is taken at once (tried from a random one on, so that claims spread over
 -- them); when none is free the claim waits in one's queue, which costs no CPU. A claim that has waited the
 -- session's lock_timeout walks without a slot rather than fail: the bound is for the server's sake, and a
