@@ -3036,12 +3036,13 @@ $$;
 -- walking the same head of the queue at once cost the server more for each run they take than a few one
 -- after the other: on a throwaway PostgreSQL 15 with 2 cores (bench.claim_slots), 10,000 runs claimed by
 -- 300 hosts at once took 5.3 ms of server CPU a run and 30 s, by 16 hosts 0.96 ms and 5.5 s, and by 300
--- hosts with 4 slots 1.34 ms and 8.5 s. A slot is a transaction-level advisory lock, released when the claim's
--- transaction ends: a free one is taken at once (tried from a random one on, so that claims spread over
--- them); when none is free the claim waits in one's queue, which costs no CPU. A claim that has waited the
--- session's lock_timeout walks without a slot rather than fail: the bound is for the server's sake, and a
--- claim that never comes would cost the run more than a claim in excess. The operator sets it for a
--- database: ALTER DATABASE ... SET unitvisor.claim_slots = 8 (docs/fleet.md, "The ceiling of one PostgreSQL").
+-- hosts with 4 slots 1.34 ms and 8.5 s. A slot is a transaction-level advisory lock, released when the
+-- claim's transaction ends: a free one is taken at once (tried from a random one on, so that claims spread
+-- over them); when none is free the claim waits in one's queue, which costs no CPU. A claim that has waited
+-- the session's lock_timeout walks without a slot rather than fail: the bound is for the server's sake, and
+-- a claim that never comes would cost the run more than a claim in excess. The operator sets it for a
+-- database: ALTER DATABASE ... SET unitvisor.claim_slots = 8 (docs/fleet.md, "The ceiling of one
+-- PostgreSQL").
 CREATE FUNCTION unitvisor.take_claim_slot() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -3077,7 +3078,8 @@ END $$;
 -- the host it avoids (avoid_host) while another live host accepts it, until avoid_failed_host_grace
 -- after it is due, and the event saying why it took it anyway. Since 039: the job's lock before the key's
 -- and the limits', and a job another claim holds or took passed over without counting as looked at.
--- Since 046: once it knows the host has a free slot, it takes one of the fleet's claim slots (take_claim_slot).
+-- Since 046: once it knows the host has a free slot, it takes one of the fleet's claim slots
+-- (take_claim_slot).
 CREATE FUNCTION unitvisor.claim_jobs(
     host_id text, host_epoch bigint, batch integer, unit_format text,
     starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')

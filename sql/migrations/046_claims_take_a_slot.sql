@@ -3,24 +3,21 @@
 --
 -- A burst wakes every host at once, and each claim walked the same head of the queue alongside hundreds of
 -- others: in bench.scale's burst of 10,000 runs at 300 hosts a claim statement lasted 2.4 s on average, and
--- the server spent 4.6 to 6 ms of CPU a run. Measured on a throwaway PostgreSQL 15 with 2 cores, claims
--- alone (no starts, no outcomes; bench.claim_slots), 10,000 runs: by 16 hosts at once 0.96 ms of server
--- CPU a run and 5.5 s to the last; by 300 hosts 5.3 ms and 30 s, and 5 claims failed on a lock timeout; by
--- 300 hosts with 2, 4 or 8 slots 0.97, 1.34 and 1.54 ms, 6.8, 8.5 and 9.6 s, none failed. take_claim_slot (schema.sql says how) bounds them, 4 by default,
--- `unitvisor.claim_slots` for a database that wants another figure. claim_jobs is 039's but for the call
--- after its early returns.
+-- the server spent 4.6 to 6 ms of CPU a run. take_claim_slot bounds them (its comment below says how, and
+-- what bench.claim_slots measured), and claim_jobs is 039's but for the call after its early returns.
 
 -- The fleet's claims that walk the queue at once, at most `unitvisor.claim_slots` of them (046; 4 when
 -- unset or not a whole number; 0 or less: no bound). A burst wakes every host, and hundreds of claims
 -- walking the same head of the queue at once cost the server more for each run they take than a few one
 -- after the other: on a throwaway PostgreSQL 15 with 2 cores (bench.claim_slots), 10,000 runs claimed by
 -- 300 hosts at once took 5.3 ms of server CPU a run and 30 s, by 16 hosts 0.96 ms and 5.5 s, and by 300
--- hosts with 4 slots 1.34 ms and 8.5 s. A slot is a transaction-level advisory lock, released when the claim's
--- transaction ends: a free one is taken at once (tried from a random one on, so that claims spread over
--- them); when none is free the claim waits in one's queue, which costs no CPU. A claim that has waited the
--- session's lock_timeout walks without a slot rather than fail: the bound is for the server's sake, and a
--- claim that never comes would cost the run more than a claim in excess. The operator sets it for a
--- database: ALTER DATABASE ... SET unitvisor.claim_slots = 8 (docs/fleet.md, "The ceiling of one PostgreSQL").
+-- hosts with 4 slots 1.34 ms and 8.5 s. A slot is a transaction-level advisory lock, released when the
+-- claim's transaction ends: a free one is taken at once (tried from a random one on, so that claims spread
+-- over them); when none is free the claim waits in one's queue, which costs no CPU. A claim that has waited
+-- the session's lock_timeout walks without a slot rather than fail: the bound is for the server's sake, and
+-- a claim that never comes would cost the run more than a claim in excess. The operator sets it for a
+-- database: ALTER DATABASE ... SET unitvisor.claim_slots = 8 (docs/fleet.md, "The ceiling of one
+-- PostgreSQL").
 CREATE FUNCTION unitvisor.take_claim_slot() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
