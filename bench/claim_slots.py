@@ -47,10 +47,11 @@ TINY = Sizes(runs=200, cases=((1, 0), (8, 0), (8, 2)))
 
 
 class Claimers:
-    """`hosts` sessions claiming from one database until told to stop, and their counts."""
+    """`hosts` sessions claiming from one database until told to stop, and their counts; `admin`, the
+    database's own session (closed with them), watches the queue."""
 
-    def __init__(self, pg: Postgres, dbname: str, hosts: int, slots: int) -> None:
-        self.admin = store.connect(pg.dsn_for(dbname))
+    def __init__(self, pg: Postgres, dbname: str, admin: store.Connection, hosts: int, slots: int) -> None:
+        self.admin = admin
         self.sessions = []
         for i in range(hosts):
             conn = store.connect(pg.dsn_for(dbname))
@@ -94,8 +95,7 @@ def case(pg: Postgres, n: int, runs: int, hosts: int, slots: int) -> dict[str, A
     admin.execute("UPDATE unitvisor.hosts SET max_runs = %s", (runs,))
     admin.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true']) FROM generate_series(1, %s)", (runs,))
     admin.execute("VACUUM ANALYZE")
-    admin.close()
-    claimers = Claimers(pg, dbname, hosts, slots)
+    claimers = Claimers(pg, dbname, admin, hosts, slots)
     threads = [threading.Thread(target=claimers.claimer, args=session) for session in claimers.sessions]
     try:
         for thread in threads:
