@@ -2065,7 +2065,10 @@ END $$;
 -- Since 040 its looks are upkeep_looks': once a poll interval while the fleet is idle.
 -- Since 041 its claimable is host_has_work's only when the host's work_mark moved or its work_until
 -- passed: a "no" walked for is remembered on the host row (the head of 041 says what the mark holds).
-CREATE FUNCTION unitvisor.heartbeat(host_id text, host_epoch bigint, waited interval)
+-- Since 047 a job due when it was made is not its claimable for `left_to_woken` (the daemon's
+-- spread grace, 1 s; 0, the default, for a caller that does not say): see the head of 047.
+CREATE FUNCTION unitvisor.heartbeat(host_id text, host_epoch bigint, waited interval,
+                                    left_to_woken interval DEFAULT '0')
 RETURNS TABLE (host_state text, claimable boolean, cancels boolean, upkeep boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2085,10 +2088,12 @@ BEGIN
         -- Before the walk: see the head of this file.
         mark := unitvisor.queue_mark() || '/' || unitvisor.host_refusal_inputs(me);
         IF mark IS DISTINCT FROM me.work_mark OR NOT now() < me.work_until THEN
-            has_work := unitvisor.host_has_work(me);
+            has_work := unitvisor.host_has_work(me, heartbeat.left_to_woken);
             IF NOT has_work THEN
+                -- 047: and when the youngest job left to the hosts its submit woke is left no more
                 until := least(now() + 30 * make_interval(secs => coalesce(me.poll_interval_sec, 10)),
-                               unitvisor.next_due('0'));
+                               unitvisor.next_due('0'),
+                               CASE WHEN heartbeat.left_to_woken > '0' THEN unitvisor.next_due(heartbeat.left_to_woken) END);
             END IF;
         ELSE
             until := me.work_until;
@@ -2825,11 +2830,13 @@ BEGIN
 END $$;
 
 -- Whether a claim by `me` now could take a run, or discard a stale job: the heartbeat's claimable (see the
--- head of this file). It may say true where the claim then takes nothing (the fair share holds a burst's
--- run for another host within spread_grace, the memory budget is used up, another host took it first),
--- never false where the claim would take one, except for a keyed job left by a run that moved on while
--- its key still has queued runs (no claim looks at it; the run it belongs to is not queued).
-CREATE FUNCTION unitvisor.host_has_work(me unitvisor.hosts) RETURNS boolean
+-- head of 020). It may say true where the claim then takes nothing (the fair share holds a burst's run for
+-- another host within spread_grace, the memory budget is used up, another host took it first), never false
+-- where the claim would take one, except for a keyed job left by a run that moved on while its key still
+-- has queued runs (no claim looks at it; the run it belongs to is not queued), and (047) a keyless job due
+-- when it was made and younger than `left_to_woken`: its submit's NOTIFY named the hosts to take it.
+CREATE FUNCTION unitvisor.host_has_work(me unitvisor.hosts, left_to_woken interval DEFAULT '0')
+RETURNS boolean
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     this_kind text;
@@ -2857,6 +2864,8 @@ BEGIN
                 SELECT 1 FROM unitvisor.spawn_jobs j JOIN unitvisor.runs r ON r.id = j.run_id
                 WHERE j.state = 'available' AND j.concurrency_key IS NULL AND j.kind = this_kind
                   AND j.scheduled_at <= now()
+                  -- 047: not a job due when it was made, younger than left_to_woken (its NOTIFY woke hosts)
+                  AND (j.scheduled_at > j.created_at OR j.scheduled_at <= now() - host_has_work.left_to_woken)
                   AND (r.state <> 'queued' OR r.start_deadline IS NULL OR NOT unitvisor.is_overdue(r))) THEN
             RETURN true;
         END IF;
@@ -4759,7 +4768,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.explain_waiting(interval,integer),
     unitvisor.fleet_upkeep_turn(text,bigint,interval),
     unitvisor.freeze_requests(text,bigint),
-    unitvisor.heartbeat(text,bigint,interval),
+    unitvisor.heartbeat(text,bigint,interval,interval),
     unitvisor.host_holds_run(uuid),
     unitvisor.host_may_see(text,uuid,text),
     unitvisor.mark_host_stopped(text,bigint),
@@ -4858,4 +4867,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('043_marks_leave_out_explanations'),
     ('044_late_return_is_a_disruption'),
     ('045_host_check_planned_once'),
-    ('046_claims_take_a_slot');
+    ('046_claims_take_a_slot'),
+    ('047_fresh_jobs_left_to_the_woken');

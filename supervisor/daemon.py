@@ -528,7 +528,7 @@ class Daemon:
         upkeep = False
         if now >= self.timers.claim:
             sent, sent_boot = time.monotonic(), fence.boottime()
-            probe = store.probe(self.conn, self.fence, fleet.explain_after(self.settings))
+            probe = store.probe(self.conn, self.fence, fleet.explain_after(self.settings), fleet.LEFT_TO_WOKEN)
             self._renewed(sent, sent_boot)
             # Read before the claim: a drain takes effect before the next claim, not at the next poll.
             self._host_state_seen(probe.host_state)

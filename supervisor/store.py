@@ -1022,12 +1022,15 @@ class Probe:
     upkeep: bool  # fleet upkeep is due: a silent host to declare dead, or runs waiting long
 
 
-def probe(conn: Connection, fence: Fence, waited: timedelta) -> Probe:
+def probe(conn: Connection, fence: Fence, waited: timedelta,
+          left_to_woken: timedelta = timedelta(0)) -> Probe:
     """The heartbeat and the fallback poll in one statement: an idle daemon asks the database one
     question per poll interval, and only claims, looks for cancels or does fleet upkeep when there is
-    something. Raises Fenced when this host's epoch is over (declared dead, taken over, row deleted)."""
-    row = conn.execute("SELECT host_state, claimable, cancels, upkeep FROM unitvisor.heartbeat(%s, %s, %s)",
-                       (fence.host_id, fence.epoch, waited)).fetchone()
+    something. A job due when it was made is not "work" until it is `left_to_woken` old: its submit
+    notified the hosts to take it (sql/migrations/047_fresh_jobs_left_to_the_woken.sql). Raises Fenced
+    when this host's epoch is over (declared dead, taken over, row deleted)."""
+    row = conn.execute("SELECT host_state, claimable, cancels, upkeep FROM unitvisor.heartbeat(%s, %s, %s, %s)",
+                       (fence.host_id, fence.epoch, waited, left_to_woken)).fetchone()
     if row is None:
         raise Fenced(f"host {fence.host_id} is fenced: its row is gone, or its epoch {fence.epoch} is over")
     return Probe(row[0], row[1], row[2], row[3])

@@ -583,7 +583,8 @@ def test_the_reclaim_asks_the_probe_first_and_claims_only_when_there_is_work(mak
     d.timers = daemon_mod.Timers(claim=math.inf, reclaim=0.0, reconcile=math.inf, retention=math.inf,
                                  upkeep=math.inf, pressure=math.inf)
     d._iteration()
-    probe.assert_called_once()
+    # A job just submitted is left to the hosts its NOTIFY woke (schema 047), for the spread grace.
+    probe.assert_called_once_with(d.conn, d.fence, fleet.explain_after(d.settings), fleet.LEFT_TO_WOKEN)
     assert st.claim.called is claimable
     assert d.timers.reclaim == math.inf and d.timers.claim > time.monotonic()  # the poll's next, as usual
 
