@@ -464,7 +464,7 @@ def _settling(d: Daemon, mocker, settles: int = 1) -> None:
     mocker.patch.object(store, "open_attempts", return_value=[])
     d.watcher.drain.return_value = ({"unitvisor-run-a-1.service"}, False)
     d.timers = daemon_mod.Timers(claim=math.inf, reconcile=math.inf, retention=math.inf, upkeep=math.inf,
-                                 pressure=math.inf)
+                                 pressure=math.inf, refill=d.timers.refill)
 
     def settle(pairs, signalled=None):
         d.reconciler.settled += settles
@@ -522,6 +522,46 @@ def test_a_settle_claims_again_only_when_the_last_claim_may_have_left_work(make,
     d.reconciler.in_flight = 0
     _settling(d, mocker)
     assert st.claim.called is claims_after_settle
+
+
+@pytest.mark.parametrize(("in_flight", "at_once"), [(63, False), (57, False), (56, True), (0, True)])
+def test_a_full_hosts_settle_claims_at_once_only_with_a_quarter_batch_free(make, st, mocker, in_flight, at_once):
+    """Issue 27: runs ending one at a time were claimed one at a time, two statements each. With fewer
+    than a quarter of a batch free (8 of the packaged 32) the claim waits REFILL_WAIT, then is made."""
+    d = make()  # max_runs 64, claim_batch 32
+    d.reconciler = mock.Mock(in_flight=in_flight, settled=0, freed_key=False, freed_labelled=False)
+    d.claim_left_work = True
+    before = time.monotonic()
+    _settling(d, mocker)
+    assert st.claim.called is at_once
+    if at_once:
+        assert d.timers.refill == math.inf
+        return
+    assert before + daemon_mod.REFILL_WAIT <= d.timers.refill <= time.monotonic() + daemon_mod.REFILL_WAIT
+    assert d.timers.nearest(time.monotonic(), 60.0) <= daemon_mod.REFILL_WAIT  # the loop wakes for it
+    _settling(d, mocker, settles=0)  # an iteration before the wait is over: still no claim
+    st.claim.assert_not_called()
+    d.timers.refill = time.monotonic()  # the wait is over
+    _settling(d, mocker, settles=0)
+    st.claim.assert_called_once()
+    assert d.timers.refill == math.inf
+
+
+def test_a_notification_claims_at_once_and_takes_the_held_claim_with_it(make, st, mocker):
+    d = make()
+    d.reconciler = mock.Mock(in_flight=60, settled=0, freed_key=False, freed_labelled=False)
+    d.claim_left_work = True
+    _settling(d, mocker)
+    st.claim.assert_not_called()
+    d.notified.add(store.SPAWN_CHANNEL)
+    _settling(d, mocker, settles=0)
+    st.claim.assert_called_once()
+    assert d.timers.refill == math.inf
+
+
+@pytest.mark.parametrize(("max_runs", "batch", "at"), [(64, 32, 8), (4, 32, 1), (1, 1, 1), (200, 100, 25)])
+def test_the_refill_threshold_is_a_quarter_of_the_smaller_of_batch_and_slots(make, max_runs, batch, at):
+    assert _with_slots(make, max_runs=max_runs, batch=batch)._refill_at() == at
 
 
 def test_a_daemon_that_has_not_claimed_yet_claims_after_a_settle(make, st, mocker):
