@@ -11,8 +11,10 @@ hosts did not take is found by the next heartbeat after it, with nothing else in
 
 from __future__ import annotations
 
+import shutil
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 
@@ -102,3 +104,25 @@ def test_a_job_older_than_the_grace_at_its_commit_is_work_at_once(conn: psycopg.
         conn.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])")
         time.sleep(GRACE.total_seconds() + 0.1)
     assert heartbeat(conn, h1) == (True, True)
+
+
+def test_a_daemon_of_the_release_before_keeps_its_prepared_heartbeat_across_the_migration(
+        empty_dsn: str, tmp_path: Path) -> None:
+    """A rolling upgrade (store's migration rules): 047 replaces heartbeat by one with a fourth argument
+    that defaults to no grace. A 0.11.0 daemon's three-argument statement, prepared before the migration,
+    runs after it, and a job just submitted is still work for it, as before."""
+    for name, path in store.migration_files():
+        if name < "047":
+            shutil.copy(path, tmp_path / path.name)
+    with store.connect(empty_dsn) as conn:
+        store.migrate(conn, tmp_path)
+        fence = register(conn, "h1")
+        old = "SELECT claimable FROM unitvisor.heartbeat(%s, %s, %s)"
+        args = (fence.host_id, fence.epoch, WAITED)
+        assert conn.execute(old, args, prepare=True).fetchone() == (False,)
+        conn.commit()
+        assert store.migrate(conn) == ["047_fresh_jobs_left_to_the_woken"]
+        submit(conn, 1)
+        assert conn.execute(old, args, prepare=True).fetchone() == (True,)
+        conn.rollback()
+        assert heartbeat(conn, fence) == (False, True)  # the new daemon's call leaves the job to the woken
