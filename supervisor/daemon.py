@@ -155,6 +155,7 @@ class Daemon:
         # The one database connection of this host: every query, and the LISTEN for wake-ups. One, not
         # a second for LISTEN, so that a fleet of N hosts costs the server N sessions (issue 14).
         self.conn: GuardedConnection | None = None
+        self.listening_since = math.inf  # when this connection's LISTEN began (_left_to_woken)
         # Channels that fired since the loop last looked. psycopg hands a notification that arrives
         # while a query runs on the connection to _on_notify; the loop reads those that arrive while
         # it is idle. Both land here, so none is lost to the other path.
@@ -307,6 +308,7 @@ class Daemon:
                 # Again after every reconnect: a LISTEN belongs to its session. In autocommit it takes
                 # effect at once; inside a transaction it would wait for the commit.
                 store.listen(conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
+                self.listening_since = time.monotonic()
                 pending = store.pending_migrations(self.conn)
                 if pending:
                     raise store.DatabaseError(
@@ -541,7 +543,7 @@ class Daemon:
         upkeep = False
         if now >= self.timers.claim:
             sent, sent_boot = time.monotonic(), fence.boottime()
-            probe = store.probe(self.conn, self.fence, fleet.explain_after(self.settings), fleet.LEFT_TO_WOKEN)
+            probe = store.probe(self.conn, self.fence, fleet.explain_after(self.settings), self._left_to_woken(now))
             self._renewed(sent, sent_boot)
             # Read before the claim: a drain takes effect before the next claim, not at the next poll.
             self._host_state_seen(probe.host_state)
@@ -875,6 +877,17 @@ class Daemon:
         freed = rec.freed_key or (rec.freed_labelled and bool(self.limit_figures))
         rec.freed_key = rec.freed_labelled = False
         return self.claim_left_work or freed or self.settings.host.memory_budget is not None
+
+    def _left_to_woken(self, now: float) -> timedelta:
+        """How young a job just submitted is left to the hosts its NOTIFY named (schema 047): the spread
+        grace once this connection has listened that long, so that this daemon heard every notification
+        of a job that young, and knows it was not named; none before. A daemon just (re)started or
+        reconnected missed them, and so may every host (a single host restarting): then it counts every
+        job, as every heartbeat did before 047, and the adoption of a unit started before a crash is not
+        put off by a poll interval."""
+        if now - self.listening_since >= fleet.LEFT_TO_WOKEN.total_seconds():
+            return fleet.LEFT_TO_WOKEN
+        return timedelta(0)
 
     def _refill_at(self) -> int:
         """Free slots at which a settle's claim is made at once (REFILL_WAIT): a quarter of a claim batch,

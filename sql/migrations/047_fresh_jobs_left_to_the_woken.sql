@@ -19,7 +19,9 @@
 -- lost, a drain between the submit and the claim) waits up to 1 s more for the fallback poll, which came
 -- up to a poll interval later anyway. A job made due later (not_before, a retry's backoff) was notified
 -- to nobody, and counts as soon as it is due, as before; so do keyed jobs (their key's room decides who
--- was woken). A daemon of 0.11.0 calls heartbeat with three arguments, and keeps the old answer.
+-- was woken). A daemon passes no grace until its connection has listened for as long (a start, a
+-- reconnect: it may have missed the notification, which may have gone to nobody, a single host
+-- restarting). A daemon of 0.11.0 calls heartbeat with three arguments, and keeps the old answer.
 
 DROP FUNCTION unitvisor.heartbeat(text, bigint, interval);
 DROP FUNCTION unitvisor.host_has_work(unitvisor.hosts);

@@ -622,11 +622,25 @@ def test_the_reclaim_asks_the_probe_first_and_claims_only_when_there_is_work(mak
     d.watcher.drain.return_value = (set(), False)
     d.timers = daemon_mod.Timers(claim=math.inf, reclaim=0.0, reconcile=math.inf, retention=math.inf,
                                  upkeep=math.inf, pressure=math.inf)
+    d.listening_since = time.monotonic() - 60
     d._iteration()
     # A job just submitted is left to the hosts its NOTIFY woke (schema 047), for the spread grace.
     probe.assert_called_once_with(d.conn, d.fence, fleet.explain_after(d.settings), fleet.LEFT_TO_WOKEN)
     assert st.claim.called is claimable
     assert d.timers.reclaim == math.inf and d.timers.claim > time.monotonic()  # the poll's next, as usual
+
+
+@pytest.mark.parametrize(("listened", "left"), [(None, timedelta(0)), (0.0, timedelta(0)), (0.5, timedelta(0)),
+                                              (fleet.SPREAD_GRACE, fleet.LEFT_TO_WOKEN), (60.0, fleet.LEFT_TO_WOKEN)])
+def test_a_job_is_left_to_the_woken_only_by_a_daemon_that_listened_for_the_grace(make, listened, left):
+    """Schema 047: a daemon that began to LISTEN less than the grace ago (a start, a reconnect) may have
+    missed the notification of a job that young, which may have gone to nobody (a single host that
+    restarts): it counts every job, so its first claim after a start is not put off by a poll interval."""
+    d = make()
+    now = time.monotonic()
+    if listened is not None:
+        d.listening_since = now - listened
+    assert d._left_to_woken(now) == left
 
 
 def _spawning(make, mocker, systemd):
@@ -993,7 +1007,10 @@ def test_listen_is_issued_again_on_every_new_connection_after_its_handler(make, 
     assert d._connect() is True
     first = d.conn
     assert d._guard(boom(psycopg.OperationalError("server closed the connection unexpectedly"))) is False
+    d.listening_since = -math.inf
+    before = time.monotonic()
     assert d._connect() is True
+    assert d.listening_since >= before  # a new session heard nothing before its LISTEN (_left_to_woken)
     second = d.conn
     assert st.made == [first, second] and first is not second
     first.close.assert_called_once_with()
