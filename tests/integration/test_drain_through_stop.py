@@ -8,7 +8,6 @@ in hosts.left_draining: it comes back draining, and claims nothing until undrain
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import psycopg
@@ -16,6 +15,7 @@ import pytest
 
 from supervisor import store, unitspec
 from tests.integration.conftest import age_jobs, backend_gone, connected, host_profile, register, silence
+from tests.integration.test_migrate_operations import sql_dir_up_to
 
 
 def host(conn: psycopg.Connection, host_id: str) -> tuple[str, bool]:
@@ -117,13 +117,8 @@ def test_forget_takes_a_drained_stopped_host_at_once(conn: psycopg.Connection) -
 def test_the_migration_stops_a_draining_host_whose_daemon_is_gone(empty_dsn: str, tmp_path: Path) -> None:
     """A host stopped while draining under 023's functions is still 'draining': 024 makes it stopped with
     its drain kept, and leaves a draining host whose daemon holds its host lock (it is connected) alone."""
-    before = tmp_path / "migrations"
-    before.mkdir()
-    for version, path in store.migration_files():
-        if version < "024":
-            shutil.copy(path, before)
     with store.connect(empty_dsn) as conn, store.connect(empty_dsn) as live:
-        store.migrate(conn, before, from_schema=False)
+        store.migrate(conn, sql_dir_up_to(tmp_path, 23), from_schema=False)
         for host_id in ("gone", "live", "recent"):
             conn.execute("INSERT INTO unitvisor.hosts (id, name, max_runs, state, poll_interval_sec) "
                          "VALUES (%s, %s, 1, 'draining', 10)", (host_id, host_id))

@@ -11,7 +11,6 @@ hosts did not take is found by the next heartbeat after it, with nothing else in
 
 from __future__ import annotations
 
-import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ import psycopg
 from supervisor import fleet, store
 from tests.integration.conftest import calls_during, register
 from tests.integration.test_claim_gate import FMT, submit
+from tests.integration.test_migrate_operations import sql_dir_up_to
 
 WAITED = timedelta(seconds=20)
 GRACE = timedelta(seconds=1)
@@ -111,11 +111,8 @@ def test_a_daemon_of_the_release_before_keeps_its_prepared_heartbeat_across_the_
     """A rolling upgrade (store's migration rules): 047 replaces heartbeat by one with a fourth argument
     that defaults to no grace. A 0.11.0 daemon's three-argument statement, prepared before the migration,
     runs after it, and a job just submitted is still work for it, as before."""
-    for name, path in store.migration_files():
-        if name < "047":
-            shutil.copy(path, tmp_path / path.name)
     with store.connect(empty_dsn) as conn:
-        store.migrate(conn, tmp_path)
+        store.migrate(conn, sql_dir_up_to(tmp_path, 46))
         fence = register(conn, "h1")
         old = "SELECT claimable FROM unitvisor.heartbeat(%s, %s, %s)"
         args = (fence.host_id, fence.epoch, WAITED)
