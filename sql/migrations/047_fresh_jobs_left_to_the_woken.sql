@@ -133,7 +133,7 @@ BEGIN
         WHERE h.id = heartbeat.host_id AND h.epoch = heartbeat.host_epoch AND h.state <> 'dead';
     END IF;
     IF me.id IS NOT NULL THEN
-        -- Before the walk: see the head of this file.
+        -- The mark is read before the walk: see the head of 041.
         mark := unitvisor.queue_mark() || '/' || unitvisor.host_refusal_inputs(me);
         IF mark IS DISTINCT FROM me.work_mark OR NOT now() < me.work_until THEN
             has_work := unitvisor.host_has_work(me, heartbeat.left_to_woken);
