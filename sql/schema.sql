@@ -820,6 +820,9 @@ CREATE TABLE unitvisor.hosts (
     -- the clock alone (work_until); a heartbeat with the same mark before then does not walk the queue.
     work_mark      text,
     work_until     timestamptz,
+    -- When its daemon said it listens on host_wake_channel(id) (register_wake_channel, 048): void before
+    -- started_at, as labels_at, so that a daemon of 0.11.0 registering the id is told on unitvisor_spawn.
+    wake_channel_at timestamptz,
     CONSTRAINT hosts_state_valid CHECK (state IN ('active', 'draining', 'stopped', 'dead')),
     CONSTRAINT hosts_pressure_state_valid
         CHECK (pressure_state IS NULL OR pressure_state IN ('off', 'open', 'slowed', 'stopped'))
@@ -1977,6 +1980,24 @@ BEGIN
     END IF;
     UPDATE unitvisor.hosts h SET labels = register_host_labels.labels, labels_at = now()
     WHERE h.id = register_host_labels.host_id;
+END $$;
+
+-- The channel on which a host's daemon is told of jobs that name it alone (048): a function of its id, at
+-- most 48 bytes whatever the id (a channel name is at most 63; a host id up to 255 characters).
+CREATE FUNCTION unitvisor.host_wake_channel(host_id text) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT 'unitvisor_spawn_' || left(encode(sha256(convert_to(host_wake_channel.host_id, 'UTF8')), 'hex'), 32)
+$$;
+
+-- What a daemon of this release registers right after register_host, in the same transaction, having sent
+-- LISTEN on the channel it returns there too (store.register_wake_channel): from that commit on, a
+-- notification that names this host alone goes to that channel (notify_spawn_targets).
+CREATE FUNCTION unitvisor.register_wake_channel(host_id text, host_epoch bigint) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM unitvisor.check_fence(register_wake_channel.host_id, register_wake_channel.host_epoch);
+    UPDATE unitvisor.hosts h SET wake_channel_at = now() WHERE h.id = register_wake_channel.host_id;
+    RETURN unitvisor.host_wake_channel(register_wake_channel.host_id);
 END $$;
 
 -- What a daemon reports when its admission changes (store.set_pressure), fenced like every host write.
@@ -3941,7 +3962,9 @@ END $$;
 
 -- notify_spawn_targets as in 011, each live host's free slots from host_open_attempts (one row per host)
 -- instead of a count of the fleet's open attempts grouped by host, in the submitter's COMMIT (020); since
--- 038, kinds of run that every live host with room refuses wake nobody.
+-- 038, kinds of run that every live host with room refuses wake nobody; since 048, a host named among
+-- at most 16 is told on its own channel when it listens there, and a notification naming nobody is
+-- not sent.
 CREATE FUNCTION unitvisor.notify_spawn_targets() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -3954,6 +3977,7 @@ DECLARE
     kind unitvisor.runs;
     widen boolean;
     nobody boolean;
+    alone text;
     payload text;
 BEGIN
     IF wanted = 0 AND cardinality(pins) = 0 THEN
@@ -4007,6 +4031,20 @@ BEGIN
         END IF;
     END IF;
     targets := ARRAY(SELECT DISTINCT t FROM unnest(targets || pins) AS t ORDER BY t);
+    IF cardinality(targets) <= 16 THEN
+        -- Few named (a trickle of submits, a pin): each that listens on its own channel is told there, so
+        -- that no other daemon wakes for it; the rest (daemons of 0.11.0) on unitvisor_spawn. More named
+        -- (a burst names every host with room): one notification for all, as each one sent is an entry of
+        -- the server's queue that every listening session of the database reads.
+        FOR alone IN SELECT h.id FROM unitvisor.hosts h
+                     WHERE h.id = ANY (targets) AND h.wake_channel_at >= h.started_at LOOP
+            PERFORM pg_notify(unitvisor.host_wake_channel(alone), '');
+            targets := array_remove(targets, alone);
+        END LOOP;
+    END IF;
+    IF cardinality(targets) = 0 THEN
+        RETURN NULL;  -- every daemon would drop a notification that names nobody
+    END IF;
     payload := json_build_object('hosts', targets)::text;
     PERFORM pg_notify('unitvisor_spawn', CASE WHEN octet_length(payload) > 7000 THEN '' ELSE payload END);
     RETURN NULL;
@@ -4786,6 +4824,7 @@ GRANT EXECUTE ON FUNCTION
     unitvisor.register_host_allowlist(text,bigint,text[],text[],text[]),
     unitvisor.register_host_environment(text,bigint,text[],text[]),
     unitvisor.register_host_labels(text,bigint,jsonb),
+    unitvisor.register_wake_channel(text,bigint),
     unitvisor.renew_heartbeat(text,bigint),
     unitvisor.set_host_pressure(text,bigint,text,text,jsonb,text),
     unitvisor.set_host_state(text,text),
@@ -4868,4 +4907,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('044_late_return_is_a_disruption'),
     ('045_host_check_planned_once'),
     ('046_claims_take_a_slot'),
-    ('047_fresh_jobs_left_to_the_woken');
+    ('047_fresh_jobs_left_to_the_woken'),
+    ('048_named_hosts_told_alone');

@@ -156,6 +156,7 @@ class Daemon:
         # a second for LISTEN, so that a fleet of N hosts costs the server N sessions (issue 14).
         self.conn: GuardedConnection | None = None
         self.listening_since = math.inf  # when this connection's LISTEN began (_left_to_woken)
+        self.wake_channel = ""  # where this host alone is told of jobs (store.register_wake_channel)
         # Channels that fired since the loop last looked. psycopg hands a notification that arrives
         # while a query runs on the connection to _on_notify; the loop reads those that arrive while
         # it is idle. Both land here, so none is lost to the other path.
@@ -360,6 +361,10 @@ class Daemon:
         # attempt the other one claimed and may have started).
         with self.conn.transaction():
             registration = store.register_host(self.conn, profile)
+            if registration.registered:
+                assert registration.epoch is not None
+                self.wake_channel = store.register_wake_channel(self.conn, store.Fence(self.host_id,
+                                                                                       registration.epoch))
             if registration.registered and registration.taken_from is not None:
                 assert registration.epoch is not None
                 taking = Reconciler(self.settings, store.Fence(self.host_id, registration.epoch), self.conn,
@@ -735,14 +740,16 @@ class Daemon:
         if self.settings.river.enabled and channel.startswith(f"{self.settings.river.schema}.river_"):
             self._heard_river(channel, payload)
             return
-        if channel == store.SPAWN_CHANNEL:
-            targets = store.spawn_hint_targets(payload)
+        if channel in (store.SPAWN_CHANNEL, self.wake_channel):
+            # On this host's own channel, a hint that names it alone (schema 048; no payload).
+            targets = store.spawn_hint_targets(payload) if channel == store.SPAWN_CHANNEL else None
             if targets is not None and self.host_id not in targets:
                 return
             if self.host_state != "active" or self.admission.state == pressure.STOPPED:
                 return
             if self.reconciler is not None and self.reconciler.in_flight >= self.settings.host.max_runs:
                 return
+            channel = store.SPAWN_CHANNEL
         self.notified.add(channel)
 
     def _heard_river(self, channel: str, payload: str) -> None:

@@ -890,6 +890,16 @@ def register_host(conn: Connection, profile: HostProfile) -> Registration:
     return Registration(row[0], row[1], row[2], row[3], taken_from)
 
 
+def register_wake_channel(conn: Connection, fence: Fence) -> str:
+    """LISTEN on the channel that tells this host of jobs that name it alone, and mark the host as
+    listening there (sql/migrations/048_named_hosts_told_alone.sql): in the registration's transaction,
+    where the LISTEN takes effect at the same commit as the mark. Returns the channel."""
+    channel = conn.execute("SELECT unitvisor.register_wake_channel(%s, %s)",
+                           (fence.host_id, fence.epoch)).fetchone()[0]
+    listen(conn, channel)
+    return channel
+
+
 def host_fence(conn: Connection, host_id: str) -> tuple[str, Fence] | None:
     """A host's state and current fence, for a one-off pass by hand (`unitvisor reconcile`)."""
     row = conn.execute("SELECT state, epoch FROM unitvisor.hosts WHERE id = %s", (host_id,)).fetchone()

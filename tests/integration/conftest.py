@@ -291,7 +291,7 @@ _HOST_CALLS = {  # store function -> how to find the host id it acts as
     "explain_waiting": lambda args: ANY_HOST, "unit_owners": lambda args: ANY_HOST,
     "unclaimed_attempts": lambda args: ANY_HOST,
     "freeze_requests": lambda args: args[1].host_id, "record_freeze": lambda args: args[1].host_id,
-    "pass_figures": lambda args: args[1].host_id,
+    "pass_figures": lambda args: args[1].host_id, "register_wake_channel": lambda args: args[1].host_id,
 }
 _SUBMITTER_CALLS = ("submit_run", "cancel_run", "resume_run", "run_status", "runs_with_labels", "hold_run",
                     "release_run", "freeze_run", "thaw_run", "set_limit", "drop_limit", "list_limits",

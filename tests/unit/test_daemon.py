@@ -240,7 +240,8 @@ def test_a_close_that_fails_still_forgets_the_connection(make):
 def st(mocker):
     """The store functions _connect and _register call."""
     fakes = {name: mocker.patch.object(store, name) for name in
-             ("connect", "listen", "pending_migrations", "set_idle_session_timeout", "register_host", "claim")}
+             ("connect", "listen", "pending_migrations", "set_idle_session_timeout", "register_host",
+              "register_wake_channel", "claim")}
     made = []
 
     def connect(dsn, cls=psycopg.Connection):
@@ -250,6 +251,7 @@ def st(mocker):
     fakes["pending_migrations"].return_value = []
     fakes["register_host"].return_value = store.Registration(True, "active", 5, "registered")
     fakes["claim"].return_value = []
+    fakes["register_wake_channel"].return_value = "unitvisor_spawn_h1"
     return mock.Mock(made=made, **fakes)
 
 
@@ -306,6 +308,7 @@ def test_a_refused_registration_writes_no_lease(make, st):
     with pytest.raises(Conflict):
         d._register()
     assert fence.read_lease(d.boot_id) is None
+    st.register_wake_channel.assert_not_called()  # a clone listens on no channel of the host it is not
 
 
 def test_a_lease_that_cannot_be_written_is_said_once_and_the_loop_goes_on(make, st, events, runtime_directory):
@@ -342,6 +345,9 @@ def test_connect_success_registers_and_connects_the_bus(make, st, events):
     d.conn.add_notify_handler.assert_called_once_with(d._on_notify)
     st.listen.assert_called_once_with(d.conn, store.SPAWN_CHANNEL, store.CANCEL_CHANNEL)
     assert d.fence == store.Fence("h1", 5)
+    # Its own channel, in the registration's transaction (schema 048).
+    st.register_wake_channel.assert_called_once_with(d.conn, store.Fence("h1", 5))
+    assert d.wake_channel == "unitvisor_spawn_h1"
     d.watcher.connect.assert_called_once_with()
     d.systemd.connect.assert_called_once_with()
     assert d.problem == ""

@@ -396,6 +396,22 @@ def test_a_spawn_hint_wakes_the_claim_only_when_it_names_this_host(listening, pa
     assert listening.notified == ({store.SPAWN_CHANNEL} if wakes else set())
 
 
+def test_a_hint_on_its_own_channel_wakes_the_claim(listening):
+    # Schema 048: a job that names this host alone, told on the channel its registration returned.
+    listening.wake_channel = "unitvisor_spawn_0123"
+    listening._on_notify(psycopg.Notify("unitvisor_spawn_0123", "", 4242))
+    assert listening.notified == {store.SPAWN_CHANNEL}
+
+
+def test_a_hint_on_its_own_channel_is_filtered_as_any(listening):
+    listening.wake_channel = "unitvisor_spawn_0123"
+    listening.reconciler.in_flight = listening.settings.host.max_runs  # every slot taken
+    listening._on_notify(psycopg.Notify("unitvisor_spawn_0123", "", 4242))
+    listening.reconciler.in_flight, listening.host_state = 0, "draining"
+    listening._on_notify(psycopg.Notify("unitvisor_spawn_0123", "", 4242))
+    assert listening.notified == set()
+
+
 def test_hints_read_from_the_idle_connection_are_filtered_too(listening):
     queue = [mock.Mock(relname=store.SPAWN_CHANNEL.encode(), extra=b'{"hosts": ["h2"]}'),
              mock.Mock(relname=store.CANCEL_CHANNEL.encode(), extra=b""), None]
