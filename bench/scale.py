@@ -10,19 +10,20 @@ changed, as PropertiesChanged would. No process is started; what is measured is 
 
 Per fleet size: (S1) idle for `idle_seconds`: the PostgreSQL server's CPU (every backend and the
 postmaster's helpers, from /proc/<pid>/stat) per idle host, statements per host per minute
-(pg_stat_statements), connections per host (pg_stat_activity). (S2) a trickle of single submits, one at
-a time: claim latency (the submit's commit to attempts.claimed_at, both on the database's clock), and how
+(pg_stat_statements), connections per host (pg_stat_activity). (S2) a trickle of single submits, one at a
+time: claim latency (the submit's commit to attempts.claimed_at, both on the database's clock), and how
 many daemons each submit makes run a claim (every daemon's store.claim is counted by the bench, in its
-worker, with the host and the time). (S3) a burst of `burst` runs in one transaction: claim latency p50 and
-p99, the claim statements it cost, the claims that took nothing, the hosts declared dead, and the share
-of the machine the simulated daemons themselves took (their worker processes' CPU), so that the
-database's part can be read apart. (S4) idle again with 1,000 runs that no host accepts (an executable no
-allowlist names), then (S5) with 10,000 runs behind one concurrency key (whose head no host accepts, so
-that none may start): the server's CPU per host per minute beside (S1)'s, watched once the fleet upkeep has
-written why the runs wait and every daemon has planned its statements again after the tables were
-analyzed (costs paid once per run or per ANALYZE, reported apart: the seconds it took and the server's
-CPU per run meanwhile). Each window also counts the heartbeats, their walks of the queue (host_has_work)
-and the upkeep's explanation passes per host per minute, which say what its cost is made of.
+worker, with the host and the time), and how many heard its notification, named or not. (S3) a burst of
+`burst` runs in one transaction: claim latency p50 and p99, the claim statements it cost, the claims that
+took nothing, the hosts declared dead, and the share of the machine the simulated daemons themselves took
+(their worker processes' CPU), so that the database's part can be read apart. (S4) idle again with 1,000
+runs that no host accepts (an executable no allowlist names), then (S5) with 10,000 runs behind one
+concurrency key (whose head no host accepts, so that none may start): the server's CPU per host per minute
+beside (S1)'s, watched once the fleet upkeep has written why the runs wait and every daemon has planned
+its statements again after the tables were analyzed (costs paid once per run or per ANALYZE, reported
+apart: the seconds it took and the server's CPU per run meanwhile). Each window also counts the
+heartbeats, their walks of the queue (host_has_work) and the upkeep's explanation passes per host per
+minute, which say what its cost is made of.
 
 With `--baseline DIR` (a checkout of an earlier release, e.g. `git worktree add /tmp/base d60b583`), every
 fleet size is measured twice in the one run, first with that checkout's daemon code and migrations
@@ -294,6 +295,17 @@ def worker(hosts: list[str], dsn: str, run_seconds: float, pipe: Pipe) -> None:
         return claimed
 
     store.claim = counted_claim  # the daemon calls store.claim through the module
+    # Which daemons heard a spawn hint, named or not (time, host): PostgreSQL sends a notification to every
+    # session that listens on its channel, and each daemon reads it to learn whether it is named.
+    heard: list[tuple[float, str]] = []
+    real_heard = daemon.Daemon._heard
+
+    def counted_heard(self: daemon.Daemon, channel: str, payload: str) -> None:
+        if channel.startswith(store.SPAWN_CHANNEL):  # the shared channel, or (048) the host's own
+            heard.append((time.time(), self.host_id))
+        real_heard(self, channel, payload)
+
+    daemon.Daemon._heard = counted_heard  # type: ignore[method-assign]
     ender = Ender()
     ender.start()
     daemons = []
@@ -317,7 +329,7 @@ def worker(hosts: list[str], dsn: str, run_seconds: float, pipe: Pipe) -> None:
         d._wake()
     for t in threads:
         t.join(30)
-    pipe.send(claims)
+    pipe.send((claims, heard))
 
 
 def boot(code: str | None, *args: Any) -> None:
@@ -440,6 +452,7 @@ class Fleet:
                 raise SystemExit(f"{n} daemons: not all registered within {ready_timeout:.0f} s")
             pipe.recv()
         self.claims: list[tuple[float, str, int]] = []
+        self.heard: list[tuple[float, str]] = []
         self.epochs = dict(self.conn.execute("SELECT id, epoch FROM unitvisor.hosts").fetchall())
 
     def stop(self) -> None:
@@ -447,7 +460,9 @@ class Fleet:
             pipe.send("stop")
         for proc, pipe in self.workers:
             if pipe.poll(60):
-                self.claims += pipe.recv()
+                claims, heard = pipe.recv()
+                self.claims += claims
+                self.heard += heard
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
@@ -663,13 +678,15 @@ class Fleet:
     def woken(self) -> dict[str, Any]:
         """(S2) how many daemons each single submit made run a claim: the distinct hosts whose store.claim
         was sent in the gap after it (the workers' counts), and how many of them got the run."""
-        hosts, empty, failed = [], [], []
+        hosts, empty, failed, heard = [], [], [], []
         for began, ended in self.submits:
             calls = [(host, got) for sent, host, got in self.claims if began <= sent < ended]
             hosts.append(len({host for host, _ in calls}))
+            heard.append(len({host for at, host in self.heard if began <= at < ended}))
             empty.append(sum(1 for _, got in calls if not got))
             failed.append(sum(1 for _, got in calls if got == FAILED))
-        return {"daemons_that_claimed": summary(hosts), "empty_claims": summary(empty),
+        return {"daemons_that_claimed": summary(hosts), "daemons_that_heard": summary(heard),
+                "empty_claims": summary(empty),
                 "failed_claims": summary(failed), "share_of_fleet_p50": summary(hosts)["p50"] / self.n}
 
     def burst_claims(self) -> dict[str, int]:
@@ -771,7 +788,8 @@ def table(r: dict[str, Any]) -> str:
     lines = [f"Fleet at scale (simulated; systemd is a fake), {r['machine']['nproc']} cores, "
              f"load {r['loadavg']['start']}",
              f"{'hosts':>10}  {'(S1) CPU/host/min':>17}  {'stmts/host/min':>14}  "
-             f"{'(S2) claim p50/p99':>18}  {'woken':>5}  {'(S3) burst p50/p99':>20}  {'(S3) committed':>20}  "
+             f"{'(S2) claim p50/p99':>18}  {'woken':>5}  {'heard':>5}  "
+             f"{'(S3) burst p50/p99':>20}  {'(S3) committed':>20}  "
              f"{'empty':>5}  {'dead':>4}  "
              f"{'sim CPU':>7}  {'(S4) refused':>12}  {'(S5) behind key':>15}"]
     rows = [(f"{n} base", f) for n, f in r.get("baseline", {}).get("fleets", {}).items()]
@@ -780,6 +798,7 @@ def table(r: dict[str, Any]) -> str:
     for label, f in rows:
         idle, trickle, burst = f["idle"], f["trickle"], f["burst"]
         woken = trickle["woken"]["daemons_that_claimed"]["p50"]
+        heard = trickle["woken"].get("daemons_that_heard", {}).get("p50", math.nan)
         waiting = f.get("waiting", {})
         per_min = idle["server_cpu_ms_per_host_per_minute"]
 
@@ -788,7 +807,8 @@ def table(r: dict[str, Any]) -> str:
             return f"{got:.1f} ms ({got / per_min:.2f}x)" if got is not None and per_min else "-"
 
         lines.append(f"{label:>10}  {per_min:>14.1f} ms  {idle['statements_per_host_per_minute']:>14.1f}  "
-                     f"{ms(trickle['claim_latency_ms']):>18}  {woken:>5.0f}  {ms(burst['claim_latency_ms']):>20}  "
+                     f"{ms(trickle['claim_latency_ms']):>18}  {woken:>5.0f}  {heard:>5.0f}  "
+                     f"{ms(burst['claim_latency_ms']):>20}  "
                      f"{ms(burst['claim_committed_ms']) if 'claim_committed_ms' in burst else '-':>20}  "
                      f"{burst['daemon_claims']['empty']:>5}  {f.get('hosts_declared_dead', '-'):>4}  "
                      f"{burst.get('simulation_cpu_share', math.nan):>7.0%}  {vs('refused'):>12}  "

@@ -21,6 +21,7 @@ FIGURES = [
       for p in ("p50", "p99")),
     ("trickle", "claim_statements_per_submit", "p50"), ("trickle", "woken", "daemons_that_claimed", "p50"),
     ("trickle", "woken", "empty_claims", "p50"), ("trickle", "woken", "share_of_fleet_p50"),
+    ("trickle", "woken", "daemons_that_heard", "p50"),
     ("burst", "claim_statements"), ("burst", "hosts_that_claimed"), ("burst", "seconds"),
     ("start_seconds",), ("workers",),
     ("idle", "server_cpu_ms_per_host_per_minute_by_kind", "sessions"),
@@ -62,6 +63,8 @@ def test_bench_scale_tiny_writes_every_figure(tmp_path: Path) -> None:
     assert fleet["trickle"]["claimed"] == fleet["trickle"]["submits"] == data["sizes"]["trickle"]
     assert fleet["burst"]["claimed"] == fleet["burst"]["runs"] == data["sizes"]["burst"]
     assert fleet["trickle"]["woken"]["daemons_that_claimed"]["n"] == data["sizes"]["trickle"]
+    # Every submit is heard by the host it names, and (048) by no other: 5 hosts with room, 2 named each.
+    assert 1 <= fleet["trickle"]["woken"]["daemons_that_heard"]["p50"] <= 2
 
 
 
