@@ -1280,8 +1280,23 @@ BEGIN
     RETURN NEW;
 END $$;
 
+-- Tell the daemon that holds a run's open attempt of a cancel or a freeze request (048): on its own
+-- channel (host_wake_channel, payload 'cancel') when it listens there, else every daemon on
+-- unitvisor_cancel, as before, each then reading its own requests.
+CREATE FUNCTION unitvisor.notify_request(run_id uuid, host_id text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unitvisor.hosts h
+               WHERE h.id = notify_request.host_id AND h.wake_channel_at >= h.started_at) THEN
+        PERFORM pg_notify(unitvisor.host_wake_channel(notify_request.host_id), 'cancel');
+    ELSE
+        PERFORM pg_notify('unitvisor_cancel', notify_request.run_id::text);
+    END IF;
+END $$;
+
 -- Ask for a run to be cancelled. A queued run is cancelled at once (its job removed); a starting or
--- running one is marked, and its daemon (woken on the channel unitvisor_cancel) stops its unit.
+-- running one is marked, and its daemon (woken on its own channel since 048, else on unitvisor_cancel:
+-- notify_request) stops its unit.
 -- state: the run's state after it (NULL: no such run); changed: whether anything changed.
 CREATE FUNCTION unitvisor.cancel_run(run_id uuid, OUT state text, OUT changed boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1308,7 +1323,11 @@ BEGIN
     INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
     VALUES (cancel_run.run_id, NULL, NULL, cancel_run.state,
             CASE WHEN cancel_run.state = 'cancelled' THEN 'cancelled while queued' ELSE 'cancel requested' END);
-    PERFORM pg_notify('unitvisor_cancel', cancel_run.run_id::text);
+    IF cancel_run.state <> 'cancelled' THEN  -- (048) a queued run's cancel is done: no daemon acts on it
+        PERFORM unitvisor.notify_request(cancel_run.run_id, (
+            SELECT a.host_id FROM unitvisor.attempts a WHERE a.run_id = cancel_run.run_id AND a.outcome IS NULL
+            ORDER BY a.attempt DESC LIMIT 1));
+    END IF;
     changed := true;
 END $$;
 
@@ -1426,7 +1445,7 @@ BEGIN
     WHERE a.run_id = open.run_id AND a.attempt = open.attempt;
     INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
     VALUES (open.run_id, open.attempt, open.host_id, 'running', verb || ' requested by ' || session_user);
-    PERFORM pg_notify('unitvisor_cancel', request_freeze.run_id::text);
+    PERFORM unitvisor.notify_request(request_freeze.run_id, open.host_id);
     changed := true;
 END $$;
 

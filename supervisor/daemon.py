@@ -740,9 +740,11 @@ class Daemon:
         if self.settings.river.enabled and channel.startswith(f"{self.settings.river.schema}.river_"):
             self._heard_river(channel, payload)
             return
-        if channel in (store.SPAWN_CHANNEL, self.wake_channel):
-            # On this host's own channel, a hint that names it alone (schema 048; no payload).
-            targets = store.spawn_hint_targets(payload) if channel == store.SPAWN_CHANNEL else None
+        own = channel == self.wake_channel  # schema 048: a request for one of its runs, or a job for it alone
+        if own and payload == store.OWN_CHANNEL_REQUEST:
+            channel = store.CANCEL_CHANNEL
+        elif own or channel == store.SPAWN_CHANNEL:
+            targets = None if own else store.spawn_hint_targets(payload)
             if targets is not None and self.host_id not in targets:
                 return
             if self.host_state != "active" or self.admission.state == pressure.STOPPED:

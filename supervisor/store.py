@@ -69,6 +69,9 @@ HOST_ROLE = "unitvisor_host"
 RIVER_ROLE = "unitvisor_river"
 SPAWN_CHANNEL = "unitvisor_spawn"
 CANCEL_CHANNEL = "unitvisor_cancel"
+# The payload that says, on a host's own channel (schema 048), that a cancel or a freeze request waits
+# for one of its runs; any other payload there is a job that names this host alone.
+OWN_CHANNEL_REQUEST = "cancel"
 
 
 def spawn_hint_targets(payload: str) -> frozenset[str] | None:

@@ -16,6 +16,12 @@
 -- queue that every listening session of the database reads (PostgreSQL signals every listener of a
 -- database at each notifying commit, whatever the channel: that part of the fan-out stays; docs/fleet.md).
 -- A notification that names nobody is no longer sent: every daemon dropped it.
+--
+-- A cancel or a freeze request of a run was told to every daemon on unitvisor_cancel, and every daemon
+-- read its own requests (two statements: its cancelled attempts, its freeze requests): 2,000 statements
+-- for one cancel on 1,000 hosts. Now the host that holds the run's open attempt is told alone on its
+-- channel (payload 'cancel') when it listens there (notify_request); the cancel of a queued run, done at
+-- once, is told to nobody.
 
 ALTER TABLE unitvisor.hosts ADD COLUMN wake_channel_at timestamptz;
 
@@ -127,5 +133,89 @@ BEGIN
     RETURN NULL;
 END $$;
 
-REVOKE EXECUTE ON FUNCTION unitvisor.host_wake_channel(text), unitvisor.register_wake_channel(text, bigint) FROM PUBLIC;
+-- The requests: cancel_run and request_freeze as they were, each telling its run's host by notify_request.
+-- Tell the daemon that holds a run's open attempt of a cancel or a freeze request (048): on its own
+-- channel (host_wake_channel, payload 'cancel') when it listens there, else every daemon on
+-- unitvisor_cancel, as before, each then reading its own requests.
+CREATE FUNCTION unitvisor.notify_request(run_id uuid, host_id text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unitvisor.hosts h
+               WHERE h.id = notify_request.host_id AND h.wake_channel_at >= h.started_at) THEN
+        PERFORM pg_notify(unitvisor.host_wake_channel(notify_request.host_id), 'cancel');
+    ELSE
+        PERFORM pg_notify('unitvisor_cancel', notify_request.run_id::text);
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION unitvisor.cancel_run(run_id uuid, OUT state text, OUT changed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- The job first, then the run: the claim locks in the same order, so the two cannot deadlock, and
+    -- a job being claimed right now makes this wait and then see the run starting.
+    DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = cancel_run.run_id AND j.state = 'available';
+    UPDATE unitvisor.runs r SET
+        cancel_requested_at = coalesce(r.cancel_requested_at, now()), updated_at = now(),
+        state = CASE WHEN r.state = 'queued' THEN 'cancelled' ELSE r.state END,
+        finished_at = CASE WHEN r.state = 'queued' THEN now() ELSE r.finished_at END
+    WHERE r.id = cancel_run.run_id AND r.state IN ('queued', 'starting', 'running')
+    RETURNING r.state INTO cancel_run.state;
+    IF NOT FOUND THEN
+        SELECT r.state INTO cancel_run.state FROM unitvisor.runs r WHERE r.id = cancel_run.run_id;
+        changed := false;
+        RETURN;
+    END IF;
+    IF cancel_run.state = 'cancelled' THEN
+        -- A retry's job committed while this waited for the run's row lock (its outcome was being
+        -- recorded): the run is cancelled now, so that job may never start it.
+        DELETE FROM unitvisor.spawn_jobs j WHERE j.run_id = cancel_run.run_id AND j.state = 'available';
+    END IF;
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    VALUES (cancel_run.run_id, NULL, NULL, cancel_run.state,
+            CASE WHEN cancel_run.state = 'cancelled' THEN 'cancelled while queued' ELSE 'cancel requested' END);
+    IF cancel_run.state <> 'cancelled' THEN  -- (048) a queued run's cancel is done: no daemon acts on it
+        PERFORM unitvisor.notify_request(cancel_run.run_id, (
+            SELECT a.host_id FROM unitvisor.attempts a WHERE a.run_id = cancel_run.run_id AND a.outcome IS NULL
+            ORDER BY a.attempt DESC LIMIT 1));
+    END IF;
+    changed := true;
+END $$;
+
+CREATE OR REPLACE FUNCTION unitvisor.request_freeze(run_id uuid, wanted text, OUT state text, OUT changed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    open unitvisor.attempts;
+    verb text := CASE WHEN wanted = 'frozen' THEN 'freeze' ELSE 'thaw' END;
+BEGIN
+    SELECT r.state INTO request_freeze.state FROM unitvisor.runs r WHERE r.id = request_freeze.run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        changed := false;
+        RETURN;
+    END IF;
+    SELECT * INTO open FROM unitvisor.attempts a
+    WHERE a.run_id = request_freeze.run_id AND a.outcome IS NULL ORDER BY a.attempt DESC LIMIT 1 FOR UPDATE;
+    IF request_freeze.state <> 'running' OR open.run_id IS NULL THEN
+        RAISE EXCEPTION '%: run % is %; only a running run can be %', verb, request_freeze.run_id,
+            request_freeze.state, wanted
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = CASE WHEN request_freeze.state = 'queued' AND wanted = 'frozen'
+                              THEN 'hold a queued run instead (unitvisor.hold_run)'
+                              ELSE 'only a running run has processes to freeze or thaw' END;
+    END IF;
+    IF (CASE WHEN unitvisor.freeze_pending(open) THEN open.freeze_wanted
+             ELSE coalesce(open.freeze_state, 'thawed') END) = wanted THEN
+        changed := false;
+        RETURN;
+    END IF;
+    UPDATE unitvisor.attempts a SET freeze_wanted = wanted, freeze_requested_at = now(),
+        freeze_requested_by = session_user
+    WHERE a.run_id = open.run_id AND a.attempt = open.attempt;
+    INSERT INTO unitvisor.run_events (run_id, attempt, host_id, state, reason)
+    VALUES (open.run_id, open.attempt, open.host_id, 'running', verb || ' requested by ' || session_user);
+    PERFORM unitvisor.notify_request(request_freeze.run_id, open.host_id);
+    changed := true;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION unitvisor.host_wake_channel(text), unitvisor.register_wake_channel(text, bigint),
+                           unitvisor.notify_request(uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION unitvisor.register_wake_channel(text, bigint) TO unitvisor_host;

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from supervisor import store
-from tests.integration.conftest import Note, register, wait_notifies
+from supervisor import store, unitspec
+from tests.integration.conftest import Note, fence_of, register, wait_notifies
 
 pytestmark = pytest.mark.usefixtures("as_bound_roles")
 
@@ -103,6 +103,57 @@ def test_the_channel_is_a_short_name_of_the_id(conn: psycopg.Connection, dsn: st
         store.listen(listener, own_channel(conn, long_id))
         conn.execute("SELECT pg_notify(%s, '')", (own_channel(conn, long_id),))
         assert [n.channel for n in notes(listener)] == [own_channel(conn, long_id)]
+
+
+def running_on(host_conn: psycopg.Connection, host: str, conn: psycopg.Connection) -> str:
+    """A run submitted on `conn`, claimed and started by `host` on its own connection: its id."""
+    run_id = store.submit_run(conn, argv=["/bin/true"], host_pin=host)
+    fence = fence_of(conn, host)
+    [(_, attempt)] = store.claim(host_conn, fence, 1, unitspec.UNIT_NAME_FORMAT)
+    store.mark_started(host_conn, fence, attempt, "inv", None)
+    notes(host_conn, timeout=0.2)
+    return str(run_id)
+
+
+@pytest.fixture
+def cancel_listener(dsn: str) -> Iterator[psycopg.Connection]:
+    with store.connect(dsn) as listener:
+        store.listen(listener, store.CANCEL_CHANNEL)
+        yield listener
+
+
+def test_a_cancel_is_told_to_the_runs_host_alone(conn: psycopg.Connection, dsn: str,
+                                                cancel_listener: psycopg.Connection) -> None:
+    with hosts(dsn, conn, True, True) as conns:
+        for c in conns:
+            store.listen(c, store.CANCEL_CHANNEL)
+        run_id = running_on(conns[0], "h1", conn)
+        assert store.cancel_run(conn, run_id) == store.Transition("running", True)
+        assert notes(conns[0]) == [Note(own_channel(conn, "h1"), store.OWN_CHANNEL_REQUEST)]
+        assert notes(cancel_listener, timeout=0.3) == [] and notes(conns[1], timeout=0.1) == []
+        # A freeze request too: the same channel, read by the same pass of the daemon (freezer.py).
+        run_id = running_on(conns[0], "h1", conn)
+        assert store.freeze_run(conn, run_id).changed
+        assert notes(conns[0]) == [Note(own_channel(conn, "h1"), store.OWN_CHANNEL_REQUEST)]
+        assert notes(cancel_listener, timeout=0.3) == []
+
+
+def test_a_cancel_for_a_host_of_0_11_0_is_told_to_every_daemon(conn: psycopg.Connection, dsn: str,
+                                                              cancel_listener: psycopg.Connection) -> None:
+    with hosts(dsn, conn, False) as conns:
+        run_id = running_on(conns[0], "h1", conn)
+        store.cancel_run(conn, run_id)
+        assert notes(cancel_listener) == [Note(store.CANCEL_CHANNEL, run_id)]
+
+
+def test_a_queued_runs_cancel_is_told_to_nobody(conn: psycopg.Connection, dsn: str,
+                                               cancel_listener: psycopg.Connection) -> None:
+    # Cancelled at once, with its job: no daemon has anything to do for it.
+    with hosts(dsn, conn, True) as conns:
+        run_id = store.submit_run(conn, argv=["/bin/true"], host_pin="h1")
+        notes(conns[0], timeout=0.3)
+        assert store.cancel_run(conn, run_id) == store.Transition("cancelled", True)
+        assert notes(cancel_listener, timeout=0.3) == [] and notes(conns[0], timeout=0.1) == []
 
 
 def test_registering_the_channel_is_fenced(conn: psycopg.Connection, dsn: str) -> None:

@@ -412,6 +412,14 @@ def test_a_hint_on_its_own_channel_is_filtered_as_any(listening):
     assert listening.notified == set()
 
 
+def test_a_request_on_its_own_channel_wakes_the_cancel_pass_whatever_the_slots(listening):
+    # A cancel or freeze request for one of its runs (schema 048): acted on full, draining or not.
+    listening.wake_channel = "unitvisor_spawn_0123"
+    listening.reconciler.in_flight, listening.host_state = listening.settings.host.max_runs, "draining"
+    listening._on_notify(psycopg.Notify("unitvisor_spawn_0123", store.OWN_CHANNEL_REQUEST, 4242))
+    assert listening.notified == {store.CANCEL_CHANNEL}
+
+
 def test_hints_read_from_the_idle_connection_are_filtered_too(listening):
     queue = [mock.Mock(relname=store.SPAWN_CHANNEL.encode(), extra=b'{"hosts": ["h2"]}'),
              mock.Mock(relname=store.CANCEL_CHANNEL.encode(), extra=b""), None]
