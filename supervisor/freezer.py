@@ -1,10 +1,11 @@
 """Freeze and thaw: the owning daemon's side of unitvisor.freeze_run and thaw_run (schema 030).
 
 An operator asks on any host (the CLI writes the request on the run's open attempt, in the database);
-the daemon that owns the attempt is woken on unitvisor_cancel (or finds the request through its
-heartbeat's `cancels` at the next poll), asks systemd to freeze or thaw the unit, and records what
-happened, a refusal included: a host that cannot freeze says so (cgroup v1: PID 1 answers "not
-supported") rather than pretending. A frozen unit keeps its slot (its attempt stays open) and its memory.
+the daemon that owns the attempt is woken on its own channel (schema 048; on unitvisor_cancel before),
+or finds the request through its heartbeat's `cancels` at the next poll, asks systemd to freeze or thaw
+the unit, and records what happened, a refusal included: a host that cannot freeze says so (cgroup v1:
+PID 1 answers "not supported") rather than pretending. A frozen unit keeps its slot (its attempt stays
+open) and its memory.
 
 A cancel wins over a freeze. A frozen run is cancelled as any other: the daemon stops its unit, and
 systemd thaws a frozen unit before it stops it ("Unit is automatically thawed just before we execute a
