@@ -118,7 +118,7 @@ def test_a_daemon_of_the_release_before_keeps_its_prepared_heartbeat_across_the_
         args = (fence.host_id, fence.epoch, WAITED)
         assert conn.execute(old, args, prepare=True).fetchone() == (False,)
         conn.commit()
-        assert store.migrate(conn) == ["047_fresh_jobs_left_to_the_woken"]
+        assert store.migrate(conn, sql_dir_up_to(tmp_path, 47)) == ["047_fresh_jobs_left_to_the_woken"]
         submit(conn, 1)
         assert conn.execute(old, args, prepare=True).fetchone() == (True,)
         conn.rollback()

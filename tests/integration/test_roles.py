@@ -498,7 +498,8 @@ HOST_FUNCTIONS = {
     "freeze_pending", "freeze_text", "held_text", "freeze_requests", "record_freeze",  # 030: hold and freeze
     "limit_status",  # 032: named limits (the daemon's metrics read them)
     "host_labels", "register_host_labels",  # 033: placement
-    "after_text", "dependency_met", "retention_states", "count_skips"}  # 035: dependencies
+    "after_text", "dependency_met", "retention_states", "count_skips",  # 035: dependencies
+    "register_wake_channel"}  # 048: its own channel
 SUBMITTER_FUNCTIONS = {"cancel_run", "max_rows_bound", "my_host_id", "resume_run", "run_status",
                        "runs_with_labels", "submit_run", "wait_reason", "whoami", "host_in_flight", "next_attempt_at",
                        "refusals_now",
