@@ -363,14 +363,12 @@ class Daemon:
             registration = store.register_host(self.conn, profile)
             if registration.registered:
                 assert registration.epoch is not None
-                self.wake_channel = store.register_wake_channel(self.conn, store.Fence(self.host_id,
-                                                                                       registration.epoch))
-            if registration.registered and registration.taken_from is not None:
-                assert registration.epoch is not None
-                taking = Reconciler(self.settings, store.Fence(self.host_id, registration.epoch), self.conn,
-                                    self.systemd, cut_off_units=self.fenced)
-                taking.metrics = self.metrics
-                settled = taking.take_over_id(registration.taken_from, self.instance)
+                taken = store.Fence(self.host_id, registration.epoch)
+                self.wake_channel = store.register_wake_channel(self.conn, taken)
+                if registration.taken_from is not None:
+                    taking = Reconciler(self.settings, taken, self.conn, self.systemd, cut_off_units=self.fenced)
+                    taking.metrics = self.metrics
+                    settled = taking.take_over_id(registration.taken_from, self.instance)
         if not registration.registered:
             event("host-id-conflict", level=logging.ERROR, host=self.host_id, instance=self.instance,
                   detail=registration.detail)
