@@ -32,6 +32,14 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT 'unitvisor_spawn_' || left(encode(sha256(convert_to(host_wake_channel.host_id, 'UTF8')), 'hex'), 32)
 $$;
 
+-- The channel a host's daemon listens on alone (048), or NULL: a daemon of 0.11.0, or a mark from before the
+-- host's last registration (wake_channel_at is void before started_at, as labels_at). What
+-- notify_spawn_targets and notify_request both ask.
+CREATE FUNCTION unitvisor.own_channel(h unitvisor.hosts) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN h.wake_channel_at >= h.started_at THEN unitvisor.host_wake_channel(h.id) END
+$$;
+
 -- What a daemon of this release registers right after register_host, in the same transaction, having sent
 -- LISTEN on the channel it returns there too (store.register_wake_channel): from that commit on, a
 -- notification that names this host alone goes to that channel (notify_spawn_targets).
@@ -61,6 +69,7 @@ DECLARE
     widen boolean;
     nobody boolean;
     alone text;
+    channel text;
     payload text;
 BEGIN
     IF wanted = 0 AND cardinality(pins) = 0 THEN
@@ -119,9 +128,10 @@ BEGIN
         -- that no other daemon wakes for it; the rest (daemons of 0.11.0) on unitvisor_spawn. More named
         -- (a burst names every host with room): one notification for all, as each one sent is an entry of
         -- the server's queue that every listening session of the database reads.
-        FOR alone IN SELECT h.id FROM unitvisor.hosts h
-                     WHERE h.id = ANY (targets) AND h.wake_channel_at >= h.started_at LOOP
-            PERFORM pg_notify(unitvisor.host_wake_channel(alone), '');
+        FOR alone, channel IN SELECT h.id, unitvisor.own_channel(h) FROM unitvisor.hosts h
+                              WHERE h.id = ANY (targets) LOOP
+            CONTINUE WHEN channel IS NULL;
+            PERFORM pg_notify(channel, '');
             targets := array_remove(targets, alone);
         END LOOP;
     END IF;
@@ -139,10 +149,11 @@ END $$;
 -- unitvisor_cancel, as before, each then reading its own requests.
 CREATE FUNCTION unitvisor.notify_request(run_id uuid, host_id text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    channel text := (SELECT unitvisor.own_channel(h) FROM unitvisor.hosts h WHERE h.id = notify_request.host_id);
 BEGIN
-    IF EXISTS (SELECT 1 FROM unitvisor.hosts h
-               WHERE h.id = notify_request.host_id AND h.wake_channel_at >= h.started_at) THEN
-        PERFORM pg_notify(unitvisor.host_wake_channel(notify_request.host_id), 'cancel');
+    IF channel IS NOT NULL THEN
+        PERFORM pg_notify(channel, 'cancel');
     ELSE
         PERFORM pg_notify('unitvisor_cancel', notify_request.run_id::text);
     END IF;
@@ -216,6 +227,7 @@ BEGIN
     changed := true;
 END $$;
 
-REVOKE EXECUTE ON FUNCTION unitvisor.host_wake_channel(text), unitvisor.register_wake_channel(text, bigint),
-                           unitvisor.notify_request(uuid, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION unitvisor.host_wake_channel(text), unitvisor.own_channel(unitvisor.hosts),
+                           unitvisor.register_wake_channel(text, bigint), unitvisor.notify_request(uuid, text)
+    FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION unitvisor.register_wake_channel(text, bigint) TO unitvisor_host;
