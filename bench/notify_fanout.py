@@ -7,8 +7,8 @@ bench.scale sees the result in a fleet of real daemons, where the simulated daem
 share of the same 2 cores. This measures PostgreSQL's part alone: `others` idle sessions besides one
 target session, each listening, and `notifies` notifications on the target's channel, one at a time, from
 a third session: the time from sending each (its autocommit statement: the commit is when it is
-delivered) to the target's client holding it, and the server's CPU per notification (every backend's, from
-/proc/<pid>/stat, the idle sessions' included).
+delivered) to the target's client holding it, and the server's CPU per notification (every server process's,
+the idle sessions' included, as bench.scale reads it).
 
 Two layouts, in turns for each number of other sessions: `own` (each session on a channel of its own, as
 since sql/migrations/048_named_hosts_told_alone.sql a submit naming a few hosts is sent) and `shared` (every
@@ -23,7 +23,6 @@ with 048".
 from __future__ import annotations
 
 import datetime as dt
-import os
 import select
 import sys
 import time
@@ -33,11 +32,11 @@ from typing import Any
 import psycopg
 
 from bench.run import RESULTS, loadavg, report, say, summary, tiny_parser
+from bench.scale import server_cpu_by_kind
 from tests.harness.postgres import Postgres
 
 LAYOUTS = ("own", "shared")
 TARGET = "bench_target"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -51,17 +50,9 @@ class Sizes:
 TINY = Sizes(others=[0, 5], notifies=5, rounds=1, gap=0.01)
 
 
-def server_cpu(admin: psycopg.Connection) -> float:
-    """Seconds of CPU of every backend of the cluster so far (utime + stime)."""
-    total = 0.0
-    for (pid,) in admin.execute("SELECT pid FROM pg_stat_activity").fetchall():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return total
+def server_cpu(pg: Postgres) -> float:
+    """Seconds of CPU of the whole server so far, every kind of process (bench.scale's reading)."""
+    return sum(server_cpu_by_kind(pg).values())
 
 
 def wait_for_note(conn: psycopg.Connection, timeout: float = 10.0) -> float:
@@ -80,18 +71,17 @@ def measure(pg: Postgres, others: list[psycopg.Connection], layout: str, sizes: 
     for i, conn in enumerate(others):
         conn.execute("UNLISTEN *")
         conn.execute(f"LISTEN {TARGET if layout == 'shared' else f'bench_other_{i}'}")
-    with psycopg.connect(pg.dsn, autocommit=True) as target, psycopg.connect(pg.dsn, autocommit=True) as sender, \
-            psycopg.connect(pg.dsn, autocommit=True) as admin:
+    with psycopg.connect(pg.dsn, autocommit=True) as target, psycopg.connect(pg.dsn, autocommit=True) as sender:
         target.execute(f"LISTEN {TARGET}")
         for conn in others:  # what the layout change sent is read, and every session caught up
             conn.execute("SELECT 1")
-        cpu0, latencies = server_cpu(admin), []
+        cpu0, latencies = server_cpu(pg), []
         for _ in range(sizes.notifies):
             sent = time.perf_counter()
             sender.execute(f"NOTIFY {TARGET}")
             latencies.append((wait_for_note(target) - sent) * 1000)
             time.sleep(sizes.gap)
-        cpu = server_cpu(admin) - cpu0
+        cpu = server_cpu(pg) - cpu0
     return {"latency_ms": summary(latencies), "server_cpu_us_per_notify": cpu * 1e6 / sizes.notifies}
 
 

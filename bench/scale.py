@@ -798,7 +798,7 @@ def table(r: dict[str, Any]) -> str:
     for label, f in rows:
         idle, trickle, burst = f["idle"], f["trickle"], f["burst"]
         woken = trickle["woken"]["daemons_that_claimed"]["p50"]
-        heard = trickle["woken"].get("daemons_that_heard", {}).get("p50", math.nan)
+        heard = trickle["woken"]["daemons_that_heard"]["p50"]
         waiting = f.get("waiting", {})
         per_min = idle["server_cpu_ms_per_host_per_minute"]
 
