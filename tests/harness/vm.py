@@ -63,6 +63,12 @@ class VmError(RuntimeError):
     pass
 
 
+class GuestGone(VmError):
+    """qemu ended (or closed the agent's socket) while the guest was in use: the guest rebooted or
+    panicked (-no-reboot and panic=-1 make either end qemu), or qemu itself was killed. The message
+    carries qemu's exit status, its stderr and the tail of the guest's console, which say which."""
+
+
 def available() -> str | None:
     """None when a guest can be booted here, else the reason why not."""
     if os.geteuid() != 0:
@@ -204,8 +210,19 @@ class Guest:
 
     def _check_alive(self) -> None:
         if self._qemu is not None and self._qemu.poll() is not None:
-            err = (self.dir / "qemu.err").read_text(errors="replace")[-2000:]
-            raise VmError(f"qemu exited {self._qemu.returncode}: {err}\n{self.console_tail()}")
+            raise self._gone(f"qemu exited {self._qemu.returncode}")
+
+    def _gone(self, what: str) -> GuestGone:
+        """Why the guest is gone, once qemu has had a few seconds to exit (a socket can break just
+        before the process ends)."""
+        if self._qemu is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._qemu.wait(timeout=10)
+            code = self._qemu.poll()
+            what += f"; qemu {'runs still' if code is None else f'exited {code}'}"
+        with contextlib.suppress(OSError):
+            what += f"\nqemu's stderr: {(self.dir / 'qemu.err').read_text(errors='replace')[-2000:]}"
+        return GuestGone(f"{what}\nthe guest's console, last lines:\n{self.console_tail()}")
 
     def console_tail(self, lines: int = 40) -> str:
         with contextlib.suppress(OSError):
@@ -234,9 +251,12 @@ class Guest:
         assert self._sock is not None
         self._sock.settimeout(timeout)
         while b"\n" not in self._buffer:
-            chunk = self._sock.recv(65536)
+            try:
+                chunk = self._sock.recv(65536)
+            except ConnectionError as error:
+                raise self._gone(f"the agent's socket broke: {error}") from error
             if not chunk:
-                raise VmError("the guest agent closed its socket")
+                raise self._gone("qemu closed the agent's socket")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         line = line.lstrip(b"\xff").strip()
@@ -250,7 +270,10 @@ class Guest:
         message = {"execute": command}
         if arguments:
             message["arguments"] = arguments
-        self._sock.sendall(json.dumps(message).encode() + b"\n")
+        try:
+            self._sock.sendall(json.dumps(message).encode() + b"\n")
+        except ConnectionError as error:
+            raise self._gone(f"the agent's socket broke: {error}") from error
         end = time.monotonic() + timeout
         while True:
             reply = self._read_reply(max(end - time.monotonic(), 0.1))

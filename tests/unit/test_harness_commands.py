@@ -30,3 +30,36 @@ def test_every_build_runs_its_commands_through_the_one_helper() -> None:
     # Each module had its own copy (cleanroom._run, rootfs.run): one of them would have missed the
     # process-group kill.
     assert cleanroom.run is rootfs.run is vm.run is commands.run
+
+
+
+@pytest.mark.parametrize("broken", ["sending", "reading"])
+def test_a_guest_whose_qemu_went_away_says_how_and_what_its_console_printed(tmp_path, broken: str) -> None:
+    # CI once saw only "BrokenPipeError" from the agent's socket in the middle of the VM tier's set-up,
+    # with the console and qemu's stderr deleted with the guest: the error now carries both.
+    import socket
+    import subprocess
+
+    guest = vm.Guest()
+    guest.dir.rmdir()
+    guest.dir = tmp_path
+    guest.console = tmp_path / "console.log"
+    guest.console.write_text("booting\nKernel panic - not syncing: an example\n")
+    (tmp_path / "qemu.err").write_text("qemu: terminating on signal 15\n")
+    ours, theirs = socket.socketpair()
+    guest._sock = ours
+    guest._qemu = subprocess.Popen(["/bin/sh", "-c", "exit 3"])
+    theirs.close()
+    try:
+        with pytest.raises(vm.GuestGone) as gone:
+            if broken == "sending":
+                guest.run("true")
+            else:
+                guest._read_reply(timeout=5)
+    finally:
+        ours.close()
+        guest._sock = None
+    message = str(gone.value)
+    assert ("the agent's socket broke" if broken == "sending" else "qemu closed the agent's socket") in message
+    assert "qemu exited 3" in message
+    assert "qemu: terminating on signal 15" in message and "Kernel panic - not syncing: an example" in message

@@ -89,25 +89,45 @@ class VmHost:
 
 
 @pytest.fixture(scope="session")
-def vm_host(deb: Path) -> Iterator[VmHost]:  # noqa: F811 (the fixture above)
+def vm_host(deb: Path, request: pytest.FixtureRequest) -> Iterator[VmHost]:  # noqa: F811 (the fixture above)
+    """The guest, set up. A guest that dies while being set up (qemu gone: CI once saw the agent's
+    socket break during the daemon's first start, with no word of why) is booted once more, and what
+    the first one printed goes to the terminal: the tier is about what the kernel enforces, and one
+    lost emulator is not a finding about it. A second death fails the tier, with the same report."""
     reason = vm_mod.available()
     if reason:
         _unavailable(reason)
-    with vm_mod.Guest() as guest:
-        host = VmHost(guest)
-        guest.write("/root/unitvisor.deb", deb.read_bytes())
-        # Every dependency is in the image already: dpkg needs no network (the guest has none).
-        host.run("dpkg", "-i", "/root/unitvisor.deb", timeout=900)
-        host.run("runuser", "-u", "postgres", "--", "psql", "-q", "-c", "CREATE ROLE unitvisor LOGIN")
-        host.run("runuser", "-u", "postgres", "--", "createdb", "--owner", "unitvisor", "unitvisor")
-        host.operator("migrate", timeout=300)
-        added = json.loads(host.operator("hosts", "add", HOST_ID, "--db-host", "localhost", "--json").stdout)
-        guest.write("/etc/unitvisor/dsn", (added["dsn"] + "\n").encode(), mode=0o600)
-        guest.write("/etc/unitvisor/unitvisor.toml", CONFIG.encode(), mode=0o644)
-        host.run("systemctl", "restart", SERVICE, timeout=300)
-        deadline = time.monotonic() + 180
-        while "waiting" in host.prop(SERVICE, "StatusText") or host.prop(SERVICE, "ActiveState") != "active":
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the daemon did not connect: {host.prop(SERVICE, 'StatusText')}")
-            time.sleep(1)
-        yield host
+    for boot in (1, 2):
+        with vm_mod.Guest() as guest:
+            try:
+                host = _set_up(guest, deb)
+            except vm_mod.GuestGone as gone:
+                if boot == 2:
+                    raise
+                reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+                if reporter is not None:
+                    reporter.write_line(f"\nthe VM tier's guest died while being set up; booting another:\n{gone}")
+                continue
+            yield host
+            return
+
+
+def _set_up(guest: vm_mod.Guest, package: Path) -> VmHost:
+    """The README's Install in the guest, up to a daemon connected to its database."""
+    host = VmHost(guest)
+    guest.write("/root/unitvisor.deb", package.read_bytes())
+    # Every dependency is in the image already: dpkg needs no network (the guest has none).
+    host.run("dpkg", "-i", "/root/unitvisor.deb", timeout=900)
+    host.run("runuser", "-u", "postgres", "--", "psql", "-q", "-c", "CREATE ROLE unitvisor LOGIN")
+    host.run("runuser", "-u", "postgres", "--", "createdb", "--owner", "unitvisor", "unitvisor")
+    host.operator("migrate", timeout=300)
+    added = json.loads(host.operator("hosts", "add", HOST_ID, "--db-host", "localhost", "--json").stdout)
+    guest.write("/etc/unitvisor/dsn", (added["dsn"] + "\n").encode(), mode=0o600)
+    guest.write("/etc/unitvisor/unitvisor.toml", CONFIG.encode(), mode=0o644)
+    host.run("systemctl", "restart", SERVICE, timeout=300)
+    deadline = time.monotonic() + 180
+    while "waiting" in host.prop(SERVICE, "StatusText") or host.prop(SERVICE, "ActiveState") != "active":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the daemon did not connect: {host.prop(SERVICE, 'StatusText')}")
+        time.sleep(1)
+    return host
