@@ -152,7 +152,14 @@ _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
 # Server-side limits for every session of ours: a row lock held by someone else, a statement stuck,
 # or a transaction left open cannot block a daemon for longer than these; the statement fails with a
 # clear error, and the daemon backs off and goes on.
-SESSION_SETTINGS = {"lock_timeout": "5s", "statement_timeout": "15s", "idle_in_transaction_session_timeout": "30s"}
+# jit off, where PostgreSQL's default is on above jit_above_cost: every statement of ours touches a few
+# rows, but a planner's estimate over a deep queue can pass the threshold, and then a backend loads LLVM
+# (about 100 MB of library to map and relocate, once per session) and compiles the statement's
+# expressions, tens of milliseconds of CPU that no short statement pays back. In bench.scale's burst of
+# 10,000 runs on 300 hosts (issue 23) JIT was a fifth of the server's CPU; off, the burst cost 43.6 s of
+# server CPU instead of 58.3 s. Chosen, not inherited: a control plane's own sessions keep the server's.
+SESSION_SETTINGS = {"lock_timeout": "5s", "statement_timeout": "15s", "idle_in_transaction_session_timeout": "30s",
+                    "jit": "off"}
 
 
 # How a DSN is written, for the errors about one that cannot be read: both forms libpq takes.

@@ -964,7 +964,8 @@ def test_a_run_from_before_002_with_a_path_not_normalised_breaks_nothing(empty_d
 def test_connect_sets_the_session_limits(conn: psycopg.Connection) -> None:
     shown = {name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]
              for name in store.SESSION_SETTINGS}
-    assert shown == {"lock_timeout": "5s", "statement_timeout": "15s", "idle_in_transaction_session_timeout": "30s"}
+    assert shown == {"lock_timeout": "5s", "statement_timeout": "15s", "idle_in_transaction_session_timeout": "30s",
+                     "jit": "off"}
     store.set_idle_session_timeout(conn, 1.5)
     assert conn.execute("SHOW idle_session_timeout").fetchone()[0] == "1500ms"
 
