@@ -3136,8 +3136,8 @@ END $$;
 -- the host it avoids (avoid_host) while another live host accepts it, until avoid_failed_host_grace
 -- after it is due, and the event saying why it took it anyway. Since 039: the job's lock before the key's
 -- and the limits', and a job another claim holds or took passed over without counting as looked at.
--- Since 046: once it knows the host has a free slot, it takes one of the fleet's claim slots
--- (take_claim_slot).
+-- Since 046: it takes one of the fleet's claim slots (take_claim_slot) when the host has a free run slot;
+-- since 049, before the fence's lock on the host's row.
 CREATE FUNCTION unitvisor.claim_jobs(
     host_id text, host_epoch bigint, batch integer, unit_format text,
     starve_after interval DEFAULT '5 minutes', spread_grace interval DEFAULT '1 second')
@@ -3191,6 +3191,14 @@ DECLARE
         ORDER BY j.priority DESC, j.scheduled_at, j.id
         ;
 BEGIN
+    -- 049: the fleet's claim slot before the fence, whose share lock on this host's row is held to the end of
+    -- the transaction: taken after it, a claim waiting for a slot held the row, and the host's heartbeat
+    -- (an update of that row) waited behind its own claim, up to lock_timeout. A host whose run slots are
+    -- all taken (host_open_attempts, one row) takes no claim slot, as before.
+    IF (SELECT h.max_runs > coalesce((SELECT c.open FROM unitvisor.host_open_attempts c WHERE c.host_id = h.id), 0)
+        FROM unitvisor.hosts h WHERE h.id = claim_jobs.host_id) THEN
+        PERFORM unitvisor.take_claim_slot();
+    END IF;
     PERFORM unitvisor.check_fence(claim_jobs.host_id, claim_jobs.host_epoch);
     SELECT * INTO me FROM unitvisor.hosts h WHERE h.id = claim_jobs.host_id;
     IF me.state <> 'active' OR NOT me.can_start OR NOT unitvisor.host_is_live(me) THEN
@@ -3203,7 +3211,6 @@ BEGIN
     IF free <= 0 THEN
         RETURN;
     END IF;
-    PERFORM unitvisor.take_claim_slot();
     SELECT coalesce(sum(h.max_runs), 0) INTO capacity FROM unitvisor.hosts h
     WHERE unitvisor.host_is_live(h) AND h.can_start;
     IF capacity > me.max_runs THEN
@@ -4938,4 +4945,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('045_host_check_planned_once'),
     ('046_claims_take_a_slot'),
     ('047_fresh_jobs_left_to_the_woken'),
-    ('048_named_hosts_told_alone');
+    ('048_named_hosts_told_alone'),
+    ('049_claim_slot_before_the_fence');

@@ -1,9 +1,10 @@
 """The fleet's claim slots (sql/migrations/046_claims_take_a_slot.sql, issue 23): at most
 `unitvisor.claim_slots` claims walk the queue at once (4 by default), each holding one slot, a
 transaction-level advisory lock, until its transaction ends. A claim finds a free slot at once, waits in
-a slot's queue when none is free, and walks without one after the session's lock_timeout; a host with
-no free run slot takes no claim slot. Each host here claims in a transaction left open, so that the slot
-its claim took is still held while the test looks."""
+a slot's queue when none is free, and walks without one after the session's lock_timeout; a host with no
+free run slot takes no claim slot; the slot comes before the fence's lock on the host's row (049). Each
+host here claims in a transaction left open, so that the slot its claim took is still held while the
+test looks."""
 
 from __future__ import annotations
 
@@ -89,6 +90,34 @@ def test_a_claim_waits_for_a_slot_and_walks_once_one_is_free(conn: psycopg.Conne
         assert taken == [2]  # ... and claims once the first claim's transaction ended
         assert held_slots(conn, second[0].info.backend_pid, 1) == [0]
     finally:
+        close(sessions)
+
+
+def test_a_claim_waiting_for_a_slot_leaves_its_hosts_heartbeat_free(conn: psycopg.Connection, dsn: str) -> None:
+    # 049: the slot is taken before the fence's share lock on the host's row. Taken after it (046), the
+    # waiting claim held the row, and the host's heartbeat (its aside thread, on a session of its own)
+    # waited behind its own claim until lock_timeout: 90 failed heartbeats in bench.scale's burst.
+    first, second = sessions = hosts(dsn, 2, {"unitvisor.claim_slots": "1"})
+    aside = store.connect(dsn)
+    try:
+        assert claim_in_open_transaction(*first) == 2
+        taken: list[int] = []
+        waiter = threading.Thread(target=lambda: taken.append(claim_in_open_transaction(*second)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not conn.execute("SELECT wait_event = 'advisory' FROM pg_stat_activity WHERE pid = %s",
+                               (second[0].info.backend_pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline, "the second claim never waited for the slot"
+            time.sleep(0.02)
+        began = time.monotonic()
+        assert store.renew_heartbeat(aside, second[1]) == "active"
+        assert time.monotonic() - began < 2  # not behind the claim (lock_timeout is 5 s)
+        assert taken == []  # the claim still waits for its slot
+        first[0].execute("COMMIT")
+        waiter.join(10)
+        assert taken == [2]
+    finally:
+        aside.close()
         close(sessions)
 
 
