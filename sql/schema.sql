@@ -3101,8 +3101,11 @@ $$;
 -- a claim that never comes would cost the run more than a claim in excess. The operator sets it for a
 -- database: ALTER DATABASE ... SET unitvisor.claim_slots = 8 (docs/fleet.md, "The ceiling of one
 -- PostgreSQL").
+-- Since 050 the wait is its own lock_timeout, 10 s, not the session's 5 s (the claim statement's 15 s
+-- statement_timeout leaves the walk 5 s after the longest wait): in a burst most claims waited the 5 s
+-- out and then walked all at once, which the slots are there to prevent.
 CREATE FUNCTION unitvisor.take_claim_slot() RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '10s' AS $$
 DECLARE
     setting text := current_setting('unitvisor.claim_slots', true);
     slots integer := CASE WHEN setting ~ '^\s*-?[0-9]{1,9}\s*$' THEN setting::integer ELSE 4 END;
@@ -4946,4 +4949,5 @@ INSERT INTO unitvisor.schema_migrations (version) VALUES
     ('046_claims_take_a_slot'),
     ('047_fresh_jobs_left_to_the_woken'),
     ('048_named_hosts_told_alone'),
-    ('049_claim_slot_before_the_fence');
+    ('049_claim_slot_before_the_fence'),
+    ('050_claims_wait_longer_for_a_slot');

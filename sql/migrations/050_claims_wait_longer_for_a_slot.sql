@@ -1,0 +1,14 @@
+-- unitvisor schema: a claim waits up to 10 s for one of the fleet's claim slots, not the session's
+-- lock_timeout of 5 s (issue 23: a burst claimed in a second).
+--
+-- 046 let a claim that had waited the session's lock_timeout walk without a slot, so that a claim never
+-- fails for want of one. In bench.scale's burst of 10,000 runs on 300 hosts most claims waited that long:
+-- take_claim_slot's wait was 3.6 s on average over 775 claims, and those that gave up walked together,
+-- the many claims at once that the slots are there to prevent. Waiting was not cheap for the host either
+-- before 049: the waiting claim held its host's row, and the heartbeat waited behind it. Since 049 it holds
+-- nothing, and a longer wait costs the host only its loop's time, which the aside heartbeat covers. With
+-- a 10 to 12 s wait the burst's claims all began within 2.6 to 3 s p99 instead of 11 to 13 s, and the
+-- server spent about a fifth less CPU on it (docs/benchmarks.md, "0.11.0 with 049 and 050"). 10 s leaves a
+-- claim at least 5 s of its statement_timeout (15 s) for the walk, whose own lock waits keep the
+-- session's lock_timeout (the SET clause holds for this function's call alone).
+ALTER FUNCTION unitvisor.take_claim_slot() SET lock_timeout = '10s';
