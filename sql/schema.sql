@@ -3101,15 +3101,19 @@ $$;
 -- a claim that never comes would cost the run more than a claim in excess. The operator sets it for a
 -- database: ALTER DATABASE ... SET unitvisor.claim_slots = 8 (docs/fleet.md, "The ceiling of one
 -- PostgreSQL").
--- Since 050 the wait is its own lock_timeout, 10 s, not the session's 5 s (the claim statement's 15 s
--- statement_timeout leaves the walk 5 s after the longest wait): in a burst most claims waited the 5 s
--- out and then walked all at once, which the slots are there to prevent.
+-- Since 050 the wait is up to 10 s, not the session's lock_timeout (5 s), and ends 5 s before the claim
+-- statement's statement_timeout would: in a burst most claims waited the 5 s out and then walked all at
+-- once, which the slots are there to prevent, and a claim must not fail for want of a slot.
 CREATE FUNCTION unitvisor.take_claim_slot() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET lock_timeout = '10s' AS $$
 DECLARE
     setting text := current_setting('unitvisor.claim_slots', true);
     slots integer := CASE WHEN setting ~ '^\s*-?[0-9]{1,9}\s*$' THEN setting::integer ELSE 4 END;
     first integer;
+    -- 050: at most 10 s (the SET clause), and never so long that the claim's statement_timeout would end
+    -- it: 5 s of it are left for the walk.
+    statement_ms double precision := extract(epoch FROM current_setting('statement_timeout')::interval) * 1000;
+    wait_ms double precision := 10000;
 BEGIN
     IF slots <= 0 THEN
         RETURN;
@@ -3120,10 +3124,19 @@ BEGIN
             RETURN;
         END IF;
     END LOOP;
+    IF statement_ms > 0 THEN
+        wait_ms := least(wait_ms, statement_ms - 5000
+                                  - extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000);
+    END IF;
+    IF wait_ms < 1 THEN
+        RETURN;  -- no time left to wait: walk without one
+    END IF;
+    -- Local to this call: the SET clause restores the session's lock_timeout for the walk.
+    PERFORM set_config('lock_timeout', ceil(wait_ms)::bigint || 'ms', true);
     BEGIN
         PERFORM pg_advisory_xact_lock(hashtextextended('unitvisor-claim-slot:' || first, 0));
     EXCEPTION WHEN lock_not_available THEN
-        NULL;  -- waited lock_timeout: walk without one
+        NULL;  -- waited its time: walk without one
     END;
 END $$;
 

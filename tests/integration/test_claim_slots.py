@@ -137,6 +137,23 @@ def test_a_claim_that_waited_10_s_walks_without_a_slot(conn: psycopg.Connection,
         close(sessions)
 
 
+@pytest.mark.parametrize(("statement_timeout", "waits"), [("7s", (1.5, 4.0)), ("4s", (0.0, 1.0))])
+def test_a_claim_waits_no_longer_than_its_statement_timeout_allows(conn: psycopg.Connection, dsn: str,
+                                                                    statement_timeout: str,
+                                                                    waits: tuple[float, float]) -> None:
+    # 050: the wait ends 5 s before the claim's statement_timeout would (7 s: about 2 s; 4 s: none at all),
+    # so that a claim never fails for want of a slot.
+    first, second = sessions = hosts(dsn, 2, {"unitvisor.claim_slots": "1", "statement_timeout": statement_timeout})
+    try:
+        assert claim_in_open_transaction(*first) == 2
+        began = time.monotonic()
+        assert claim_in_open_transaction(*second) == 2
+        assert waits[0] <= time.monotonic() - began < waits[1]
+        assert held_slots(conn, second[0].info.backend_pid, 1) == []
+    finally:
+        close(sessions)
+
+
 @pytest.mark.parametrize(("setting", "slots"), [("0", 0), ("-3", 0), ("2", 2), ("lots", 4), ("", 4),
                                                 ("99999999999", 4), ("1; DROP TABLE unitvisor.runs", 4)])
 def test_the_setting_read(conn: psycopg.Connection, dsn: str, setting: str, slots: int) -> None:
