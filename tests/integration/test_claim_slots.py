@@ -52,6 +52,22 @@ def hosts(dsn: str, count: int, settings: dict[str, str]) -> list[tuple[psycopg.
     return sessions
 
 
+def second_claim_waiting(conn: psycopg.Connection, first: tuple[psycopg.Connection, store.Fence],
+                         second: tuple[psycopg.Connection, store.Fence]) -> tuple[threading.Thread, list[int]]:
+    """The first host's claim made (its transaction open, its slot held) and the second's claim sent on a
+    thread, once it waits for that slot: the thread, and the list it puts the second claim's count in."""
+    assert claim_in_open_transaction(*first) == 2
+    taken: list[int] = []
+    waiter = threading.Thread(target=lambda: taken.append(claim_in_open_transaction(*second)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not conn.execute("SELECT wait_event = 'advisory' FROM pg_stat_activity WHERE pid = %s",
+                           (second[0].info.backend_pid,)).fetchone()[0]:
+        assert time.monotonic() < deadline, "the second claim never waited for the slot"
+        time.sleep(0.02)
+    return waiter, taken
+
+
 def close(sessions: list[tuple[psycopg.Connection, store.Fence]]) -> None:
     for conn, _ in sessions:
         conn.execute("ROLLBACK")
@@ -75,15 +91,7 @@ def test_each_claim_holds_a_slot_of_its_own_until_its_transaction_ends(conn: psy
 def test_a_claim_waits_for_a_slot_and_walks_once_one_is_free(conn: psycopg.Connection, dsn: str) -> None:
     first, second = sessions = hosts(dsn, 2, {"unitvisor.claim_slots": "1"})
     try:
-        assert claim_in_open_transaction(*first) == 2
-        taken: list[int] = []
-        waiter = threading.Thread(target=lambda: taken.append(claim_in_open_transaction(*second)))
-        waiter.start()
-        deadline = time.monotonic() + 10
-        while not conn.execute("SELECT wait_event = 'advisory' FROM pg_stat_activity WHERE pid = %s",
-                               (second[0].info.backend_pid,)).fetchone()[0]:
-            assert time.monotonic() < deadline, "the second claim never waited for the slot"
-            time.sleep(0.02)
+        waiter, taken = second_claim_waiting(conn, first, second)
         assert taken == []  # it waits ...
         first[0].execute("COMMIT")
         waiter.join(10)
@@ -100,15 +108,7 @@ def test_a_claim_waiting_for_a_slot_leaves_its_hosts_heartbeat_free(conn: psycop
     first, second = sessions = hosts(dsn, 2, {"unitvisor.claim_slots": "1"})
     aside = store.connect(dsn)
     try:
-        assert claim_in_open_transaction(*first) == 2
-        taken: list[int] = []
-        waiter = threading.Thread(target=lambda: taken.append(claim_in_open_transaction(*second)))
-        waiter.start()
-        deadline = time.monotonic() + 10
-        while not conn.execute("SELECT wait_event = 'advisory' FROM pg_stat_activity WHERE pid = %s",
-                               (second[0].info.backend_pid,)).fetchone()[0]:
-            assert time.monotonic() < deadline, "the second claim never waited for the slot"
-            time.sleep(0.02)
+        waiter, taken = second_claim_waiting(conn, first, second)
         began = time.monotonic()
         assert store.renew_heartbeat(aside, second[1]) == "active"
         assert time.monotonic() - began < 2  # not behind the claim (lock_timeout is 5 s)
