@@ -3110,10 +3110,10 @@ DECLARE
     setting text := current_setting('unitvisor.claim_slots', true);
     slots integer := CASE WHEN setting ~ '^\s*-?[0-9]{1,9}\s*$' THEN setting::integer ELSE 4 END;
     first integer;
-    -- 050: at most 10 s (the SET clause), and never so long that the claim's statement_timeout would end
-    -- it: 5 s of it are left for the walk.
+    -- 050: at most the SET clause's lock_timeout (10 s), and never so long that the claim's statement_timeout
+    -- would end it: 5 s of it are left for the walk.
     statement_ms double precision := extract(epoch FROM current_setting('statement_timeout')::interval) * 1000;
-    wait_ms double precision := 10000;
+    wait_ms double precision := extract(epoch FROM current_setting('lock_timeout')::interval) * 1000;
 BEGIN
     IF slots <= 0 THEN
         RETURN;
