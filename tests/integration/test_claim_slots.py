@@ -121,35 +121,25 @@ def test_a_claim_waiting_for_a_slot_leaves_its_hosts_heartbeat_free(conn: psycop
         close(sessions)
 
 
-def test_a_claim_that_waited_10_s_walks_without_a_slot(conn: psycopg.Connection, dsn: str) -> None:
-    # 050: the slot's wait is take_claim_slot's own lock_timeout, 10 s, whatever the session's (200 ms
-    # here: 046 waited that long, and in a burst most claims gave up at the daemon's 5 s and walked at
-    # once); the session's own is in force again for the walk.
-    first, second = sessions = hosts(dsn, 2, {"unitvisor.claim_slots": "1", "lock_timeout": "200ms"})
+@pytest.mark.parametrize(("settings", "waits"), [
+    ({"lock_timeout": "200ms"}, (9.5, 14.0)),
+    ({"statement_timeout": "7s"}, (1.5, 4.0)),
+    ({"statement_timeout": "4s"}, (0.0, 1.0)),
+])
+def test_a_claim_waits_10_s_for_a_slot_at_most_then_walks_without_one(
+        conn: psycopg.Connection, dsn: str, settings: dict[str, str], waits: tuple[float, float]) -> None:
+    # 050: the slot's wait is take_claim_slot's own lock_timeout, 10 s, whatever the session's (200 ms:
+    # 046 waited that long, and in a burst most claims gave up at the daemon's 5 s and walked at once),
+    # and it ends 5 s before the claim's statement_timeout would (7 s: about 2 s; 4 s: none at all), so
+    # that a claim never fails for want of a slot. The session's own lock_timeout is back for the walk.
+    first, second = sessions = hosts(dsn, 2, {"unitvisor.claim_slots": "1", **settings})
     try:
         assert claim_in_open_transaction(*first) == 2
         began = time.monotonic()
         assert claim_in_open_transaction(*second) == 2  # not an error: the claim is made
-        assert 9.5 <= time.monotonic() - began < 14
-        assert held_slots(conn, second[0].info.backend_pid, 1) == []
-        assert second[0].execute("SHOW lock_timeout").fetchone()[0] == "200ms"
-    finally:
-        close(sessions)
-
-
-@pytest.mark.parametrize(("statement_timeout", "waits"), [("7s", (1.5, 4.0)), ("4s", (0.0, 1.0))])
-def test_a_claim_waits_no_longer_than_its_statement_timeout_allows(conn: psycopg.Connection, dsn: str,
-                                                                    statement_timeout: str,
-                                                                    waits: tuple[float, float]) -> None:
-    # 050: the wait ends 5 s before the claim's statement_timeout would (7 s: about 2 s; 4 s: none at all),
-    # so that a claim never fails for want of a slot.
-    first, second = sessions = hosts(dsn, 2, {"unitvisor.claim_slots": "1", "statement_timeout": statement_timeout})
-    try:
-        assert claim_in_open_transaction(*first) == 2
-        began = time.monotonic()
-        assert claim_in_open_transaction(*second) == 2
         assert waits[0] <= time.monotonic() - began < waits[1]
         assert held_slots(conn, second[0].info.backend_pid, 1) == []
+        assert second[0].execute("SHOW lock_timeout").fetchone()[0] == settings.get("lock_timeout", "5s")
     finally:
         close(sessions)
 

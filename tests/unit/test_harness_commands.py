@@ -5,6 +5,9 @@ timeout itself: tests/unit/test_deb_build.py, through build-deb)."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+
 import pytest
 
 from tests.harness import cleanroom, commands, rootfs, vm
@@ -32,14 +35,10 @@ def test_every_build_runs_its_commands_through_the_one_helper() -> None:
     assert cleanroom.run is rootfs.run is vm.run is commands.run
 
 
-
 @pytest.mark.parametrize("broken", ["sending", "reading"])
 def test_a_guest_whose_qemu_went_away_says_how_and_what_its_console_printed(tmp_path, broken: str) -> None:
     # CI once saw only "BrokenPipeError" from the agent's socket in the middle of the VM tier's set-up,
     # with the console and qemu's stderr deleted with the guest: the error now carries both.
-    import socket
-    import subprocess
-
     guest = vm.Guest()
     guest.dir.rmdir()
     guest.dir = tmp_path
