@@ -1163,6 +1163,20 @@ def test_a_mark_that_fails_leaves_its_units_to_be_read_in_full(rec, st, mocker):
     assert rec.started_units == set()
 
 
+def test_a_pass_counts_the_runs_it_settled_out_of_those_in_flight(rec, st, systemd):
+    """A pass that settles ended units leaves in flight only what it did not settle: the daemon claims
+    into the slots they freed at once, not a reconcile interval later."""
+    running, done, also_done = pair(1), pair(2), pair(3)
+    rec.in_flight = 64  # whatever the loop counted before
+    st.open_attempts.return_value = [running, done, also_done]
+    systemd.list_units.return_value = {running[1].unit_name: RUNNING, done[1].unit_name: EXITED,
+                                       also_done[1].unit_name: EXITED}
+    systemd.state.side_effect = lambda name, signalled=None: None if name == running[1].unit_name else ended(name)
+    rec.reconcile_pass()
+    assert len(st.record_outcome.call_args_list) == 2
+    assert rec.in_flight == 1
+
+
 def test_a_pass_keeps_started_units_to_the_open_attempts_recorded_or_marked_as_started(rec, st, systemd):
     running, unstarted, settled_elsewhere, done = pair(1), pair(2, started=False), pair(3), pair(4)
     rec.started_units = {settled_elsewhere[1].unit_name, done[1].unit_name}
