@@ -28,6 +28,8 @@ FIGURES = [
     *[("latency", "breakdown_ms", part, "p50") for part in (
         "commit_to_claim", "claim_statement", "claim_committed_to_marked_started", "marked_started_to_active")],
     ("latency", "raw_start_call_beside_ms", "p50"),
+    *[("latency", "schedstat_ms_per_unit", side, proc, figure) for side in ("daemon's units", "raw loop's")
+      for proc in ("PID 1", "journald", "dbus-daemon", "the daemon") for figure in ("cpu", "waiting")],
     ("reconcile", "runs"), ("reconcile", "units"), ("reconcile", "plan", "seconds"),
     ("reconcile", "plan", "statements"), ("reconcile", "plan", "dbus_calls"),
     ("idle", "statements"), ("idle", "xact_commits"), ("idle", "cpu_seconds"), ("idle", "vmhwm_mb"),
@@ -112,8 +114,8 @@ def assert_every_figure(data: dict, figures: list[tuple[str, ...]]) -> None:
 
 
 def test_bench_tiny_writes_every_figure(tmp_path: Path) -> None:
-    data = tiny(tmp_path, "bench.run", ("(2) throughput", "(3) ... wake, claim", "(5) idle", "(7) sandbox",
-                                        "(8) peers", "issue 27", "sandbox off, step by step"))
+    data = tiny(tmp_path, "bench.run", ("(2) throughput", "(3) ... wake, claim", "(3) ... PID 1: CPU", "(5) idle",
+                                        "(7) sandbox", "(8) peers", "issue 27", "sandbox off, step by step"))
     assert_every_figure(data, FIGURES)
     # systemd-run and pystemd were shown to start the same units. (A unit without a "Started" record
     # is counted in the JSON, not asserted: under load systemd fails a rare sandboxed start, see
