@@ -106,7 +106,17 @@ TARGETS = {
 # -- small helpers ------------------------------------------------------------------------------
 
 
-SCHEDSTAT_PROCS = ("PID 1", "journald", "dbus-daemon", "the daemon")
+SCHEDSTAT_PROCS = ("PID 1", "journald", "dbus-daemon", "the daemon", "the machine")
+
+
+def machine_cpu() -> tuple[int, int]:
+    """The whole machine's CPU time (ns, /proc/stat: every core's busy ticks, the unit's short-lived
+    processes included) and its CPU pressure (ns of wall time in which some task waited for a CPU,
+    /proc/pressure/cpu), as a `Bench.schedstat` pair."""
+    ticks = sum(int(field) for i, field in enumerate(Path("/proc/stat").read_text().split("\n")[0].split()[1:])
+                if i not in (3, 4))  # all but idle and iowait
+    some = Path("/proc/pressure/cpu").read_text().split("\n")[0]
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK"), int(some.rsplit("total=", 1)[1]) * 1000
 
 
 def add_schedstat(into: dict[str, list[int]], before: dict[str, tuple[int, int]],
@@ -391,7 +401,9 @@ class Bench:
                   "read cpu waiting _ < /proc/$p/schedstat && echo $cpu $waiting; done")
         lines = self.tb.run("sh", "-c", script).stdout.split()
         numbers = [int(word) for word in lines]
-        return {proc: (numbers[2 * i], numbers[2 * i + 1]) for i, proc in enumerate(SCHEDSTAT_PROCS)}
+        out = {proc: (numbers[2 * i], numbers[2 * i + 1]) for i, proc in enumerate(SCHEDSTAT_PROCS[:-1])}
+        out[SCHEDSTAT_PROCS[-1]] = machine_cpu()
+        return out
 
     def active_timestamps(self, since: int, prefix: str = "unitvisor-run-") -> dict[str, float]:
         """When each unit of ours entered `active`, by PID 1's "Started" record. journald stamps it

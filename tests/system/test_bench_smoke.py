@@ -29,7 +29,7 @@ FIGURES = [
         "commit_to_claim", "claim_statement", "claim_committed_to_marked_started", "marked_started_to_active")],
     ("latency", "raw_start_call_beside_ms", "p50"),
     *[("latency", "schedstat_ms_per_unit", side, proc, figure) for side in ("daemon's units", "raw loop's")
-      for proc in ("PID 1", "journald", "dbus-daemon", "the daemon") for figure in ("cpu", "waiting")],
+      for proc in ("PID 1", "journald", "dbus-daemon", "the daemon", "the machine") for figure in ("cpu", "waiting")],
     ("reconcile", "runs"), ("reconcile", "units"), ("reconcile", "plan", "seconds"),
     ("reconcile", "plan", "statements"), ("reconcile", "plan", "dbus_calls"),
     ("idle", "statements"), ("idle", "xact_commits"), ("idle", "cpu_seconds"), ("idle", "vmhwm_mb"),
