@@ -325,6 +325,7 @@ class Bench:
         blocks = min(LATENCY_BLOCKS, n) if beside else 1
         daemon_pid = self.main_pid()
         sched: dict[str, dict[str, list[int]]] = {"daemon's units": {}, "raw loop's": {}}
+        spy = self.start_py_spy(daemon_pid, label) if self.profile else None
         for block in range(blocks):
             size = n // blocks + (block < n % blocks)
             before = self.schedstat(daemon_pid)
@@ -342,6 +343,8 @@ class Bench:
                     raw[key] += same[key]
                 add_schedstat(sched["daemon's units"], before, between)
                 add_schedstat(sched["raw loop's"], between, self.schedstat(daemon_pid))
+        if spy:
+            self.stop_py_spy(spy, label)
         rows = self.client.execute(
             """SELECT a.unit_name, a.outcome,
                       extract(epoch FROM pg_xact_commit_timestamp(e.xmin))::float8 AS committed,
@@ -1085,7 +1088,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the JSON file [default: bench/results/latest.json, "
                         "or latest-tiny.json with --tiny]")
     parser.add_argument("--profile", action="store_true",
-                        help="also profile: cProfile of the largest reconcile, py-spy of the daemon under load")
+                        help="also profile: cProfile of the largest reconcile, py-spy of the daemon under load "
+                             "and one run at a time (3)")
     for name, help_text in (("limit", "raw starts"), ("throughput", "runs submitted at once"),
                             ("latency", "runs one at a time"), ("reconcile", "open runs in the reconcile pass"),
                             ("reconcile-units", "loaded units in the reconcile pass")):
