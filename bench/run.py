@@ -111,10 +111,10 @@ SCHEDSTAT_PROCS = ("PID 1", "journald", "dbus-daemon", "the daemon", "the machin
 
 def machine_cpu() -> tuple[int, int]:
     """The whole machine's CPU time (ns, /proc/stat: every core's busy ticks, the unit's short-lived
-    processes included) and its CPU pressure (ns of wall time in which some task waited for a CPU,
-    /proc/pressure/cpu), as a `Bench.schedstat` pair."""
-    ticks = sum(int(field) for i, field in enumerate(Path("/proc/stat").read_text().split("\n")[0].split()[1:])
-                if i not in (3, 4))  # all but idle and iowait
+    processes and the bench's own included) and its CPU pressure (ns of wall time in which some task
+    waited for a CPU, /proc/pressure/cpu), as a `Bench.schedstat` pair."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
+    ticks = user + nice + system + irq + softirq  # not steal (another guest's), nor guest (inside user)
     some = Path("/proc/pressure/cpu").read_text().split("\n")[0]
     return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK"), int(some.rsplit("total=", 1)[1]) * 1000
 
@@ -328,7 +328,7 @@ class Bench:
         spy = self.start_py_spy(daemon_pid, label) if self.profile else None
         for block in range(blocks):
             size = n // blocks + (block < n % blocks)
-            before = self.schedstat(daemon_pid)
+            before = self.schedstat(daemon_pid) if beside else {}
             for _ in range(size):
                 run_id = self.client.execute("SELECT unitvisor.submit_run(ARRAY['/bin/true'])").fetchone()[0]
                 ids.append(run_id)
@@ -808,11 +808,8 @@ def table(r: dict[str, Any]) -> str:
 
 def schedstat_rows(lat: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(3)'s CPU and run-queue wait per unit of each process, in the daemon's blocks against the raw
-    loop's (an older result has none)."""
-    sched = lat.get("schedstat_ms_per_unit")
-    if not sched:
-        return []
-    ours, raw = sched["daemon's units"], sched["raw loop's"]
+    loop's."""
+    ours, raw = lat["schedstat_ms_per_unit"]["daemon's units"], lat["schedstat_ms_per_unit"]["raw loop's"]
     return [(f"(3) ... {proc}: CPU + waiting for one, per unit",
              f"{ours[proc]['cpu']:.2f} + {ours[proc]['waiting']:.2f} ms",
              f"{raw[proc]['cpu']:.2f} + {raw[proc]['waiting']:.2f} ms (raw)", "") for proc in SCHEDSTAT_PROCS]
